@@ -1,0 +1,147 @@
+"""The agent's HTTP surface: `/metrics`, `/healthz` and the JSON API under `/api/v1`.
+
+Handlers only read: the tracker's snapshot and the store. They are plain `def` functions so
+that SQLite reads run in the server's thread pool, off the event loop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from agent import __version__
+from agent.catalog import CATALOG
+from agent.exporter import Telemetry
+from agent.store import Store
+from agent.tracker import Tracker
+from agent.units import parse_duration
+
+MAX_POINTS = 2000
+
+
+@dataclass
+class ApiContext:
+    tracker: Tracker
+    store: Store
+    telemetry: Telemetry
+    started_at: float = field(default_factory=time.time)
+    config_path: str | None = None
+
+
+def parse_time(value: str | None, now: float, default_ago: float) -> float:
+    """A unix timestamp, or a duration meaning that long ago (`1h`); default `default_ago` ago."""
+    if value is None or value == "":
+        return now - default_ago
+    try:
+        number = float(value)
+    except ValueError:
+        number = None
+    if number is not None and number > 10**9:
+        return number
+    try:
+        return now - parse_duration(value)
+    except ValueError:
+        raise HTTPException(
+            400, f"expected a unix timestamp or a duration ago such as 15m or 6h, got {value!r}"
+        ) from None
+
+
+def create_app(ctx: ApiContext) -> FastAPI:
+    app = FastAPI(title="sidecar-medic", version=__version__, docs_url="/api/docs", redoc_url=None)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [
+            f"{'.'.join(str(p) for p in err.get('loc', ()) if p not in ('query', 'body', 'path'))}: {err.get('msg')}"
+            for err in exc.errors()
+        ]
+        return JSONResponse({"error": "; ".join(problems)}, status_code=400)
+
+    def instance_or_404(name: str) -> Any:
+        state = ctx.tracker.get(name)
+        if state is None:
+            known = ", ".join(sorted(ctx.tracker.states)) or "none"
+            raise HTTPException(404, f"no instance named {name!r}; known instances: {known}")
+        return state
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "version": __version__,
+            "uptime_seconds": time.time() - ctx.started_at,
+            "instances": len(ctx.tracker.states),
+        }
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(ctx.telemetry.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/api/v1/instances")
+    def instances() -> dict[str, Any]:
+        now = time.time()
+        return {"now": now, "instances": ctx.tracker.snapshot(now)}
+
+    @app.get("/api/v1/instances/{name}")
+    def instance(name: str) -> dict[str, Any]:
+        now = time.time()
+        state = instance_or_404(name)
+        with ctx.tracker.lock:
+            detail = state.to_dict(now)
+        detail["metrics"] = ctx.store.metrics(name)
+        detail["events"] = [e.to_dict() for e in ctx.store.events(instance=name, limit=20)]
+        return {"now": now, "instance": detail}
+
+    @app.get("/api/v1/instances/{name}/series")
+    def series(
+        name: str,
+        metric: str = Query(..., description="a metric from the catalog, e.g. rss_bytes"),
+        since: str | None = Query(None, description="unix time or a duration ago (default 1h)"),
+        until: str | None = Query(None, description="unix time or a duration ago (default now)"),
+        step: str | None = Query(
+            None, description="bucket width, e.g. 30s; raised so at most 2000 points return"
+        ),
+        agg: str = Query("mean", pattern="^(mean|min|max)$"),
+    ) -> dict[str, Any]:
+        now = time.time()
+        instance_or_404(name)
+        stored = ctx.store.metrics(name)
+        if metric not in stored and metric not in CATALOG:
+            raise HTTPException(
+                404, f"unknown metric {metric!r}; this instance has: {', '.join(stored) or 'none'}"
+            )
+        start = parse_time(since, now, 3600.0)
+        end = parse_time(until, now, 0.0)
+        if end < start:
+            raise HTTPException(400, "until is before since")
+        try:
+            width = parse_duration(step) if step else None
+        except ValueError as exc:
+            raise HTTPException(400, f"step: {exc}") from None
+        result = ctx.store.series(name, metric, start, end, width, agg, MAX_POINTS, now)  # type: ignore[arg-type]
+        return {"now": now, "since": start, "until": end, "agg": agg, **result.to_dict()}
+
+    @app.get("/api/v1/events")
+    def events(
+        since: str | None = Query(None, description="unix time or a duration ago"),
+        after_id: int | None = Query(None, ge=0, description="only events after this id, oldest first"),
+        instance: str | None = None,
+        kind: list[str] = Query(default=[]),
+        limit: int = Query(100, ge=1, le=10_000),
+    ) -> dict[str, Any]:
+        now = time.time()
+        start = parse_time(since, now, 0.0) if since else None
+        found = ctx.store.events(since=start, after_id=after_id, instance=instance, kinds=kind, limit=limit)
+        return {"now": now, "events": [e.to_dict() for e in found]}
+
+    return app

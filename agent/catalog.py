@@ -1,0 +1,104 @@
+"""The metric catalog: every per-instance metric medic stores, with its Prometheus name, type and help.
+
+Probes emit samples under these names; the store keeps them; `/metrics` exports them as
+`medic_<name>` with the label `name` (the instance). The label is not `instance` because
+Prometheus attaches its own `instance` label to every scrape. Dashboards and alert rules
+are checked against this table by the tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str
+    kind: Literal["gauge", "counter"]
+    help: str
+    source: str  # the probe (or "agent") that produces it
+
+
+_SPECS = [
+    # process probe: /proc/PID/{stat,statm,status,fd}, every tick
+    MetricSpec("rss_bytes", "gauge", "Resident set size of the instance's process.", "process"),
+    MetricSpec("rss_anon_bytes", "gauge", "Anonymous resident memory (heap, stacks).", "process"),
+    MetricSpec("rss_file_bytes", "gauge", "File-backed resident memory (code, mapped files).", "process"),
+    MetricSpec("rss_shmem_bytes", "gauge", "Shared-memory resident memory.", "process"),
+    MetricSpec(
+        "rss_peak_bytes", "gauge", "Peak resident set size since the process started (VmHWM).", "process"
+    ),
+    MetricSpec("vms_bytes", "gauge", "Virtual memory size.", "process"),
+    MetricSpec("swap_bytes", "gauge", "Swapped-out anonymous memory.", "process"),
+    MetricSpec("cpu_seconds_total", "counter", "User plus system CPU time consumed.", "process"),
+    MetricSpec("threads", "gauge", "Number of threads.", "process"),
+    MetricSpec("open_fds", "gauge", "Number of open file descriptors.", "process"),
+    MetricSpec("minor_faults_total", "counter", "Minor page faults.", "process"),
+    MetricSpec("major_faults_total", "counter", "Major page faults (read from disk).", "process"),
+    MetricSpec("ctx_switches_voluntary_total", "counter", "Voluntary context switches.", "process"),
+    MetricSpec("ctx_switches_involuntary_total", "counter", "Involuntary context switches.", "process"),
+    # smaps probe: /proc/PID/smaps_rollup, on the slow schedule (it walks page tables)
+    MetricSpec("pss_bytes", "gauge", "Proportional set size (shared pages divided among sharers).", "smaps"),
+    MetricSpec("uss_bytes", "gauge", "Unique set size (private pages): what a restart would free.", "smaps"),
+    MetricSpec("swap_pss_bytes", "gauge", "Proportional swap usage.", "smaps"),
+    # cgroup probe: v1 or v2, detected at run time
+    MetricSpec(
+        "cgroup_memory_limit_bytes", "gauge", "Effective memory limit of the instance's cgroup.", "cgroup"
+    ),
+    MetricSpec(
+        "cgroup_memory_usage_bytes", "gauge", "Memory charged to the cgroup, page cache included.", "cgroup"
+    ),
+    MetricSpec(
+        "cgroup_memory_working_set_bytes", "gauge", "Cgroup usage minus inactive page cache.", "cgroup"
+    ),
+    MetricSpec("cgroup_memory_anon_bytes", "gauge", "Anonymous memory charged to the cgroup.", "cgroup"),
+    MetricSpec("cgroup_memory_file_bytes", "gauge", "Page cache charged to the cgroup.", "cgroup"),
+    MetricSpec("cgroup_oom_kills_total", "counter", "Processes OOM-killed in the cgroup.", "cgroup"),
+    MetricSpec(
+        "cgroup_memory_limit_hits_total",
+        "counter",
+        "Times usage hit the limit (v1 failcnt, v2 max).",
+        "cgroup",
+    ),
+    MetricSpec(
+        "cgroup_memory_pressure_some_seconds_total",
+        "counter",
+        "PSI: time some tasks stalled on memory.",
+        "cgroup",
+    ),
+    MetricSpec(
+        "cgroup_memory_pressure_full_seconds_total",
+        "counter",
+        "PSI: time all tasks stalled on memory.",
+        "cgroup",
+    ),
+    MetricSpec(
+        "cgroup_cpu_pressure_some_seconds_total", "counter", "PSI: time some tasks waited for CPU.", "cgroup"
+    ),
+    MetricSpec(
+        "cgroup_cpu_quota_cores", "gauge", "CPU quota of the cgroup in cores (absent if unlimited).", "cgroup"
+    ),
+    MetricSpec("cgroup_cpu_periods_total", "counter", "CFS enforcement periods elapsed.", "cgroup"),
+    MetricSpec(
+        "cgroup_cpu_throttled_periods_total",
+        "counter",
+        "CFS periods in which the cgroup was throttled.",
+        "cgroup",
+    ),
+    MetricSpec("cgroup_cpu_throttled_seconds_total", "counter", "Time the cgroup spent throttled.", "cgroup"),
+    # agent: derived per tick
+    MetricSpec(
+        "memory_limit_bytes",
+        "gauge",
+        "The memory limit medic judges the instance against (configured, else cgroup, else host RAM).",
+        "agent",
+    ),
+]
+
+CATALOG: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
+
+
+def prometheus_name(metric: str) -> str:
+    """The exported name of a stored metric: `rss_bytes` → `medic_rss_bytes`."""
+    return f"medic_{metric}"

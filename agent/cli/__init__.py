@@ -1,0 +1,1 @@
+"""The `medic` command: one module per subcommand."""

@@ -1,0 +1,30 @@
+"""`medic config check FILE`: validate a config file and print the effective configuration."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "validate a config file (`medic config check FILE`) and print the effective configuration"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    check = sub.add_parser("check", help="validate FILE; exit 2 with one line per problem if it is invalid")
+    check.add_argument("file")
+    check.add_argument("--json", action="store_true", help="print the effective config as JSON")
+    check.add_argument("--quiet", "-q", action="store_true", help="print nothing when the file is valid")
+
+
+def run(args: argparse.Namespace) -> int:
+    from agent.config import dump_config, load_config
+
+    config = load_config(args.file)
+    if args.quiet:
+        return 0
+    if args.json:
+        print(json.dumps(config.model_dump(mode="json"), indent=2))
+    else:
+        print(f"# {args.file}: valid; effective configuration (durations in seconds, sizes in bytes)")
+        print(dump_config(config), end="")
+    return 0

@@ -1,0 +1,63 @@
+"""`medic events`: the agent's event log, newest first (or `--follow` to tail it)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from datetime import datetime
+
+from agent.cli.client import add_url_argument, agent_url, get_json
+from agent.cli.table import render
+
+HELP = "show the event log: discoveries, restarts, probe errors, agent starts and stops"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_url_argument(parser)
+    parser.add_argument("--instance", help="only events of this instance")
+    parser.add_argument("--kind", action="append", default=[], help="only events of this kind (repeatable)")
+    parser.add_argument("--since", help="a duration ago (e.g. 2h) or a unix time")
+    parser.add_argument("--limit", type=int, default=50, help="at most this many events (default 50)")
+    parser.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
+
+
+def _params(args: argparse.Namespace, **extra) -> dict:
+    params = {"instance": args.instance, "kind": args.kind, "since": args.since, "limit": args.limit, **extra}
+    return {k: v for k, v in params.items() if v not in (None, [], "")}
+
+
+def _rows(events: list[dict]) -> list[list]:
+    return [
+        [
+            datetime.fromtimestamp(e["ts"]).strftime("%Y-%m-%d %H:%M:%S"),
+            e["severity"],
+            e.get("instance") or "-",
+            e["kind"],
+            e["message"],
+        ]
+        for e in events
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    url = agent_url(args.url)
+    events = get_json(url, "/api/v1/events", _params(args))["events"]
+    if args.json and not args.follow:
+        print(json.dumps(events, indent=2))
+        return 0
+    events.reverse()  # oldest first reads like a log
+    if args.json:
+        for event in events:
+            print(json.dumps(event), flush=True)
+    elif events:
+        print(render(["TIME", "SEVERITY", "INSTANCE", "KIND", "MESSAGE"], _rows(events)), flush=True)
+    if not args.follow:
+        return 0
+    last = max((e["id"] for e in events), default=0)
+    while True:
+        time.sleep(1.0)
+        new = get_json(url, "/api/v1/events", _params(args, after_id=last, since=None))["events"]
+        for event in new:
+            last = max(last, event["id"])
+            print(json.dumps(event) if args.json else "  ".join(map(str, _rows([event])[0])), flush=True)

@@ -1,0 +1,59 @@
+"""Entry point of the `medic` command: parses arguments, dispatches to one module per subcommand,
+and turns errors into one line on stderr and a defined exit code (the only place that does).
+
+Each subcommand module defines `HELP` (one line), `add_arguments(parser)` and `run(args) -> int`,
+and keeps heavy imports inside `run` so that `medic status` starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from agent import __version__
+from agent.errors import MedicError
+
+# subcommand -> module; the order is the order of `medic --help`
+COMMANDS: dict[str, str] = {
+    "run": "agent.cli.run",
+    "status": "agent.cli.status",
+    "events": "agent.cli.events",
+    "config": "agent.cli.config_cmd",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="medic",
+        description="sidecar-medic: watch inference processes for leaks, fragmentation and slowness.",
+    )
+    parser.add_argument("--version", action="version", version=f"medic {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(cmd)
+        cmd.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except MedicError as exc:
+        print(f"medic: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

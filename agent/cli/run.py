@@ -1,0 +1,125 @@
+"""`medic run`: start the agent.
+
+medic run --config medic.yaml            watch the instances of a config file
+medic run -- python serve.py --port 80   launch a command as instance `main` and watch it;
+                                         medic exits with its exit status
+medic run --pid 1234 --match 'NAME=model_server'   watch processes named on the command line
+medic run                                 no config: the built-in demo (a leaking and a stable
+                                         sample workload, relaunched if they exit)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "run the agent (on a config, a command after --, pids/regexes, or the built-in demo)"
+DEMO_LISTEN = "127.0.0.1:9464"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = __doc__
+    parser.add_argument("--config", "-c", help="YAML config file (see examples/medic.yaml)")
+    parser.add_argument("--listen", help="HOST:PORT of the API and /metrics (default 127.0.0.1:9464)")
+    parser.add_argument("--state-dir", help="where the SQLite store lives (default ./medic-state)")
+    parser.add_argument("--interval", help="probe interval, e.g. 1s (default 5s)")
+    parser.add_argument("--pid", type=int, action="append", default=[], help="watch this pid (repeatable)")
+    parser.add_argument(
+        "--match",
+        action="append",
+        default=[],
+        metavar="[NAME=]REGEX",
+        help="watch the newest process whose command line matches REGEX (repeatable)",
+    )
+    parser.add_argument(
+        "--memory-limit", help="limit for instances given on the command line (default: auto)"
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "command", nargs=argparse.REMAINDER, help="-- CMD ARGS: launch and watch this command"
+    )
+
+
+def build_config(args: argparse.Namespace) -> tuple[object, str | None, bool]:
+    """The validated config from file + flags; returns (config, main instance name, is_demo)."""
+    from agent.config import load_config, validate_config
+
+    data: dict = {}
+    if args.config:
+        data = load_config(args.config).model_dump(mode="json", exclude_defaults=True)
+    agent = data.setdefault("agent", {})
+    for flag, key in (("listen", "listen"), ("state_dir", "state_dir"), ("interval", "interval")):
+        if getattr(args, flag):
+            agent[key] = getattr(args, flag)
+    instances = data.setdefault("instances", [])
+    extra: dict = {"memory_limit": args.memory_limit} if args.memory_limit else {}
+    for pid in args.pid:
+        instances.append({"name": f"pid-{pid}", "match": {"pid": pid}, **extra})
+    for index, item in enumerate(args.match):
+        name, sep, regex = item.partition("=")
+        if not sep:
+            name, regex = f"match-{index}", item
+        instances.append({"name": name, "match": {"cmdline": regex}, **extra})
+    command = [c for c in args.command if c != "--"] if args.command else []
+    if args.command and args.command[0] == "--":
+        command = args.command[1:]
+    main = None
+    if command:
+        main = "main"
+        instances.append(
+            {
+                "name": main,
+                "match": {"command": command},
+                "restart_on_exit": False,
+                "stop_timeout": 10,
+                **extra,
+            }
+        )
+    demo = not args.config and not instances
+    if demo:
+        instances.extend(demo_instances())
+    return validate_config(data, source=args.config or "command line"), main, demo
+
+
+def demo_instances() -> list[dict]:
+    py = sys.executable
+    return [
+        {
+            "name": "demo-leaky",
+            "labels": {"fleet": "demo"},
+            "match": {
+                "command": [py, "-m", "agent.sample_workload", "leak", "--rate", "256Ki", "--cap", "128Mi"]
+            },
+        },
+        {
+            "name": "demo-stable",
+            "labels": {"fleet": "demo"},
+            "match": {"command": [py, "-m", "agent.sample_workload", "stable", "--size", "48Mi"]},
+        },
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from agent.runtime import Agent
+
+    config, main, demo = build_config(args)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s medic %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    agent = Agent(config, main_instance=main, config_path=args.config)  # type: ignore[arg-type]
+    if demo:
+        listen = config.agent.listen  # type: ignore[attr-defined]
+        print(
+            "medic: no config given: running the built-in demo (demo-leaky grows 256 KiB/s up to 128 MiB, "
+            f"demo-stable holds 48 MiB).\n       API and /metrics on http://{listen}; in another shell try "
+            "`medic status` or `medic events`. Ctrl-C stops.",
+            file=sys.stderr,
+        )
+    return asyncio.run(agent.run())

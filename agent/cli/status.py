@@ -1,0 +1,53 @@
+"""`medic status`: the fleet this agent watches, in one table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from agent.cli.client import add_url_argument, agent_url, get_json
+from agent.cli.table import render
+from agent.units import format_bytes, format_duration
+
+HELP = "show every watched instance: pid, uptime, memory against its limit, CPU, probe health"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_url_argument(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    body = get_json(agent_url(args.url), "/api/v1/instances")
+    instances = body.get("instances", [])
+    if args.json:
+        print(json.dumps(body, indent=2))
+        return 0
+    if not instances:
+        print("no instances configured; give a config with `medic run --config FILE` or a command after `--`")
+        return 0
+    rows = []
+    for inst in instances:
+        ratio = inst.get("memory_used_ratio")
+        cpu = inst.get("cpu_percent")
+        limit = inst.get("memory_limit_bytes")
+        rows.append(
+            [
+                inst["name"],
+                inst.get("pid"),
+                inst["status"]
+                if inst["status"] == "up"
+                else f"{inst['status']} ({inst.get('status_reason')})",
+                format_duration(inst.get("uptime_seconds")),
+                format_bytes(inst.get("rss_bytes")),
+                f"{format_bytes(limit)} {inst.get('memory_limit_source') or ''}".strip() if limit else "-",
+                f"{100 * ratio:.1f}%" if ratio is not None else "-",
+                f"{cpu:.1f}" if cpu is not None else "-",
+                inst.get("threads") if inst.get("threads") is None else int(inst["threads"]),
+                inst.get("restarts"),
+                format_duration(inst.get("last_probe_age_seconds")),
+                inst.get("probe_errors_total"),
+            ]
+        )
+    headers = ["INSTANCE", "PID", "STATUS", "UPTIME", "RSS", "LIMIT", "%LIMIT", "CPU%", "THREADS", "RESTARTS"]
+    print(render([*headers, "PROBED", "ERRORS"], rows, numeric={1, 4, 6, 7, 8, 9, 11}))
+    return 0

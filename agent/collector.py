@@ -1,0 +1,121 @@
+"""Runs the enabled probes over every live instance and hands their samples to the store.
+
+A probe that fails records an error (counter, last error) and, when its state changes, one
+event; it never stops the tick nor the other probes. Durations are measured in CPU time of
+the probing thread, so that a busy host does not inflate them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from agent.errors import ProbeError, TargetGone
+from agent.eventlog import EventLog
+from agent.instances import InstanceState, ProbeHealth
+from agent.records import ProbeTarget, Sample
+from agent.store import Store
+from agent.tracker import Tracker
+from probes.base import Probe, Schedule
+
+log = logging.getLogger("medic.collector")
+
+# (probe name, wall seconds, ok) for each probe run; the exporter observes them
+DurationObserver = Callable[[str, float, bool], None]
+
+
+class Collector:
+    def __init__(
+        self,
+        tracker: Tracker,
+        store: Store,
+        events: EventLog,
+        probes: list[Probe],
+        observe: DurationObserver | None = None,
+    ) -> None:
+        self.tracker = tracker
+        self.store = store
+        self.events = events
+        self.probes = probes
+        self.observe = observe or (lambda name, seconds, ok: None)
+        tracker.forget_hooks.extend(probe.forget for probe in probes)
+
+    def run(self, schedule: Schedule, now: float | None = None) -> int:
+        """One pass of the probes on `schedule` over all live instances; returns samples taken."""
+        probes = [p for p in self.probes if p.schedule == schedule]
+        taken = 0
+        for state, target in self.tracker.up_targets():
+            now_ = time.time() if now is None else now
+            samples: list[Sample] = []
+            for probe in probes:
+                samples.extend(self._run_probe(state, target, probe, now_))
+            if schedule == "fast" and state.memory_limit:
+                samples.append(Sample(state.name, "memory_limit_bytes", now_, state.memory_limit))
+            with self.tracker.lock:
+                if state.pid == target.pid:  # still the same process: publish
+                    for sample in samples:
+                        state.latest[sample.metric] = sample.value
+                    if "cpu_seconds_total" in state.latest and schedule == "fast":
+                        state.observe_cpu(now_, state.latest["cpu_seconds_total"])
+                    state.last_probe = now_
+            self.store.add_samples(samples)
+            taken += len(samples)
+        return taken
+
+    def _run_probe(self, state: InstanceState, target: ProbeTarget, probe: Probe, now: float) -> list[Sample]:
+        health = state.probes.setdefault(probe.name, ProbeHealth())
+        started = time.perf_counter()
+        try:
+            result = probe.collect(target, now)
+        except TargetGone:
+            return []  # the tracker records the disappearance on its next reconcile
+        except ProbeError as exc:
+            self._failed(state, probe.name, health, exc, started)
+            return []
+        except Exception as exc:  # a probe bug must not take the agent down
+            log.exception("probe %s crashed on %s", probe.name, state.name)
+            self._failed(state, probe.name, health, exc, started)
+            return []
+        elapsed = time.perf_counter() - started
+        health.last_duration = elapsed
+        if result.problems:
+            self._failed(state, probe.name, health, result.problems[0], started, partial=True)
+        else:
+            if not health.ok:
+                self.events.emit(
+                    "probe_recovered",
+                    f"probe {probe.name} works again",
+                    instance=state.name,
+                    probe=probe.name,
+                )
+            health.ok, health.last_error = True, None
+            self.observe(probe.name, elapsed, True)
+        health.last_success = now
+        return result.samples
+
+    def _failed(
+        self,
+        state: InstanceState,
+        probe: str,
+        health: ProbeHealth,
+        exc: Exception,
+        started: float,
+        partial: bool = False,
+    ) -> None:
+        elapsed = time.perf_counter() - started
+        health.last_duration = elapsed
+        health.errors_total += 1
+        message = str(exc) or type(exc).__name__
+        if health.ok or health.last_error != message:
+            self.events.emit(
+                "probe_error",
+                f"probe {probe} {'partly ' if partial else ''}failed: {message}",
+                instance=state.name,
+                severity="warning",
+                probe=probe,
+                reason=getattr(exc, "reason", "error"),
+                partial=partial,
+            )
+        health.ok, health.last_error = False, message
+        self.observe(probe, elapsed, False)

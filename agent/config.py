@@ -1,0 +1,227 @@
+"""The one configuration model: YAML validated with pydantic on load.
+
+`load_config(path)` returns a validated `Config` or raises `ConfigError` whose message names
+the file, the key path (`instances[0].match.pid`) and what was expected, one line per problem.
+Durations accept `5s`/`10m`/`6h`, sizes `512Mi`/`2G`.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from agent.errors import ConfigError
+from agent.units import parse_duration, parse_size
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Size = Annotated[int, BeforeValidator(parse_size)]
+
+
+def _memory_limit(value: Any) -> Any:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise ValueError(f"expected 'auto' (cgroup limit, else host memory) or a size: {exc}") from None
+
+
+MemoryLimit = Annotated[Literal["auto"] | int, BeforeValidator(_memory_limit)]
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AgentSection(_Strict):
+    listen: str = "127.0.0.1:9464"
+    state_dir: Path = Path("./medic-state")
+    interval: Duration = 5.0
+    slow_interval: Duration = 60.0
+    discovery_interval: Duration = 10.0
+    flush_interval: Duration = 2.0
+    raw_retention: Duration = 48 * 3600.0
+    rollup_retention: Duration = 30 * 86400.0
+    probes: dict[str, bool] = Field(default_factory=dict)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"expected HOST:PORT such as 127.0.0.1:9464, got {value!r}")
+        return value
+
+    @field_validator("interval", "slow_interval", "discovery_interval", "flush_interval")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value < 0.05:
+            raise ValueError("must be at least 50ms")
+        return value
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+
+class MatchSpec(_Strict):
+    """How to find an instance's process: exactly one of pid, pidfile, cmdline, command."""
+
+    pid: int | None = Field(default=None, gt=0)
+    pidfile: Path | None = None
+    cmdline: str | None = None
+    select: Literal["newest", "all"] = "newest"
+    command: list[str] | None = None
+    cwd: Path | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _argv(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return shlex.split(value)  # split like a shell would; never run through a shell
+        return value
+
+    @field_validator("cmdline")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"invalid regular expression {value!r}: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> MatchSpec:
+        given = [k for k in ("pid", "pidfile", "cmdline", "command") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of pid, pidfile, cmdline (a regex) or command (a program to launch)"
+                + (f"; got {', '.join(given)}" if given else "")
+            )
+        if self.command is not None and not self.command:
+            raise ValueError("command must not be empty")
+        return self
+
+    @property
+    def managed(self) -> bool:
+        return self.command is not None
+
+
+class InstanceSpec(_Strict):
+    name: str
+    match: MatchSpec
+    labels: dict[str, str] = Field(default_factory=dict)
+    memory_limit: MemoryLimit = "auto"
+    restart_on_exit: bool = True  # managed only: relaunch when the command exits
+    stop_timeout: Duration = 5.0  # managed only: TERM, then KILL after this
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(
+                "expected letters, digits, '.', '_' or '-' (at most 63), starting with a letter or digit"
+            )
+        return value
+
+
+class Config(_Strict):
+    agent: AgentSection = Field(default_factory=AgentSection)
+    instances: list[InstanceSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Config:
+        seen: set[str] = set()
+        for spec in self.instances:
+            if spec.name in seen:
+                raise ValueError(f"instance name {spec.name!r} is used twice")
+            seen.add(spec.name)
+        return self
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a YAML config file; `ConfigError` lists every problem, one line each."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except PermissionError:
+        raise ConfigError(f"{path}: permission denied: make it readable by the user running medic") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, expected a YAML file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    return parse_config(text, source=str(path))
+
+
+def parse_config(text: str, source: str = "<config>") -> Config:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{source}{where}: invalid YAML: {problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    return validate_config(data, source)
+
+
+def validate_config(data: dict[str, Any], source: str = "<config>") -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError("\n".join(_describe(err, source) for err in exc.errors())) from None
+
+
+def _describe(err: Any, source: str) -> str:
+    path = _key_path(err.get("loc", ()))
+    kind = err.get("type", "")
+    if kind == "extra_forbidden":
+        return f"{source}: {path}: unknown key (check the spelling; see examples/medic.yaml)"
+    message = err.get("msg", "invalid value")
+    message = message.removeprefix("Value error, ")
+    got = err.get("input")
+    quiet = kind == "missing" or isinstance(got, (dict, list)) or "got " in message
+    shown = "" if quiet else f" (got {got!r})"
+    return f"{source}: {path or '<top>'}: {message}{shown}"
+
+
+def _key_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).startswith(("function-", "literal[", "constrained-")) or "[" in str(part):
+            continue  # pydantic's union-branch markers are noise for a user
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def dump_config(config: Config) -> str:
+    """The effective config as YAML, with durations in seconds and sizes in bytes."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,1 @@
+"""Detectors: pure functions of stored series that produce findings."""

@@ -1,0 +1,42 @@
+"""The event log: every state change worth knowing goes to the store (durable) and to the agent's log."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from agent.errors import StoreError
+from agent.records import Event, Severity
+from agent.store import Store
+
+log = logging.getLogger("medic.events")
+_LEVELS = {
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+}
+
+
+class EventLog:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def emit(
+        self,
+        kind: str,
+        message: str,
+        *,
+        instance: str | None = None,
+        severity: Severity = "info",
+        **data: Any,
+    ) -> Event:
+        """Record an event; a store failure is logged, never raised into the caller's job."""
+        event = Event(kind=kind, message=message, instance=instance, severity=severity, data=data)
+        prefix = f"[{instance}] " if instance else ""
+        log.log(_LEVELS[severity], "%s%s: %s", prefix, kind, message)
+        try:
+            self.store.add_event(event)
+        except StoreError as exc:
+            log.error("event not stored: %s", exc)
+        return event

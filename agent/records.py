@@ -1,0 +1,70 @@
+"""Typed records shared by probes, store, detectors, API and CLI, so that all agree on field names."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Severity = Literal["info", "warning", "error", "critical"]
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One value of one metric of one instance at one time (unix seconds)."""
+
+    instance: str
+    metric: str
+    ts: float
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessIdentity:
+    """A process as the kernel knows it; `start_time` tells a restart from a reused pid."""
+
+    pid: int
+    start_time: float  # unix seconds, from /proc/PID/stat starttime + btime
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeTarget:
+    """What a probe is pointed at: one live process of one instance."""
+
+    instance: str
+    pid: int
+    start_time: float
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ProbeResult:
+    """Samples a probe read, plus the figures it could not read (partial failure)."""
+
+    samples: list[Sample] = field(default_factory=list)
+    problems: list[Exception] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Event:
+    """An entry of the event log: what happened, to which instance, and the figures behind it."""
+
+    kind: str
+    message: str
+    instance: str | None = None
+    severity: Severity = "info"
+    data: dict[str, Any] = field(default_factory=dict)
+    ts: float = field(default_factory=time.time)
+    id: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "ts": self.ts,
+            "instance": self.instance,
+            "kind": self.kind,
+            "severity": self.severity,
+            "message": self.message,
+            "data": self.data,
+        }

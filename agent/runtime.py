@@ -1,0 +1,215 @@
+"""The agent process: one asyncio loop running the scheduler's jobs and the HTTP server.
+
+Start-up opens the store, launches managed commands and binds the listen socket (a clear
+error if it is taken); jobs then probe, reconcile, flush and enforce retention, each with
+`max_instances=1` and coalescing so that a slow run is skipped rather than stacked, and all
+blocking work in threads. SIGTERM/SIGINT stop it within a few seconds, flushing the store.
+In `medic run -- CMD` mode, signals are forwarded to the command and the agent exits with
+its exit status when it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import time
+from collections.abc import Iterator
+
+import uvicorn
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from agent import __version__
+from agent.api import ApiContext, create_app
+from agent.collector import Collector
+from agent.config import Config
+from agent.errors import ConfigError, StoreError
+from agent.eventlog import EventLog
+from agent.exporter import Telemetry
+from agent.store import Store
+from agent.supervisor import exit_status
+from agent.tracker import Tracker
+from probes.registry import PROBES, create_probe
+
+log = logging.getLogger("medic.runtime")
+MAIN_INSTANCE = "main"
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the agent owns SIGTERM/SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {exc.strerror}; choose another address with "
+            "--listen or agent.listen (port 0 picks a free one)"
+        ) from None
+    sock.listen(128)
+    sock.set_inheritable(False)
+    return sock
+
+
+class Agent:
+    def __init__(
+        self, config: Config, *, main_instance: str | None = None, config_path: str | None = None
+    ) -> None:
+        self.config = config
+        self.main_instance = main_instance
+        self.config_path = config_path
+        self._stop = asyncio.Event()
+        self._signals = 0
+        self.exit_code = 0
+        self.address: tuple[str, int] | None = None
+
+    def _probes(self) -> list:
+        enabled = {name: entry.default_enabled for name, entry in PROBES.items()}
+        for name, on in self.config.agent.probes.items():
+            if name not in PROBES:
+                raise ConfigError(
+                    f"agent.probes.{name}: unknown probe; known probes: {', '.join(sorted(PROBES))}"
+                )
+            enabled[name] = on
+        return [create_probe(name) for name, on in enabled.items() if on]
+
+    async def run(self) -> int:
+        cfg = self.config.agent
+        probes = self._probes()
+        self.store = Store(cfg.state_dir, raw_retention=cfg.raw_retention)
+        self.events = EventLog(self.store)
+        self.tracker = Tracker(self.config.instances, self.store, self.events)
+        self.telemetry = Telemetry(self.tracker)
+        self.collector = Collector(
+            self.tracker, self.store, self.events, probes, self.telemetry.observe_probe
+        )
+        sock = bind(cfg.host, cfg.port)
+        self.address = sock.getsockname()[:2]
+        self.events.emit(
+            "agent_started",
+            f"medic {__version__} watching {len(self.config.instances)} instance spec(s), "
+            f"API on http://{self.address[0]}:{self.address[1]}",
+            version=__version__,
+            listen=f"{self.address[0]}:{self.address[1]}",
+            probes=[p.name for p in probes],
+        )
+        self._loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._loop.add_signal_handler(sig, self._on_signal, sig)
+        await asyncio.to_thread(self._first_pass)
+
+        scheduler = self._schedule()
+        app = create_app(ApiContext(self.tracker, self.store, self.telemetry, config_path=self.config_path))
+        server = _Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        scheduler.start()
+        try:
+            await self._stop.wait()
+        finally:
+            await self._shutdown(scheduler, server, serving)
+        return self.exit_code
+
+    def _first_pass(self) -> None:
+        now = time.time()
+        self.tracker.launch_managed(now)
+        self.tracker.reconcile(now, scan=True)
+        self.collector.run("fast", now)
+        self.collector.run("slow", now)
+
+    def _schedule(self) -> AsyncIOScheduler:
+        cfg = self.config.agent
+        scheduler = AsyncIOScheduler(
+            job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
+        )
+
+        def job(fn, seconds: float, name: str) -> None:
+            async def run() -> None:
+                try:
+                    await asyncio.to_thread(fn)
+                except StoreError as exc:
+                    log.error("%s: %s", name, exc)
+                except Exception:
+                    log.exception("job %s failed; it runs again on its next tick", name)
+
+            scheduler.add_job(
+                run, "interval", seconds=seconds, id=name, name=name, jitter=min(seconds * 0.05, 1.0)
+            )
+
+        job(self._fast_tick, cfg.interval, "probe-fast")
+        job(lambda: self.collector.run("slow"), cfg.slow_interval, "probe-slow")
+        job(lambda: self.tracker.reconcile(scan=True), cfg.discovery_interval, "discovery")
+        job(self.store.flush, cfg.flush_interval, "flush")
+        job(self._retention, min(3600.0, cfg.raw_retention / 4), "retention")
+        job(self._refresh_limits, cfg.slow_interval, "memory-limits")
+        return scheduler
+
+    def _fast_tick(self) -> None:
+        now = time.time()
+        self.tracker.reconcile(now)
+        self.collector.run("fast", now)
+        if self.main_instance:
+            state = self.tracker.get(self.main_instance)
+            if state is not None and state.status == "exited":
+                self.exit_code = state.exit_code or 0
+                self._request_stop()
+
+    def _refresh_limits(self) -> None:
+        with self.tracker.lock:
+            for state in self.tracker.states.values():
+                if state.status == "up":
+                    self.tracker.resolve_memory_limit(state)
+
+    def _retention(self) -> None:
+        cfg = self.config.agent
+        deleted = self.store.enforce_retention(time.time(), cfg.raw_retention, cfg.rollup_retention)
+        if any(deleted.values()):
+            log.info("retention: deleted %s", deleted)
+
+    def _request_stop(self) -> None:
+        """Stop the agent from a worker thread."""
+        self._loop.call_soon_threadsafe(self._stop.set)
+
+    def _on_signal(self, sig: int) -> None:
+        self._signals += 1
+        name = signal.Signals(sig).name
+        managed = self.tracker.managed.get(self.main_instance) if self.main_instance else None
+        if managed is not None and managed.pid is not None:
+            forwarded = signal.SIGKILL if self._signals > 1 else sig
+            log.info(
+                "forwarding %s to %s (pid %s)",
+                signal.Signals(forwarded).name,
+                self.main_instance,
+                managed.pid,
+            )
+            managed.stopping = True
+            managed.send(forwarded)
+            return  # the tick sees it exit and stops the agent with its status
+        log.info("%s received: stopping", name)
+        self._stop.set()
+
+    async def _shutdown(self, scheduler: AsyncIOScheduler, server: _Server, serving: asyncio.Task) -> None:
+        scheduler.shutdown(wait=False)
+        server.should_exit = True
+        results = await asyncio.to_thread(self.tracker.stop_managed)
+        if self.main_instance and results.get(self.main_instance) is not None:
+            self.exit_code = exit_status(results[self.main_instance])  # type: ignore[arg-type]
+        try:
+            await asyncio.wait_for(serving, timeout=2.0)
+        except (asyncio.TimeoutError, Exception):
+            server.force_exit = True
+        self.events.emit("agent_stopped", "medic stopped", exit_code=self.exit_code)
+        try:
+            self.store.close()
+        except StoreError as exc:
+            log.error("final flush failed: %s", exc)

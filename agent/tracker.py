@@ -1,0 +1,314 @@
+"""Keeps each configured instance attached to its live process.
+
+Each reconcile compares what discovery finds with what the instance followed before, and
+records what changed as events: discovered, restarted (a new pid or start time behind the
+same instance), down (the process vanished), exited (a managed command ended). A restart
+is an event of the same instance, never a new instance. Managed commands are launched and,
+when they end, relaunched here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from agent import discovery
+from agent.config import InstanceSpec
+from agent.errors import ProbeError
+from agent.eventlog import EventLog
+from agent.instances import InstanceState
+from agent.records import ProbeTarget, ProcessIdentity
+from agent.store import InstanceRecord, Store
+from agent.supervisor import ManagedProcess, exit_status
+from probes.linux.cgroupfs import cgroup_memory_limit
+from probes.linux.procfs import host_memory_total, process_identity
+
+log = logging.getLogger("medic.tracker")
+
+
+class Tracker:
+    def __init__(self, specs: list[InstanceSpec], store: Store, events: EventLog) -> None:
+        self.specs = specs
+        self.store = store
+        self.events = events
+        self.lock = threading.RLock()
+        self.states: dict[str, InstanceState] = {}
+        self.managed: dict[str, ManagedProcess] = {}
+        self.known: dict[str, InstanceRecord] = store.known_instances()
+        self._last_errors: dict[str, str] = {}
+        self.forget_hooks: list = []  # callables(ProbeTarget) run when a process is left behind
+        for spec in specs:
+            if spec.match.select == "all" and spec.match.cmdline is not None:
+                continue  # slots are created as matches appear
+            self.states[spec.name] = InstanceState(spec.name, spec)
+            if spec.match.managed:
+                self.managed[spec.name] = ManagedProcess(
+                    name=spec.name,
+                    argv=list(spec.match.command or []),
+                    cwd=spec.match.cwd,
+                    env=dict(spec.match.env),
+                    restart_on_exit=spec.restart_on_exit,
+                    stop_timeout=spec.stop_timeout,
+                )
+
+    # ------------------------------------------------------------------------------ queries
+    def up_targets(self) -> list[tuple[InstanceState, ProbeTarget]]:
+        with self.lock:
+            return [
+                (s, ProbeTarget(s.name, s.pid, s.start_time, s.labels))
+                for s in self.states.values()
+                if s.status == "up" and s.pid is not None and s.start_time is not None
+            ]
+
+    def snapshot(self, now: float | None = None) -> list[dict]:
+        with self.lock:
+            return [s.to_dict(now) for s in sorted(self.states.values(), key=lambda s: s.name)]
+
+    def get(self, name: str) -> InstanceState | None:
+        with self.lock:
+            return self.states.get(name)
+
+    # ------------------------------------------------------------------------------ managed
+    def launch_managed(self, now: float) -> None:
+        for name, managed in self.managed.items():
+            if managed.proc is None or managed.due_for_relaunch(now):
+                self._launch(self.states[name], managed, now)
+
+    def _launch(self, state: InstanceState, managed: ManagedProcess, now: float) -> None:
+        try:
+            managed.launch()
+        except OSError as exc:
+            managed.exit_code = 127
+            managed.next_launch_at = now + managed.backoff
+            managed.backoff = min(managed.backoff * 2, 300.0)
+            state.status, state.status_reason = "exited", f"cannot start {managed.argv[0]!r}: {exc.strerror}"
+            self.events.emit(
+                "instance_launch_failed",
+                f"cannot start {managed.argv[0]!r}: {exc.strerror}; check the command and its path",
+                instance=state.name,
+                severity="error",
+                argv=managed.argv,
+            )
+
+    def stop_managed(self) -> dict[str, int | None]:
+        """Stop every managed child in parallel (TERM, then KILL after its stop_timeout)."""
+        results: dict[str, int | None] = {}
+        threads = []
+        for name, managed in self.managed.items():
+            managed.stopping = True
+
+            def stop(name: str = name, managed: ManagedProcess = managed) -> None:
+                results[name] = managed.stop()
+
+            thread = threading.Thread(target=stop, name=f"stop-{name}")
+            thread.start()
+            threads.append(thread)
+        for thread in threads:
+            thread.join()
+        return results
+
+    # ------------------------------------------------------------------------------ reconcile
+    def reconcile(self, now: float | None = None, *, scan: bool = False) -> None:
+        """Bring every instance up to date with the processes that exist now.
+
+        `scan` also searches all processes for `cmdline` instances (costs a few ms); without it,
+        only the followed processes are checked (microseconds each).
+        """
+        now = time.time() if now is None else now
+        with self.lock:
+            for spec in self.specs:
+                try:
+                    if spec.match.managed:
+                        self._reconcile_managed(self.states[spec.name], now)
+                    elif spec.match.pid is not None:
+                        self._follow(self.states[spec.name], discovery.by_pid(spec.match.pid), now)
+                    elif spec.match.pidfile is not None:
+                        identity, why = discovery.by_pidfile(spec.match.pidfile)
+                        self._follow(self.states[spec.name], identity, now, why)
+                    elif spec.match.select == "all":
+                        self._reconcile_all(spec, now, scan)
+                    else:
+                        self._reconcile_newest(self.states[spec.name], spec, now, scan)
+                except Exception as exc:  # a bad instance must never stop the others
+                    message = f"cannot update: {exc}"
+                    if self._last_errors.get(spec.name) != message:  # one event per distinct error
+                        log.exception("reconcile of %s failed", spec.name)
+                        self.events.emit("reconcile_error", message, instance=spec.name, severity="error")
+                    self._last_errors[spec.name] = message
+                else:
+                    self._last_errors.pop(spec.name, None)
+
+    def _reconcile_managed(self, state: InstanceState, now: float) -> None:
+        managed = self.managed[state.name]
+        code = managed.poll_exit()
+        if code is not None:
+            self._leave(state)
+            status = exit_status(code)
+            state.status, state.exit_code = "exited", status
+            state.status_reason = f"exited with status {status}"
+            if managed.restart_on_exit and not managed.stopping:
+                state.status_reason += f"; relaunch in {managed.backoff:.0f}s"
+            self.events.emit(
+                "instance_exited",
+                f"pid {state.pid} exited with status {status}",
+                instance=state.name,
+                severity="info" if status == 0 else "warning",
+                pid=state.pid,
+                exit_status=status,
+            )
+        if managed.due_for_relaunch(now):
+            self._launch(state, managed, now)
+        pid = managed.pid
+        if pid is not None and pid != state.pid:
+            self._follow(state, discovery.by_pid(pid), now, "relaunched by medic")
+        elif pid is not None:
+            self._follow(state, discovery.by_pid(pid), now)
+
+    def _reconcile_newest(self, state: InstanceState, spec: InstanceSpec, now: float, scan: bool) -> None:
+        current = self._alive(state)
+        if current is not None:
+            self._follow(state, current, now)
+            return
+        if scan or state.status == "up":  # just vanished: look for its successor at once
+            matches = discovery.by_cmdline(spec.match.cmdline or "")
+            self._follow(state, matches[-1] if matches else None, now, "no process matches the cmdline regex")
+
+    def _reconcile_all(self, spec: InstanceSpec, now: float, scan: bool) -> None:
+        slots = sorted(
+            (s for s in self.states.values() if s.spec is spec),
+            key=lambda s: s.slot if s.slot is not None else 0,
+        )
+        alive = {}
+        for state in slots:
+            identity = self._alive(state)
+            if identity is None and state.status == "up":
+                self._follow(state, None, now)
+                scan = True
+            elif identity is not None:
+                alive[identity] = state
+        if not scan:
+            return
+        for identity in discovery.by_cmdline(spec.match.cmdline or ""):
+            if identity in alive:
+                continue
+            free = [s for s in slots if s.status != "up"]
+            if free:
+                state = free[0]
+            else:
+                index = len(slots)
+                state = InstanceState(f"{spec.name}-{index}", spec, slot=index)
+                self.states[state.name] = state
+                slots.append(state)
+            self._follow(state, identity, now)
+            alive[identity] = state
+
+    def _alive(self, state: InstanceState) -> ProcessIdentity | None:
+        """The followed process if it still runs as the same process (pid not reused)."""
+        if state.pid is None or state.start_time is None:
+            return None
+        try:
+            identity = process_identity(state.pid)
+        except ProbeError:
+            return None
+        return identity if abs(identity.start_time - state.start_time) < 0.5 else None
+
+    # ------------------------------------------------------------------------------ transitions
+    def _follow(
+        self, state: InstanceState, identity: ProcessIdentity | None, now: float, why: str | None = None
+    ) -> None:
+        """Point the instance at `identity` (None: no process), recording what changed."""
+        if identity is None:
+            if state.status == "up":
+                self.events.emit(
+                    "instance_down",
+                    f"pid {state.pid} is gone" + (f"; {why}" if why else ""),
+                    instance=state.name,
+                    severity="warning",
+                    pid=state.pid,
+                )
+                self._leave(state)
+                state.status, state.status_reason = "down", f"pid {state.pid} is gone"
+            elif state.status == "waiting" and why:
+                state.status_reason = why
+            return
+        same = (
+            state.pid == identity.pid
+            and state.start_time is not None
+            and (abs(identity.start_time - state.start_time) < 0.5)
+        )
+        if same and state.status == "up":
+            return
+        previous = state.pid
+        known = self.known.pop(state.name, None)
+        if previous is None and known is not None and known.pid is not None:
+            if known.pid == identity.pid and abs((known.start_time or 0) - identity.start_time) < 0.5:
+                self.events.emit(
+                    "instance_resumed",
+                    f"watching pid {identity.pid} again",
+                    instance=state.name,
+                    pid=identity.pid,
+                )
+                state.restarts = known.restarts
+            else:
+                self._count_restart(state, known.restarts)
+                self.events.emit(
+                    "instance_restarted",
+                    f"restarted while medic was not watching: pid {known.pid} → {identity.pid}",
+                    instance=state.name,
+                    severity="warning",
+                    old_pid=known.pid,
+                    pid=identity.pid,
+                    restarts=state.restarts,
+                )
+        elif previous is None and state.restarts == 0 and state.status == "waiting":
+            if known is not None:
+                state.restarts = known.restarts
+            self.events.emit(
+                "instance_discovered", f"watching pid {identity.pid}", instance=state.name, pid=identity.pid
+            )
+        else:
+            self._count_restart(state, state.restarts)
+            self.events.emit(
+                "instance_restarted",
+                f"restarted: pid {previous} → {identity.pid}" + (f" ({why})" if why else ""),
+                instance=state.name,
+                severity="warning",
+                old_pid=previous,
+                pid=identity.pid,
+                restarts=state.restarts,
+            )
+        state.pid, state.start_time = identity.pid, identity.start_time
+        state.status, state.status_reason, state.exit_code = "up", "running", None
+        state.reset_process()
+        self.resolve_memory_limit(state)
+        self.store.remember_instance(state.name, identity.pid, identity.start_time, now)
+
+    def _count_restart(self, state: InstanceState, before: int) -> None:
+        state.restarts = before + 1
+        self.store.count_restart(state.name)
+
+    def _leave(self, state: InstanceState) -> None:
+        """Forget the process the instance followed (caches of probes included)."""
+        if state.pid is not None and state.start_time is not None:
+            target = ProbeTarget(state.name, state.pid, state.start_time, state.labels)
+            for forget in self.forget_hooks:
+                forget(target)
+        state.reset_process()
+
+    def resolve_memory_limit(self, state: InstanceState) -> None:
+        """The limit to judge against: configured, else the cgroup's, else the host's RAM."""
+        configured = state.spec.memory_limit
+        if configured != "auto":
+            state.memory_limit, state.memory_limit_source = float(configured), "config"
+            return
+        limit = None
+        if state.pid is not None:
+            try:
+                limit = cgroup_memory_limit(state.pid)
+            except ProbeError:
+                limit = None
+        if limit:
+            state.memory_limit, state.memory_limit_source = float(limit), "cgroup"
+        else:
+            state.memory_limit, state.memory_limit_source = float(host_memory_total()), "host"

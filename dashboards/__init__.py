@@ -1,0 +1,1 @@
+"""Dashboards: the HTML dashboard's static files, a Grafana dashboard and Prometheus alerting rules."""

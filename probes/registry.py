@@ -1,0 +1,35 @@
+"""The table of probes: name → (module, class, default on/off). Imported lazily, enabled by config."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from probes.base import Probe
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeEntry:
+    module: str
+    cls: str
+    default_enabled: bool
+    doc: str
+
+
+PROBES: dict[str, ProbeEntry] = {
+    "process": ProbeEntry(
+        "probes.process", "ProcessProbe", True, "RSS, CPU, threads, fds, faults from /proc"
+    ),
+    "smaps": ProbeEntry("probes.smaps", "SmapsProbe", True, "PSS/USS from smaps_rollup, slow schedule"),
+    "cgroup": ProbeEntry("probes.cgroup", "CgroupProbe", True, "cgroup v1/v2 memory, CPU throttling, PSI"),
+}
+
+
+def create_probe(name: str) -> Probe:
+    """Instantiate the probe registered under `name`; KeyError lists the known ones."""
+    try:
+        entry = PROBES[name]
+    except KeyError:
+        raise KeyError(f"unknown probe {name!r}; known probes: {', '.join(sorted(PROBES))}") from None
+    module = importlib.import_module(entry.module)
+    return getattr(module, entry.cls)()
