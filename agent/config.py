@@ -48,7 +48,7 @@ class _Strict(BaseModel):
 
 
 class AgentSection(_Strict):
-    listen: str = "127.0.0.1:9464"
+    listen: str = "127.0.0.1:9464"  # port 0: any free port (written to state_dir/agent.json)
     state_dir: Path = Path("./medic-state")
     interval: Duration = 5.0
     slow_interval: Duration = 60.0
@@ -62,7 +62,7 @@ class AgentSection(_Strict):
     @classmethod
     def _listen(cls, value: str) -> str:
         host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
             raise ValueError(f"expected HOST:PORT such as 127.0.0.1:9464, got {value!r}")
         return value
 

@@ -11,16 +11,20 @@ from pathlib import Path
 
 import psutil
 
-from agent.errors import ProbeError, TargetGone
+from agent.errors import ProbeError
 from agent.records import ProcessIdentity
-from probes.linux.procfs import process_identity
+from probes.linux.procfs import read_stat, start_time
 
 
 def by_pid(pid: int) -> ProcessIdentity | None:
+    """The identity of a running process; None if it is gone or a zombie (exited, not yet reaped)."""
     try:
-        return process_identity(pid)
+        stat = read_stat(pid)
     except ProbeError:
         return None
+    if stat.state in ("Z", "X"):
+        return None
+    return ProcessIdentity(pid, start_time(stat))
 
 
 def by_pidfile(path: Path) -> tuple[ProcessIdentity | None, str | None]:
@@ -33,12 +37,10 @@ def by_pidfile(path: Path) -> tuple[ProcessIdentity | None, str | None]:
         return None, f"cannot read pidfile {path}: {exc.strerror}"
     if not text.isdigit() or int(text) <= 0:
         return None, f"pidfile {path} does not hold a pid: {text[:40]!r}"
-    try:
-        return process_identity(int(text)), None
-    except TargetGone:
+    identity = by_pid(int(text))
+    if identity is None:
         return None, f"pidfile {path} names pid {text}, which is not running"
-    except ProbeError as exc:
-        return None, str(exc)
+    return identity, None
 
 
 def by_cmdline(pattern: str) -> list[ProcessIdentity]:

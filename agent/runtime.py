@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import os
 import signal
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import uvicorn
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -96,6 +99,7 @@ class Agent:
         )
         sock = bind(cfg.host, cfg.port)
         self.address = sock.getsockname()[:2]
+        self._write_pidfile()
         self.events.emit(
             "agent_started",
             f"medic {__version__} watching {len(self.config.instances)} instance spec(s), "
@@ -119,6 +123,25 @@ class Agent:
         finally:
             await self._shutdown(scheduler, server, serving)
         return self.exit_code
+
+    @property
+    def pidfile(self) -> Path:
+        return Path(self.config.agent.state_dir) / "agent.json"
+
+    def _write_pidfile(self) -> None:
+        """`state_dir/agent.json`: where this agent listens, for the CLI, tests and supervisors."""
+        host, port = self.address or ("", 0)
+        info = {
+            "pid": os.getpid(),
+            "url": f"http://{host}:{port}",
+            "version": __version__,
+            "started": time.time(),
+        }
+        tmp = self.pidfile.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(info, out)
+        tmp.replace(self.pidfile)
 
     def _first_pass(self) -> None:
         now = time.time()
@@ -209,6 +232,7 @@ class Agent:
         except (asyncio.TimeoutError, Exception):
             server.force_exit = True
         self.events.emit("agent_stopped", "medic stopped", exit_code=self.exit_code)
+        self.pidfile.unlink(missing_ok=True)
         try:
             self.store.close()
         except StoreError as exc:

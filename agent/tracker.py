@@ -22,7 +22,7 @@ from agent.records import ProbeTarget, ProcessIdentity
 from agent.store import InstanceRecord, Store
 from agent.supervisor import ManagedProcess, exit_status
 from probes.linux.cgroupfs import cgroup_memory_limit
-from probes.linux.procfs import host_memory_total, process_identity
+from probes.linux.procfs import host_memory_total, same_process
 
 log = logging.getLogger("medic.tracker")
 
@@ -207,11 +207,8 @@ class Tracker:
         """The followed process if it still runs as the same process (pid not reused)."""
         if state.pid is None or state.start_time is None:
             return None
-        try:
-            identity = process_identity(state.pid)
-        except ProbeError:
-            return None
-        return identity if abs(identity.start_time - state.start_time) < 0.5 else None
+        identity = discovery.by_pid(state.pid)
+        return identity if identity and same_process(identity.start_time, state.start_time) else None
 
     # ------------------------------------------------------------------------------ transitions
     def _follow(
@@ -242,7 +239,7 @@ class Tracker:
         previous = state.pid
         known = self.known.pop(state.name, None)
         if previous is None and known is not None and known.pid is not None:
-            if known.pid == identity.pid and abs((known.start_time or 0) - identity.start_time) < 0.5:
+            if known.pid == identity.pid and same_process(known.start_time or 0, identity.start_time):
                 self.events.emit(
                     "instance_resumed",
                     f"watching pid {identity.pid} again",

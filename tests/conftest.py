@@ -95,3 +95,85 @@ def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval:
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+class AgentRunner:
+    """A real `medic run` process on a free loopback port with its own state dir."""
+
+    def __init__(self, spawn: SpawnFn, tmp_path: Path) -> None:
+        self._spawn = spawn
+        self.state_dir = tmp_path / "state"
+        self.tmp_path = tmp_path
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+        self.log = tmp_path / "agent.log"
+
+    def start(
+        self, config: dict, *extra_args: str, prefix: list[str] | None = None, wait: bool = True
+    ) -> subprocess.Popen:
+        import yaml
+
+        config = {
+            **config,
+            "agent": {"listen": "127.0.0.1:0", "state_dir": str(self.state_dir), **config.get("agent", {})},
+        }
+        path = self.tmp_path / "medic.yaml"
+        path.write_text(yaml.safe_dump(config))
+        (self.state_dir / "agent.json").unlink(missing_ok=True)
+        argv = [*(prefix or []), PYTHON, "-m", "agent.cli.main", "run", "--config", str(path), *extra_args]
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.proc = self._spawn(argv, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=env)
+        if wait:
+            self.wait_started()
+        return self.proc
+
+    def wait_started(self, timeout: float = 15.0) -> None:
+        import json
+
+        info = self.state_dir / "agent.json"
+
+        def started() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"agent exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            return info.exists()
+
+        wait_until(started, timeout)
+        self.url = json.loads(info.read_text())["url"]
+        wait_until(lambda: self._healthy(), timeout)
+
+    def _healthy(self) -> bool:
+        import httpx
+
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def get(self, path: str, **params):
+        import httpx
+
+        response = httpx.get(f"{self.url}{path}", params=params, timeout=5)
+        response.raise_for_status()
+        return response.json() if "json" in response.headers.get("content-type", "") else response.text
+
+    def instance(self, name: str) -> dict:
+        return self.get(f"/api/v1/instances/{name}")["instance"]
+
+    def events(self, **params) -> list[dict]:
+        return self.get("/api/v1/events", limit=1000, **params)["events"]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+
+@pytest.fixture
+def agent(spawn: SpawnFn, tmp_path: Path) -> AgentRunner:
+    """Start real agents with `agent.start(config_dict)`; they are killed and reaped at teardown."""
+    return AgentRunner(spawn, tmp_path)
+
+
+def workload_argv(mode: str, *args: str) -> list[str]:
+    """The argv of a sample workload, for `command:` instances."""
+    return [PYTHON, "-m", "agent.sample_workload", mode, *args]

@@ -1,0 +1,40 @@
+# sidecar-medic: `make help` lists the targets.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: help install system-deps run test lint format bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(BIN)/medic: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	@touch $@
+
+install: $(BIN)/medic  ## create .venv and install medic with its test tools
+
+system-deps:  ## install the Debian packages the tests need (root or sudo)
+	./scripts/install-system-deps.sh
+
+run: install  ## run the agent on its built-in demo (API on http://127.0.0.1:9464)
+	$(BIN)/medic run
+
+test: system-deps install lint  ## install everything and run the whole test suite
+	$(BIN)/python -m pytest
+
+lint: install  ## ruff lint and format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install  ## apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench: install  ## print the benchmark figures quoted in docs/
+	$(BIN)/python benchmarks/probe_cost.py
+
+clean:  ## remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis medic-state
