@@ -40,10 +40,18 @@ class InstanceState:
     latest: dict[str, float] = field(default_factory=dict)
     probes: dict[str, ProbeHealth] = field(default_factory=dict)
     _last_cpu: tuple[float, float] | None = None
+    _settings: dict[str, Any] | None = None
 
     @property
     def labels(self) -> dict[str, str]:
         return dict(self.spec.labels)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The instance's config as plain data, for probes (computed once: specs are immutable)."""
+        if self._settings is None:
+            self._settings = self.spec.model_dump(mode="json")
+        return self._settings
 
     def observe_cpu(self, now: float, cpu_seconds: float) -> None:
         if self._last_cpu is not None:

@@ -36,6 +36,7 @@ class ProbeTarget:
     pid: int
     start_time: float
     labels: Mapping[str, str] = field(default_factory=dict)
+    settings: Mapping[str, Any] = field(default_factory=dict)  # the instance's config, as plain data
 
 
 @dataclass(slots=True)

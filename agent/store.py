@@ -16,7 +16,8 @@ import sqlite3
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -133,6 +134,28 @@ class Store:
                 f"{self.path} was written by a newer medic (schema {row[0]} > {SCHEMA_VERSION}); "
                 "upgrade medic or point state_dir elsewhere"
             )
+
+    # ----------------------------------------------------------------------------- extensions
+    def ensure_schema(self, sql: str) -> None:
+        """Create the tables another part of medic keeps here (idempotent `CREATE ... IF NOT EXISTS`)."""
+        with self._lock:
+            self._db.executescript(sql)
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """The write connection inside `BEGIN IMMEDIATE … COMMIT` (rolled back on error), under the writer lock."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def query(self, sql: str, args: tuple | list = ()) -> list[tuple]:
+        """Read-only rows from this thread's reader connection."""
+        return self._reader().execute(sql, args).fetchall()
 
     def close(self) -> None:
         self.flush()

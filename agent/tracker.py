@@ -56,7 +56,7 @@ class Tracker:
     def up_targets(self) -> list[tuple[InstanceState, ProbeTarget]]:
         with self.lock:
             return [
-                (s, ProbeTarget(s.name, s.pid, s.start_time, s.labels))
+                (s, ProbeTarget(s.name, s.pid, s.start_time, s.labels, s.settings))
                 for s in self.states.values()
                 if s.status == "up" and s.pid is not None and s.start_time is not None
             ]

@@ -1,0 +1,134 @@
+"""Tunables of the detectors, with defaults for production and a way for tests to compress time.
+
+All durations are seconds. The judgement runs on a grid of `bucket` seconds aligned to the
+epoch, so the online path (any schedule) and `medic analyze` (a replay) judge the same data
+at the same instants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from agent.units import parse_duration, parse_size
+
+DAY = 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class DetectParams:
+    window: float = 6 * 3600.0
+    """Span of the main trend fit; the lower envelope is taken in buckets of `window / 24`."""
+    long_window: float = 72 * 3600.0
+    """Span of the slow-leak fit, in buckets of `long_window / 36` (a whole number of main buckets)."""
+    horizon: float = 24 * 3600.0
+    """`oom-risk` fires when the projected time to the memory limit is shorter than this."""
+    warmup: float = 30 * 60.0
+    """Growth in the first `warmup` of each process lifetime is not judged as a leak."""
+    min_buckets: int = 6
+    """Fewest lower-envelope buckets a fit needs (6 × 15 min = 1.5 h at the defaults)."""
+    confidence: float = 0.999
+    """Trend confidence (one-sided Mann-Kendall) needed to fire."""
+    confidence_clear: float = 0.9
+    """Below this the trend is clearly gone; between the two, findings hold."""
+    decel_ratio: float = 0.4
+    """Growth whose recent slope is below this fraction of the window's slope is plateauing."""
+    min_rate: float = 0.02
+    """Growth slower than this (% of the level per hour) is never a leak."""
+    open_after: int = 2
+    """Consecutive firing judgements before a finding opens."""
+    resolve_after: int = 4
+    """Consecutive clear judgements before an open finding resolves."""
+    frag_ratio: float = 1.5
+    """Resident / live bytes above this is fragmentation (allocator statistics)."""
+    frag_ratio_jvm: float = 3.0
+    """RSS / heap-after-GC above this is a JVM holding heap it does not use."""
+    frag_min_bytes: float = 128 * 2**20
+    """Resident minus live bytes must exceed this for a fragmentation finding."""
+    season_days: int = 7
+    """Days of history used to learn the daily profile (at least 2 are needed)."""
+    gap: float = 30 * 60.0
+    """Offline only: a gap in the samples longer than this starts a new process lifetime."""
+    reset_drop: float = 0.5
+    """Offline only: memory falling below this fraction of its lower envelope is a restart."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("window", "long_window", "horizon"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be positive")
+        if self.long_window < self.window:
+            problems.append("long_window must be at least window")
+        if self.warmup < 0 or self.gap <= 0:
+            problems.append("warmup must be >= 0 and gap > 0")
+        if self.min_buckets < 4:
+            problems.append("min_buckets must be at least 4")
+        if not 0.5 < self.confidence < 1 or not 0 < self.confidence_clear < self.confidence:
+            problems.append("need 0 < confidence_clear < confidence < 1")
+        if self.open_after < 1 or self.resolve_after < 1:
+            problems.append("open_after and resolve_after must be at least 1")
+        if self.frag_ratio <= 1 or self.frag_ratio_jvm <= 1:
+            problems.append("fragmentation ratios must be above 1")
+        if not 0 < self.reset_drop < 1:
+            problems.append("reset_drop must be between 0 and 1")
+        if problems:
+            raise ValueError("invalid detection parameters: " + "; ".join(problems))
+
+    @property
+    def bucket(self) -> float:
+        """Width of a lower-envelope bucket and of the judgement grid."""
+        return self.window / 24
+
+    @property
+    def long_factor(self) -> int:
+        """How many main buckets make one long-window bucket."""
+        return max(1, round(self.long_window / 36 / self.bucket))
+
+    @property
+    def long_bucket(self) -> float:
+        return self.bucket * self.long_factor
+
+    @property
+    def history(self) -> float:
+        """How much history `evaluate` needs to give the same answer as a full replay."""
+        return max(self.long_window, self.season_days * DAY + DAY) + self.bucket
+
+    def scaled(self, factor: float) -> DetectParams:
+        """The same detector on a time axis `factor` times shorter (for tests and lab traces)."""
+        changes = {
+            name: getattr(self, name) / factor for name in ("window", "long_window", "horizon", "warmup", "gap")
+        }
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+_DURATIONS = {"window", "long_window", "horizon", "warmup", "gap"}
+_SIZES = {"frag_min_bytes"}
+
+
+def params_from_options(**options: Any) -> DetectParams:
+    """Build parameters from config or CLI values (`window="6h"`, `frag_min_bytes="128Mi"`).
+
+    Raises ValueError naming the option and the accepted form; `None` values keep the default.
+    """
+    known = {f.name: f for f in fields(DetectParams)}
+    values: dict[str, Any] = {}
+    for name, raw in options.items():
+        if raw is None:
+            continue
+        if name not in known:
+            raise ValueError(f"unknown detection option {name!r}; known: {', '.join(sorted(known))}")
+        try:
+            if name in _DURATIONS:
+                values[name] = parse_duration(raw)
+            elif name in _SIZES:
+                values[name] = float(parse_size(raw))
+            elif known[name].type in ("int", int):
+                values[name] = int(raw)
+            else:
+                values[name] = float(raw)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"detection option {name}: {exc}") from None
+    return DetectParams(**values)
