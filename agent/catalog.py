@@ -87,6 +87,29 @@ _SPECS = [
         "cgroup",
     ),
     MetricSpec("cgroup_cpu_throttled_seconds_total", "counter", "Time the cgroup spent throttled.", "cgroup"),
+    # latency probe: the instance's own Prometheus histogram, per scrape interval (docs/latency.md)
+    MetricSpec("latency_p50_seconds", "gauge", "Median request latency over the last interval.", "latency"),
+    MetricSpec("latency_p90_seconds", "gauge", "90th percentile latency over the last interval.", "latency"),
+    MetricSpec("latency_p99_seconds", "gauge", "99th percentile latency over the last interval.", "latency"),
+    MetricSpec("latency_p999_seconds", "gauge", "99.9th percentile latency, last interval.", "latency"),
+    MetricSpec("latency_mean_seconds", "gauge", "Mean request latency over the last interval.", "latency"),
+    MetricSpec("request_rate", "gauge", "Requests per second over the last interval.", "latency"),
+    MetricSpec("error_rate", "gauge", "Errors per second over the last interval.", "latency"),
+    MetricSpec("error_ratio", "gauge", "Errors per request over the last interval.", "latency"),
+    # canary probe: one active request every canary interval
+    MetricSpec("canary_latency_seconds", "gauge", "Latency of the last canary request.", "canary"),
+    MetricSpec("canary_success", "gauge", "1 if the last canary request got a 2xx answer, else 0.", "canary"),
+    # allocator probe: the target's hook socket (in-process Python hook or LD_PRELOAD shim); docs/allocators.md
+    MetricSpec("allocator_allocated_bytes", "gauge", "Bytes in live allocations.", "allocator"),
+    MetricSpec("allocator_active_bytes", "gauge", "Bytes in pages holding live allocations.", "allocator"),
+    MetricSpec("allocator_resident_bytes", "gauge", "Allocator memory resident in RAM.", "allocator"),
+    MetricSpec("allocator_mapped_bytes", "gauge", "Bytes the allocator has mapped from the OS.", "allocator"),
+    MetricSpec("allocator_retained_bytes", "gauge", "Address space returned to the OS.", "allocator"),
+    MetricSpec("allocator_metadata_bytes", "gauge", "Bytes of the allocator's own bookkeeping.", "allocator"),
+    MetricSpec("allocator_free_bytes", "gauge", "Freed bytes the allocator still holds.", "allocator"),
+    MetricSpec("allocator_purgeable_bytes", "gauge", "Free bytes a purge can return now.", "allocator"),
+    MetricSpec("allocator_fragmentation_ratio", "gauge", "Resident over allocated bytes.", "allocator"),
+    MetricSpec("pymalloc_allocated_blocks", "gauge", "Blocks held by Python's pymalloc.", "allocator"),
     # agent: derived per tick
     MetricSpec(
         "memory_limit_bytes",

@@ -20,6 +20,7 @@ from agent.tracker import Tracker
 from probes.base import Probe, Schedule
 
 log = logging.getLogger("medic.collector")
+KEEPALIVE = 60.0  # an unchanged value is stored again after this long, so flat series stay visible
 
 # (probe name, wall seconds, ok) for each probe run; the exporter observes them
 DurationObserver = Callable[[str, float, bool], None]
@@ -39,14 +40,16 @@ class Collector:
         self.events = events
         self.probes = probes
         self.observe = observe or (lambda name, seconds, ok: None)
+        self._stored: dict[tuple[str, str], tuple[float, float]] = {}  # (instance, metric) → (value, ts)
         tracker.forget_hooks.extend(probe.forget for probe in probes)
+        tracker.forget_hooks.append(self._forget_stored)
 
     def run(self, schedule: Schedule, now: float | None = None) -> int:
         """One pass of the probes on `schedule` over all live instances; returns samples taken."""
         probes = [p for p in self.probes if p.schedule == schedule]
         taken = 0
+        now_ = time.time() if now is None else now  # one timestamp per tick: series line up
         for state, target in self.tracker.up_targets():
-            now_ = time.time() if now is None else now
             samples: list[Sample] = []
             for probe in probes:
                 samples.extend(self._run_probe(state, target, probe, now_))
@@ -59,9 +62,23 @@ class Collector:
                     if "cpu_seconds_total" in state.latest and schedule == "fast":
                         state.observe_cpu(now_, state.latest["cpu_seconds_total"])
                     state.last_probe = now_
-            self.store.add_samples(samples)
-            taken += len(samples)
+            changed = [sample for sample in samples if self._worth_storing(sample)]
+            self.store.add_samples(changed)
+            taken += len(changed)
         return taken
+
+    def _worth_storing(self, sample: Sample) -> bool:
+        """Store a value when it changed, or when the last stored one is older than KEEPALIVE."""
+        key = (sample.instance, sample.metric)
+        last = self._stored.get(key)
+        if last is not None and last[0] == sample.value and sample.ts - last[1] < KEEPALIVE:
+            return False
+        self._stored[key] = (sample.value, sample.ts)
+        return True
+
+    def _forget_stored(self, target: ProbeTarget) -> None:
+        for key in [k for k in self._stored if k[0] == target.instance]:
+            del self._stored[key]
 
     def _run_probe(self, state: InstanceState, target: ProbeTarget, probe: Probe, now: float) -> list[Sample]:
         health = state.probes.setdefault(probe.name, ProbeHealth())

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -127,6 +128,114 @@ class MatchSpec(_Strict):
         return self.command is not None
 
 
+def _http_url(value: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            f"expected an http:// or https:// URL such as http://127.0.0.1:8501/metrics, got {value!r}"
+        )
+    return value
+
+
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+SLO_QUANTILES = (0.5, 0.9, 0.99, 0.999)  # the quantiles the latency probe stores
+
+
+class PrometheusLatency(_Strict):
+    """The instance's own `/metrics`: a latency histogram and optional request/error counters."""
+
+    url: HttpUrl
+    histogram: str  # the family name, without `_bucket`
+    labels: dict[str, str] = Field(default_factory=dict)  # only series with these label values
+    errors_counter: str | None = None
+    requests_counter: str | None = None  # default: the histogram's `_count`
+    timeout: Duration = 2.0
+
+    @field_validator("histogram", "errors_counter", "requests_counter")
+    @classmethod
+    def _names(cls, value: str | None) -> str | None:
+        if value is not None and not _METRIC_NAME.match(value):
+            raise ValueError(
+                f"expected a Prometheus metric name such as request_latency_seconds, got {value!r}"
+            )
+        return value
+
+    @field_validator("histogram")
+    @classmethod
+    def _family(cls, value: str) -> str:
+        for suffix in ("_bucket", "_count", "_sum"):
+            if value.endswith(suffix):
+                raise ValueError(
+                    f"give the histogram's family name without {suffix!r}: {value[: -len(suffix)]}"
+                )
+        return value
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout(cls, value: float) -> float:
+        if not 0.01 <= value <= 60:
+            raise ValueError("must be between 10ms and 60s")
+        return value
+
+
+class CanarySpec(_Strict):
+    """An active request on a schedule; at most one in flight per instance."""
+
+    url: HttpUrl
+    method: str = "GET"
+    headers: dict[str, str] = Field(default_factory=dict)
+    body_file: Path | None = None
+    timeout: Duration = 2.0
+    interval: Duration = 10.0
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, value: str) -> str:
+        if value.upper() not in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"):
+            raise ValueError(f"expected an HTTP method such as GET or POST, got {value!r}")
+        return value.upper()
+
+    @field_validator("timeout", "interval")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if not 0.01 <= value <= 3600:
+            raise ValueError("must be between 10ms and 1h")
+        return value
+
+
+class SloSpec(_Strict):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    quantile: float = 0.99
+    threshold: Duration = 0.25
+    for_: Duration = Field(300.0, alias="for")  # over the threshold this long → slow
+
+    @field_validator("quantile")
+    @classmethod
+    def _quantile(cls, value: float) -> float:
+        if value not in SLO_QUANTILES:
+            raise ValueError(f"expected one of {', '.join(map(str, SLO_QUANTILES))}, got {value!r}")
+        return value
+
+    @field_validator("threshold")
+    @classmethod
+    def _threshold(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be above 0, e.g. 250ms")
+        return value
+
+
+class LatencySpec(_Strict):
+    """Where an instance's latency comes from, and the SLO it is judged against (none: no SLO rule)."""
+
+    prometheus: PrometheusLatency | None = None
+    canary: CanarySpec | None = None
+    slo: SloSpec | None = None
+
+
 class InstanceSpec(_Strict):
     name: str
     match: MatchSpec
@@ -134,6 +243,7 @@ class InstanceSpec(_Strict):
     memory_limit: MemoryLimit = "auto"
     restart_on_exit: bool = True  # managed only: relaunch when the command exits
     stop_timeout: Duration = 5.0  # managed only: TERM, then KILL after this
+    latency: LatencySpec | None = None  # Prometheus histogram, canary, SLO (docs/latency.md)
 
     @field_validator("name")
     @classmethod

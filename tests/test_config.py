@@ -51,7 +51,10 @@ def test_command_string_is_split_not_run_by_a_shell():
         ("instances: [{name: a, match: {}}]", r"instances\[0\]\.match: give exactly one of"),
         ("instances: [{name: a, match: {pid: 1, cmdline: x}}]", r"got pid, cmdline"),
         ("instances: [{name: a, match: {cmdline: '(('}}]", r"invalid regular expression"),
-        ("instances: [{name: a, match: {pid: 3}, memory_limit: 12Q}]", r"memory_limit: .*unknown size unit 'Q'"),
+        (
+            "instances: [{name: a, match: {pid: 3}, memory_limit: 12Q}]",
+            r"memory_limit: .*unknown size unit 'Q'",
+        ),
         ("instances: [{name: 'a b', match: {pid: 3}}]", r"instances\[0\]\.name: expected letters"),
         ("instances: [{name: a, match: {pid: 3}}, {name: a, match: {pid: 4}}]", r"used twice"),
         ("instances: {name: a}", r"instances: .*list"),
@@ -106,16 +109,23 @@ def test_config_check_prints_effective_config_and_exit_code_from_a_real_process(
     bad = tmp_path / "bad.yaml"
     bad.write_text("agent: {interval: soon}\n")
     failed = subprocess.run(
-        [sys.executable, "-m", "agent.cli.main", "config", "check", str(bad)], capture_output=True, text=True, cwd=REPO
+        [sys.executable, "-m", "agent.cli.main", "config", "check", str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     )
     assert failed.returncode == 2
     assert failed.stderr.count("\n") == 1 and "agent.interval" in failed.stderr
 
 
-yaml_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8), st.floats(allow_nan=False))
+yaml_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.text(max_size=8), st.floats(allow_nan=False)
+)
 yaml_values = st.recursive(
     yaml_scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
     max_leaves=8,
 )
 

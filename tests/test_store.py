@@ -15,8 +15,12 @@ from agent.store import Store
 T0 = 1_800_000_000.0  # a fixed "now" so buckets are deterministic
 
 
-def fill(store: Store, seconds: int, instance: str = "a", metric: str = "rss_bytes", every: float = 1.0) -> None:
-    store.add_samples(Sample(instance, metric, T0 - seconds + i * every, float(i)) for i in range(int(seconds / every)))
+def fill(
+    store: Store, seconds: int, instance: str = "a", metric: str = "rss_bytes", every: float = 1.0
+) -> None:
+    store.add_samples(
+        Sample(instance, metric, T0 - seconds + i * every, float(i)) for i in range(int(seconds / every))
+    )
     store.flush()
 
 
@@ -74,7 +78,9 @@ def test_rollups_stay_exact_across_flushes_and_reopen(tmp_path):
 def test_events_are_durable_and_queryable(tmp_path):
     store = Store(tmp_path)
     first = store.add_event(Event("instance_discovered", "watching pid 1", instance="a", ts=T0))
-    store.add_event(Event("probe_error", "denied", instance="b", severity="warning", data={"probe": "smaps"}, ts=T0 + 1))
+    store.add_event(
+        Event("probe_error", "denied", instance="b", severity="warning", data={"probe": "smaps"}, ts=T0 + 1)
+    )
     store.add_event(Event("agent_stopped", "bye", ts=T0 + 2))
     store.close()
     store = Store(tmp_path)
@@ -118,7 +124,7 @@ def test_files_are_private(tmp_path):
 def test_unusable_state_dir_is_a_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    with pytest.raises(StoreError, match="cannot open the state database .*state_dir is writable"):
+    with pytest.raises(StoreError, match=r"cannot open the state database .*state_dir is writable"):
         Store(blocker)
 
 

@@ -11,7 +11,16 @@ from agent.units import format_bytes, format_duration, parse_duration, parse_siz
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("5s", 5), ("250ms", 0.25), ("10m", 600), ("6h", 21600), ("1h30m", 5400), ("2d", 172800), ("90", 90), (1.5, 1.5)],
+    [
+        ("5s", 5),
+        ("250ms", 0.25),
+        ("10m", 600),
+        ("6h", 21600),
+        ("1h30m", 5400),
+        ("2d", 172800),
+        ("90", 90),
+        (1.5, 1.5),
+    ],
 )
 def test_durations(text, seconds):
     assert parse_duration(text) == pytest.approx(seconds)
@@ -25,7 +34,13 @@ def test_bad_durations_name_the_accepted_forms(text):
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("512Mi", 512 * 2**20), ("2G", 2 * 10**9), ("1.5GiB", int(1.5 * 2**30)), ("1048576", 2**20), (4096, 4096)],
+    [
+        ("512Mi", 512 * 2**20),
+        ("2G", 2 * 10**9),
+        ("1.5GiB", int(1.5 * 2**30)),
+        ("1048576", 2**20),
+        (4096, 4096),
+    ],
 )
 def test_sizes(text, size):
     assert parse_size(text) == size

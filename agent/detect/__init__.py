@@ -1,1 +1,29 @@
-"""Detectors: pure functions of stored series that produce findings."""
+"""Detectors: pure functions of in-memory series that produce findings.
+
+Entry points (see `docs/detection.md`):
+
+- `evaluate(series, now, params) -> list[Observation]`: one judgement of one instance (online).
+- `update(active, observations, params) -> (active, transitions)`: the finding lifecycle.
+- `analyze(all_series, params) -> list[InstanceAnalysis]`: the same, replayed over recordings.
+"""
+
+from agent.detect.engine import DEFAULT_PARAMS, InstanceAnalysis, analyze, analyze_instance, evaluate, tick_for
+from agent.detect.lifecycle import update
+from agent.detect.model import Finding, InstanceSeries, Observation, Transition
+from agent.detect.params import DetectParams, params_from_options
+
+__all__ = [
+    "DEFAULT_PARAMS",
+    "DetectParams",
+    "Finding",
+    "InstanceAnalysis",
+    "InstanceSeries",
+    "Observation",
+    "Transition",
+    "analyze",
+    "analyze_instance",
+    "evaluate",
+    "params_from_options",
+    "tick_for",
+    "update",
+]

@@ -1,0 +1,91 @@
+"""The `process` probe: memory, CPU, threads, fds, faults and context switches of one process.
+
+Reads the cheapest /proc files that hold each figure, every tick: `stat` (CPU, threads, faults, and
+the identity check), `statm` (RSS, VMS), `status` (RSS by kind, peak, swap, context switches) and the
+entries of `fd`. About 100 µs of CPU per process; `smaps_rollup` is left to the slow `smaps` probe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar, TypeVar
+
+from agent.errors import ProbeError, TargetGone
+from agent.records import ProbeResult, ProbeTarget, Sample
+from probes.base import Schedule
+from probes.linux import procfs
+
+T = TypeVar("T")
+
+
+def try_read(result: ProbeResult, read: Callable[[], T]) -> T | None:
+    """Run one read; its failure goes to `result.problems`, except a vanished target, which ends the probe."""
+    try:
+        return read()
+    except TargetGone:
+        raise
+    except ProbeError as exc:
+        result.problems.append(exc)
+        return None
+
+
+def add_samples(
+    result: ProbeResult, target: ProbeTarget, now: float, values: dict[str, float | None]
+) -> None:
+    """Append one sample per known value; None means "not available here" and is left out."""
+    for metric, value in values.items():
+        if value is not None:
+            result.samples.append(Sample(target.instance, metric, now, float(value)))
+
+
+class ProcessProbe:
+    name: ClassVar[str] = "process"
+    schedule: ClassVar[Schedule] = "fast"
+
+    def __init__(self, root: Path = procfs.HOST_ROOT) -> None:
+        self.root = root
+
+    def collect(self, target: ProbeTarget, now: float) -> ProbeResult:
+        stat = procfs.read_live_stat(target.pid, target.start_time, self.root)  # failure here is total
+        result = ProbeResult()
+        add_samples(
+            result,
+            target,
+            now,
+            {
+                "cpu_seconds_total": stat.cpu_seconds,
+                "threads": stat.threads,
+                "minor_faults_total": stat.minor_faults,
+                "major_faults_total": stat.major_faults,
+            },
+        )
+        statm = try_read(result, lambda: procfs.read_statm(target.pid, self.root))
+        if statm:
+            add_samples(result, target, now, {"rss_bytes": statm.rss_bytes, "vms_bytes": statm.vms_bytes})
+        status = try_read(result, lambda: procfs.read_status(target.pid, self.root))
+        if status:
+            add_samples(
+                result,
+                target,
+                now,
+                {
+                    "rss_anon_bytes": status.rss_anon_bytes,
+                    "rss_file_bytes": status.rss_file_bytes,
+                    "rss_shmem_bytes": status.rss_shmem_bytes,
+                    "rss_peak_bytes": status.rss_peak_bytes,
+                    "swap_bytes": status.swap_bytes,
+                    "ctx_switches_voluntary_total": status.voluntary_ctx_switches,
+                    "ctx_switches_involuntary_total": status.involuntary_ctx_switches,
+                },
+            )
+        add_samples(
+            result,
+            target,
+            now,
+            {"open_fds": try_read(result, lambda: procfs.count_fds(target.pid, self.root))},
+        )
+        return result
+
+    def forget(self, target: ProbeTarget) -> None:
+        """Nothing is cached per target."""
