@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from agent.errors import ProbeError, TargetGone
+from agent.errors import ProbeError, ProbeUnavailable, TargetGone
 from agent.eventlog import EventLog
 from agent.instances import InstanceState, ProbeHealth
 from agent.records import ProbeTarget, Sample
@@ -87,6 +87,17 @@ class Collector:
             result = probe.collect(target, now)
         except TargetGone:
             return []  # the tracker records the disappearance on its next reconcile
+        except ProbeUnavailable as exc:  # not an error: this figure does not exist for this instance
+            message = str(exc)
+            if health.unavailable != message:
+                self.events.emit(
+                    "probe_unavailable",
+                    f"probe {probe.name} has no data here: {message}",
+                    instance=state.name,
+                    probe=probe.name,
+                )
+            health.unavailable = message
+            return []
         except ProbeError as exc:
             self._failed(state, probe.name, health, exc, started)
             return []
@@ -96,6 +107,7 @@ class Collector:
             return []
         elapsed = time.perf_counter() - started
         health.last_duration = elapsed
+        health.unavailable = None
         if result.problems:
             self._failed(state, probe.name, health, result.problems[0], started, partial=True)
         else:

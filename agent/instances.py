@@ -20,6 +20,7 @@ class ProbeHealth:
     last_error: str | None = None
     last_success: float | None = None
     last_duration: float = 0.0
+    unavailable: str | None = None  # why the probe has no data for this instance (not an error)
 
 
 @dataclass
@@ -97,6 +98,7 @@ class InstanceState:
                     "last_error": health.last_error,
                     "last_success": health.last_success,
                     "last_duration_seconds": health.last_duration,
+                    "unavailable": health.unavailable,
                 }
                 for name, health in sorted(self.probes.items())
             },

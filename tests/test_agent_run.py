@@ -39,7 +39,7 @@ def test_records_rising_and_flat_memory_and_serves_it(agent, workload):
             ],
         }
     )
-    wait_until(lambda: len(rss_points(agent, "leaky")) >= 12 and len(rss_points(agent, "stable")) >= 12, 20)
+    wait_until(lambda: len(rss_points(agent, "leaky")) >= 12 and rss_points(agent, "stable"), 20)
     leaky, flat = rss_points(agent, "leaky"), rss_points(agent, "stable")
     assert leaky[-1] - leaky[1] > 8 * 2**20, leaky  # ~8 MiB/s over more than 2 s
     assert max(flat) - min(flat) < 2 * 2**20, flat
@@ -160,7 +160,8 @@ def test_history_and_identity_survive_an_agent_restart(agent, workload):
     target = workload("stable", "--size", "8Mi")
     config = {"agent": FAST, "instances": [{"name": "svc", "match": {"pid": target.pid}}]}
     agent.start(config)
-    wait_until(lambda: len(rss_points(agent, "svc")) >= 5, 10)
+    wait_until(lambda: agent.instance("svc")["probes"].get("process", {}).get("last_success"), 10)
+    wait_until(lambda: rss_points(agent, "svc"), 5)
     before = rss_points(agent, "svc")
     first_ts = agent.get("/api/v1/instances/svc/series", metric="rss_bytes", since="5m")["points"][0][0]
     started = time.monotonic()
