@@ -10,14 +10,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
 
 from agent import __version__
+from agent.auth import TokenGuard
 from agent.catalog import CATALOG
+from agent.errors import ProbeError
+from agent.eventlog import EventLog
 from agent.exporter import Telemetry
+from agent.purging import purge_instance
+from agent.records import ProbeTarget
 from agent.store import Store
 from agent.tracker import Tracker
 from agent.units import parse_duration
@@ -30,8 +36,16 @@ class ApiContext:
     tracker: Tracker
     store: Store
     telemetry: Telemetry
+    events: EventLog
+    token: str
     started_at: float = field(default_factory=time.time)
     config_path: str | None = None
+
+
+class PurgeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field("requested through the API", max_length=500)
+    gc: bool = False  # Python hook only: run the garbage collector first
 
 
 def parse_time(value: str | None, now: float, default_ago: float) -> float:
@@ -66,6 +80,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
             for err in exc.errors()
         ]
         return JSONResponse({"error": "; ".join(problems)}, status_code=400)
+
+    admin = [Depends(TokenGuard(ctx.token))]
 
     def instance_or_404(name: str) -> Any:
         state = ctx.tracker.get(name)
@@ -130,6 +146,23 @@ def create_app(ctx: ApiContext) -> FastAPI:
             raise HTTPException(400, f"step: {exc}") from None
         result = ctx.store.series(name, metric, start, end, width, agg, MAX_POINTS, now)  # type: ignore[arg-type]
         return {"now": now, "since": start, "until": end, "agg": agg, **result.to_dict()}
+
+    @app.post("/api/v1/instances/{name}/purge", dependencies=admin)
+    def purge(name: str, body: PurgeRequest | None = None) -> dict[str, Any]:
+        body = body or PurgeRequest()
+        state = instance_or_404(name)
+        with ctx.tracker.lock:
+            if state.status != "up" or state.pid is None or state.start_time is None:
+                raise HTTPException(
+                    409, f"{name} is {state.status} ({state.status_reason}): nothing to purge"
+                )
+            target = ProbeTarget(state.name, state.pid, state.start_time, state.labels, state.settings)
+        try:
+            result = purge_instance(target, ctx.events, body.reason, gc=body.gc)
+        except ProbeError as exc:
+            code = {"unavailable": 409, "permission": 403, "gone": 409}.get(exc.reason, 502)
+            raise HTTPException(code, f"purge of {name} failed: {exc}") from None
+        return {"instance": name, "purge": result}
 
     @app.get("/api/v1/events")
     def events(

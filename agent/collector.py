@@ -21,6 +21,9 @@ from probes.base import Probe, Schedule
 
 log = logging.getLogger("medic.collector")
 KEEPALIVE = 60.0  # an unchanged value is stored again after this long, so flat series stay visible
+UNAVAILABLE_RETRY = (
+    30.0  # a probe with no data for an instance (no hook, no latency source) is retried this often
+)
 
 # (probe name, wall seconds, ok) for each probe run; the exporter observes them
 DurationObserver = Callable[[str, float, bool], None]
@@ -82,6 +85,8 @@ class Collector:
 
     def _run_probe(self, state: InstanceState, target: ProbeTarget, probe: Probe, now: float) -> list[Sample]:
         health = state.probes.setdefault(probe.name, ProbeHealth())
+        if health.unavailable is not None and now < health.retry_at:
+            return []
         started = time.perf_counter()
         try:
             result = probe.collect(target, now)
@@ -96,7 +101,7 @@ class Collector:
                     instance=state.name,
                     probe=probe.name,
                 )
-            health.unavailable = message
+            health.unavailable, health.retry_at = message, now + UNAVAILABLE_RETRY
             return []
         except ProbeError as exc:
             self._failed(state, probe.name, health, exc, started)

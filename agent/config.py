@@ -58,6 +58,7 @@ class AgentSection(_Strict):
     raw_retention: Duration = 48 * 3600.0
     rollup_retention: Duration = 30 * 86400.0
     probes: dict[str, bool] = Field(default_factory=dict)
+    token_file: Path | None = None  # admin token for mutating endpoints; default: state_dir/admin.token
 
     @field_validator("listen")
     @classmethod
@@ -236,11 +237,19 @@ class LatencySpec(_Strict):
     slo: SloSpec | None = None
 
 
+class HookSpec(_Strict):
+    """Where the instance's allocator hook listens (in-process Python hook or LD_PRELOAD shim)."""
+
+    socket: str | None = None  # a path, `%p` becomes the pid; default: found by convention
+    timeout: Duration = 1.0
+
+
 class InstanceSpec(_Strict):
     name: str
     match: MatchSpec
     labels: dict[str, str] = Field(default_factory=dict)
     memory_limit: MemoryLimit = "auto"
+    hook: HookSpec = Field(default_factory=HookSpec)
     restart_on_exit: bool = True  # managed only: relaunch when the command exits
     stop_timeout: Duration = 5.0  # managed only: TERM, then KILL after this
     latency: LatencySpec | None = None  # Prometheus histogram, canary, SLO (docs/latency.md)

@@ -21,6 +21,7 @@ class ProbeHealth:
     last_success: float | None = None
     last_duration: float = 0.0
     unavailable: str | None = None  # why the probe has no data for this instance (not an error)
+    retry_at: float = 0.0  # when to try an unavailable probe again
 
 
 @dataclass
@@ -103,4 +104,5 @@ class InstanceState:
                 for name, health in sorted(self.probes.items())
             },
             "latest": dict(sorted(self.latest.items())),
+            "settings": self.settings,
         }

@@ -26,6 +26,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from agent import __version__
 from agent.api import ApiContext, create_app
+from agent.auth import load_or_create_token
 from agent.collector import Collector
 from agent.config import Config
 from agent.errors import ConfigError, StoreError
@@ -91,6 +92,8 @@ class Agent:
         cfg = self.config.agent
         probes = self._probes()
         self.store = Store(cfg.state_dir, raw_retention=cfg.raw_retention)
+        token, token_path = load_or_create_token(cfg.token_file, Path(cfg.state_dir))
+        log.info("admin token for mutating endpoints: %s", token_path)
         self.events = EventLog(self.store)
         self.tracker = Tracker(self.config.instances, self.store, self.events)
         self.telemetry = Telemetry(self.tracker)
@@ -114,7 +117,10 @@ class Agent:
         await asyncio.to_thread(self._first_pass)
 
         scheduler = self._schedule()
-        app = create_app(ApiContext(self.tracker, self.store, self.telemetry, config_path=self.config_path))
+        context = ApiContext(
+            self.tracker, self.store, self.telemetry, self.events, token, config_path=self.config_path
+        )
+        app = create_app(context)
         server = _Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         scheduler.start()

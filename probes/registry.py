@@ -22,6 +22,9 @@ PROBES: dict[str, ProbeEntry] = {
     ),
     "smaps": ProbeEntry("probes.smaps", "SmapsProbe", True, "PSS/USS from smaps_rollup, slow schedule"),
     "cgroup": ProbeEntry("probes.cgroup", "CgroupProbe", True, "cgroup v1/v2 memory, CPU throttling, PSI"),
+    "allocator": ProbeEntry("probes.allocator", "AllocatorProbe", True, "allocator figures via the hook"),
+    "latency": ProbeEntry("probes.latency", "LatencyProbe", True, "quantiles from the instance's /metrics"),
+    "canary": ProbeEntry("probes.canary", "CanaryProbe", True, "an active request on a schedule, timed"),
 }
 
 

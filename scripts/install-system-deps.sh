@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  gcc libc6-dev                                   # the LD_PRELOAD shim and test C programs
+  gcc libc6-dev binutils                          # the LD_PRELOAD shim and test C programs
   libjemalloc2 libjemalloc-dev                    # jemalloc (mallctl, jeprof)
   libgoogle-perftools4 libtcmalloc-minimal4 google-perftools libgoogle-perftools-dev  # tcmalloc, heap profiler
   util-linux                                      # setpriv, for the permission tests

@@ -20,6 +20,10 @@ COMMANDS: dict[str, str] = {
     "status": "agent.cli.status",
     "events": "agent.cli.events",
     "config": "agent.cli.config_cmd",
+    "warmup": "agent.cli.warmup",
+    "purge": "agent.cli.purge",
+    "doctor": "agent.cli.doctor",
+    "hook": "agent.cli.hook",
 }
 
 

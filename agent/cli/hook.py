@@ -1,0 +1,149 @@
+"""`medic hook`: the allocator hooks on the target side.
+
+medic hook path                       the LD_PRELOAD shim's path, for native targets
+medic hook env [--python] [--allocator jemalloc]   the environment a target needs
+medic hook install-pth [--dir DIR]    autostart the in-process hook in every Python of this environment
+                                      (only acts when MEDIC_HOOK_SOCKET is set)
+medic hook call OP (--pid PID | --socket PATH) [KEY=VALUE ...]   send one request, print the reply
+medic hook clean                      remove sockets of processes that are gone
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from agent.errors import UsageError
+
+HELP = "LD_PRELOAD shim path, target environment, and direct calls to a target's allocator hook"
+PTH_NAME = "medic-hook.pth"
+PTH_LINE = "import native_hooks.autostart\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="hook_command", metavar="ACTION", required=True)
+    path = sub.add_parser("path", help="print the path of the built LD_PRELOAD shim")
+    path.add_argument("--json", action="store_true")
+    env = sub.add_parser("env", help="print the environment variables a target needs for a hook")
+    env.add_argument("--python", action="store_true", help="a Python target (in-process hook, no shim)")
+    env.add_argument("--allocator", choices=["glibc", "jemalloc", "tcmalloc"], default="glibc")
+    env.add_argument("--socket", default="auto", help="MEDIC_HOOK_SOCKET value (default: auto)")
+    pth = sub.add_parser("install-pth", help=f"write {PTH_NAME} so Python targets autostart the hook")
+    pth.add_argument("--dir", help="site-packages directory (default: this interpreter's purelib)")
+    call = sub.add_parser("call", help="send one request to a hook and print the JSON reply")
+    call.add_argument("op", help="ping, stats, purge, prof_dump, prof_active or histogram")
+    call.add_argument(
+        "params", nargs="*", metavar="KEY=VALUE", help="request fields; VALUE is JSON or a string"
+    )
+    where = call.add_mutually_exclusive_group(required=True)
+    where.add_argument("--pid", type=int, help="find the socket of this process by convention")
+    where.add_argument("--socket", help="the hook socket path")
+    call.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the reply (default 5)")
+    clean = sub.add_parser("clean", help="remove hook sockets of processes that are gone")
+    clean.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    return {
+        "path": _path,
+        "env": _env,
+        "install-pth": _install_pth,
+        "call": _call,
+        "clean": _clean,
+    }[args.hook_command](args)
+
+
+def _path(args: argparse.Namespace) -> int:
+    from native_hooks import shim_path
+
+    path = shim_path()
+    print(json.dumps({"path": path}) if args.json else path)
+    return 0
+
+
+def target_environment(python: bool, allocator: str, socket: str) -> dict[str, str]:
+    """The variables that give a target a hook (and heap profiles where the allocator has them)."""
+    from native_hooks.workloads import PRELOADS
+
+    env: dict[str, str] = {}
+    preload = [PRELOADS[allocator]] if PRELOADS.get(allocator) else []
+    if not python:
+        from native_hooks import shim_path
+
+        preload.append(shim_path())
+    if preload:
+        env["LD_PRELOAD"] = ":".join(p for p in preload if p)
+    env["MEDIC_HOOK_SOCKET"] = socket
+    if allocator == "jemalloc":
+        env["MALLOC_CONF"] = "prof:true,prof_active:false"
+    return env
+
+
+def _env(args: argparse.Namespace) -> int:
+    for key, value in target_environment(args.python, args.allocator, args.socket).items():
+        print(f"{key}={value}")
+    if args.python:
+        print(f"# and once per Python environment: medic hook install-pth (writes {PTH_NAME})")
+    return 0
+
+
+def _install_pth(args: argparse.Namespace) -> int:
+    import sysconfig
+
+    directory = args.dir or sysconfig.get_paths()["purelib"]
+    if not os.path.isdir(directory):
+        raise UsageError(f"{directory} is not a directory: give the site-packages directory with --dir")
+    target = os.path.join(directory, PTH_NAME)
+    try:
+        with open(target, "w") as f:
+            f.write(PTH_LINE)
+    except OSError as exc:
+        raise UsageError(f"cannot write {target}: {exc.strerror}; run as the environment's owner") from None
+    print(
+        f"wrote {target}: Python processes of this environment start the hook when MEDIC_HOOK_SOCKET is set"
+    )
+    return 0
+
+
+def parse_params(pairs: list[str]) -> dict[str, Any]:
+    """`KEY=VALUE` arguments as request fields; VALUE is read as JSON when it parses, else as a string."""
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"expected KEY=VALUE, got {pair!r} (e.g. path=/tmp/x.heap or top=20)")
+        try:
+            params[key] = json.loads(raw)
+        except ValueError:
+            params[key] = raw
+    return params
+
+
+def _call(args: argparse.Namespace) -> int:
+    from native_hooks.client import HookClient
+    from native_hooks.errors import HookNotFound
+    from native_hooks.sockets import find_socket
+
+    params = parse_params(args.params)
+    path = args.socket or find_socket(args.pid)
+    if path is None:
+        from native_hooks.errors import HOOK_HOWTO
+
+        raise HookNotFound(f"no hook socket found for pid {args.pid}: {HOOK_HOWTO}")
+    with HookClient(path, args.timeout) as client:
+        reply = client.request(args.op, **params)
+    print(json.dumps(reply, indent=2))
+    return 0
+
+
+def _clean(args: argparse.Namespace) -> int:
+    from native_hooks.sockets import remove_stale_sockets
+
+    removed = remove_stale_sockets()
+    if args.json:
+        print(json.dumps({"removed": removed}))
+    else:
+        print("\n".join(f"removed {path}" for path in removed) or "no stale hook sockets")
+    return 0

@@ -1,0 +1,34 @@
+"""`medic purge NAME`: ask an instance's allocator to return free memory to the OS (the soft fix)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from agent.cli.client import add_token_argument, add_url_argument, admin_token, agent_url, post_json
+from agent.units import format_bytes
+
+HELP = "purge an instance's allocator through its hook (jemalloc purge, tcmalloc release, glibc trim)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", help="the instance")
+    parser.add_argument("--reason", default="requested with medic purge", help="recorded in the event log")
+    parser.add_argument("--gc", action="store_true", help="Python hook only: run the garbage collector first")
+    add_url_argument(parser)
+    add_token_argument(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    body = {"reason": args.reason, "gc": args.gc}
+    reply = post_json(agent_url(args.url), f"/api/v1/instances/{args.name}/purge", body, admin_token(args.token_file))
+    if args.json:
+        print(json.dumps(reply, indent=2))
+        return 0
+    result = reply["purge"]
+    print(
+        f"{args.name}: {result['allocator']} {result['action']} returned {format_bytes(result['returned_bytes'])} "
+        f"(RSS {format_bytes(result['rss_before'])} → {format_bytes(result['rss_after'])}, "
+        f"{result['duration_s'] * 1000:.0f} ms)"
+    )
+    return 0

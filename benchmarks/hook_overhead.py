@@ -1,0 +1,183 @@
+"""Throughput of a malloc-heavy loop with and without the LD_PRELOAD shim, probed every 100 ms.
+
+    python benchmarks/hook_overhead.py [--allocator glibc|jemalloc|tcmalloc] [--ops 20000000] [--rounds 9]
+
+The target is native_hooks/workloads/alloc_target.c (`bench OPS`: a ring of 4096 live blocks of
+16-1040 bytes, one free + one malloc per op, timed inside the target). Three configurations run
+interleaved, each in a fresh process under the same allocator:
+
+    baseline   no shim
+    loaded     shim preloaded and serving a socket, never asked
+    probed     shim preloaded, a client sends `stats` every 100 ms during the loop
+
+Two measurements:
+
+* direct: the CPU time of the shim's `medic-hook` thread (from /proc/PID/task/TID/schedstat, in ns)
+  over the CPU time of the loop's thread, during the probed runs; this is the hook's own cost and is
+  not disturbed by other load on the machine;
+* end to end: CPU time of the whole process per op (all threads), medians of interleaved rounds,
+  `loaded` and `probed` against `baseline` (the target is < 1 %), with the spread; wall-clock
+  figures beside. On a busy shared machine the spread of this one can exceed the effect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from native_hooks.client import HookClient
+from native_hooks.workloads import TargetIO, build_c_target, target_env
+
+CONFIGS = ("baseline", "loaded", "probed")
+
+
+def thread_cpu_ns(pid: int) -> dict[str, int]:
+    """On-CPU nanoseconds per thread name (`main` for the thread whose tid is the pid)."""
+    times: dict[str, int] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            ns = int(f.read().split()[0])
+        with open(f"/proc/{pid}/task/{tid}/comm") as f:
+            name = "main" if int(tid) == pid else f.read().strip()
+        times[name] = times.get(name, 0) + ns
+    return times
+
+
+def run_once(
+    binary: str, config: str, allocator: str, ops: int, sock_dir: str, period: float
+) -> tuple[float, float, int, float | None]:
+    """One fresh target; returns (CPU ns per op, wall ns per op, stats requests answered during the
+    loop, hook thread CPU / loop thread CPU during the loop or None without a hook)."""
+    socket_template = f"{sock_dir}/bench.%p.sock" if config != "baseline" else None
+    env = target_env(allocator, socket_template, shim=config != "baseline")
+    proc = subprocess.Popen([binary], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        target = TargetIO(proc, timeout=600)
+        answered = 0
+        stop = threading.Event()
+
+        def probe() -> None:
+            nonlocal answered
+            path = f"{sock_dir}/bench.{target.pid}.sock"
+            with HookClient(path, timeout=5) as client:
+                while not stop.wait(period):
+                    client.request("stats")
+                    answered += 1
+
+        prober = threading.Thread(target=probe, daemon=True) if config == "probed" else None
+        before = thread_cpu_ns(target.pid)
+        if prober:
+            prober.start()
+        wall, cpu = (float(x) for x in target.command(f"bench {ops}").split())
+        stop.set()
+        if prober:
+            prober.join(timeout=10)
+        after = thread_cpu_ns(target.pid)
+        target.exit()
+        share = None
+        if "medic-hook" in after:
+            hook = after["medic-hook"] - before.get("medic-hook", 0)
+            share = hook / max(1, after["main"] - before["main"])
+        return cpu, wall, answered, share
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            if stream:
+                stream.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--allocator", choices=["glibc", "jemalloc", "tcmalloc"], default="glibc")
+    parser.add_argument("--ops", type=int, default=20_000_000, help="malloc/free pairs per run")
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved runs per configuration")
+    parser.add_argument("--period", type=float, default=0.1, help="seconds between probes (default 0.1)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    work = tempfile.mkdtemp(prefix="mb-", dir="/tmp")
+    try:
+        binary = build_c_target(work)
+        results: dict[str, list[float]] = {c: [] for c in CONFIGS}
+        walls: dict[str, list[float]] = {c: [] for c in CONFIGS}
+        probes: list[int] = []
+        shares: dict[str, list[float]] = {"loaded": [], "probed": []}
+        for _ in range(args.rounds):
+            for config in CONFIGS:
+                cpu, wall, answered, share = run_once(
+                    binary, config, args.allocator, args.ops, work, args.period
+                )
+                results[config].append(cpu)
+                walls[config].append(wall)
+                if share is not None:
+                    shares[config].append(share)
+                if config == "probed":
+                    probes.append(answered)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    medians = {c: statistics.median(v) for c, v in results.items()}
+    wall_medians = {c: statistics.median(v) for c, v in walls.items()}
+    summary = {
+        "allocator": args.allocator,
+        "ops": args.ops,
+        "rounds": args.rounds,
+        "probe_period_s": args.period,
+        "probes_per_run": statistics.median(probes) if probes else 0,
+        "hook_thread_cpu_percent": {c: round(100 * statistics.median(v), 4) for c, v in shares.items() if v},
+        "cpu_ns_per_op": {c: round(m, 3) for c, m in medians.items()},
+        "mops_per_cpu_s": {c: round(1e3 / m, 2) for c, m in medians.items()},
+        "slowdown_percent": {
+            c: round(100 * (medians[c] / medians["baseline"] - 1), 2) for c in CONFIGS if c != "baseline"
+        },
+        "spread_cpu_ns_per_op": {c: [round(min(v), 2), round(max(v), 2)] for c, v in results.items()},
+        "wall_ns_per_op": {c: round(m, 3) for c, m in wall_medians.items()},
+        "wall_slowdown_percent": {
+            c: round(100 * (wall_medians[c] / wall_medians["baseline"] - 1), 2)
+            for c in CONFIGS
+            if c != "baseline"
+        },
+        "host": {"cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%d %H:%M:%S")},
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(
+        f"allocator {args.allocator}, {args.ops} ops per run, {args.rounds} interleaved rounds, "
+        f"probe every {args.period * 1000:.0f} ms ({summary['probes_per_run']} stats requests per probed run)"
+    )
+    direct = summary["hook_thread_cpu_percent"]
+    print(
+        f"direct: the hook thread used {direct.get('probed', 0):.4f}% of the loop thread's CPU when probed, "
+        f"{direct.get('loaded', 0):.4f}% when idle"
+    )
+    print("end to end (CPU time of the whole process per op; medians):")
+    print(
+        f"{'config':<10} {'CPU ns/op':>9} {'Mops/CPU-s':>10} {'slowdown':>9} {'CPU spread':>14}   {'wall ns/op':>10}"
+    )
+    for config in CONFIGS:
+        slowdown = summary["slowdown_percent"].get(config)
+        low, high = summary["spread_cpu_ns_per_op"][config]
+        print(
+            f"{config:<10} {medians[config]:>9.2f} {1e3 / medians[config]:>10.2f} "
+            f"{'' if slowdown is None else f'{slowdown:+.2f}%':>9} {f'{low:.2f}-{high:.2f}':>14}   "
+            f"{wall_medians[config]:>10.2f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Allocator figures of a target, read through its hook socket (in-process Python hook or LD_PRELOAD shim).
+
+The socket is the instance's `hook.socket` setting when configured (a `%p` in it becomes the pid), else
+the one found by convention (`native_hooks.sockets.find_socket`). Figures map to the same names for
+every allocator (docs/allocators.md); figures an allocator lacks are not emitted. No hook means
+`ProbeUnavailable` with the way to get one.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import ClassVar
+
+from agent.errors import ProbeUnavailable, TargetGone
+from agent.records import ProbeResult, ProbeTarget, Sample
+from native_hooks.client import HookClient
+from native_hooks.errors import HOOK_HOWTO, HookNotFound
+from native_hooks.sockets import find_socket, namespace_pids
+from probes.base import Schedule
+
+# hook figure -> metric (agent/catalog.py, source "allocator")
+FIGURE_METRICS = {
+    "allocated": "allocator_allocated_bytes",
+    "active": "allocator_active_bytes",
+    "resident": "allocator_resident_bytes",
+    "mapped": "allocator_mapped_bytes",
+    "retained": "allocator_retained_bytes",
+    "metadata": "allocator_metadata_bytes",
+    "free": "allocator_free_bytes",
+    "purgeable": "allocator_purgeable_bytes",
+}
+
+
+def hook_socket_for(target: ProbeTarget, proc: str = "/proc") -> str:
+    """The hook socket of `target`; raises `HookNotFound` saying how to get one."""
+    configured = (target.settings.get("hook") or {}).get("socket")
+    if configured:
+        return configured.replace("%p", str(target.pid))
+    found = find_socket(target.pid, proc)
+    if found is None:
+        raise HookNotFound(f"no allocator hook for pid {target.pid} ({target.instance}): {HOOK_HOWTO}")
+    return found
+
+
+class AllocatorProbe:
+    name: ClassVar[str] = "allocator"
+    schedule: ClassVar[Schedule] = "fast"
+
+    def __init__(self, timeout: float = 1.0, proc: str = "/proc") -> None:
+        self.timeout = timeout
+        self.proc = proc
+
+    def collect(self, target: ProbeTarget, now: float) -> ProbeResult:
+        if not os.path.exists(f"{self.proc}/{target.pid}"):
+            raise TargetGone(f"process {target.pid} of {target.instance} is gone")
+        path = hook_socket_for(target, self.proc)
+        timeout = (target.settings.get("hook") or {}).get("timeout") or self.timeout
+        with HookClient(path, timeout) as client:
+            reply = client.request("stats")
+        pid = reply.get("pid")
+        if isinstance(pid, int) and pid not in namespace_pids(target.pid, self.proc):
+            raise ProbeUnavailable(
+                f"hook at {path} belongs to pid {pid}, not to {target.instance}'s pid {target.pid}: "
+                "put %p in the socket path so that each process gets its own"
+            )
+        return ProbeResult(samples=samples_from_stats(target.instance, now, reply))
+
+    def forget(self, target: ProbeTarget) -> None:
+        """Nothing is cached per target: each collect opens a fresh connection."""
+
+
+def samples_from_stats(instance: str, now: float, reply: dict) -> list[Sample]:
+    """Samples from a hook `stats` reply; non-numeric or missing figures are skipped."""
+    figures = reply.get("figures") if isinstance(reply.get("figures"), dict) else {}
+    samples = [
+        Sample(instance, metric, now, float(figures[key]))
+        for key, metric in FIGURE_METRICS.items()
+        if isinstance(figures.get(key), (int, float)) and not isinstance(figures.get(key), bool)
+    ]
+    allocated, resident = figures.get("allocated"), figures.get("resident")
+    if isinstance(allocated, (int, float)) and isinstance(resident, (int, float)) and allocated > 0:
+        samples.append(
+            Sample(instance, "allocator_fragmentation_ratio", now, float(resident) / float(allocated))
+        )
+    python = reply.get("python") if isinstance(reply.get("python"), dict) else {}
+    blocks = python.get("pymalloc_allocated_blocks")
+    if isinstance(blocks, int) and not isinstance(blocks, bool):
+        samples.append(Sample(instance, "pymalloc_allocated_blocks", now, float(blocks)))
+    return samples

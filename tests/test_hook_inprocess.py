@@ -1,0 +1,231 @@
+"""The in-process hook for Python targets: handlers, the server thread, start/stop/autostart, the .pth
+route, and the histogram's limits. (Behaviour under real allocators is in test_hook_contract.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+from conftest import REPO, wait_until
+
+from native_hooks import inprocess, protocol
+from native_hooks.client import HookClient
+from native_hooks.errors import HookOpUnavailable, HookRequestError
+from native_hooks.sockets import SocketPathError
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="mi-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def server(sock_dir: str) -> Iterator[inprocess.HookServer]:
+    hook = inprocess.HookServer(f"{sock_dir}/h.%p.sock")
+    hook.start()
+    yield hook
+    hook.stop()
+
+
+def test_ping_stats_and_histogram_through_the_socket(server: inprocess.HookServer) -> None:
+    with HookClient(server.path) as client:
+        ping = client.request("ping")
+        stats = client.request("stats", detail=True)
+        histogram = client.request("histogram", top=5)
+    assert ping["pong"] is True and ping["pid"] == os.getpid() and "histogram" in ping["ops"]
+    assert stats["allocator"] == "glibc" and stats["hook"] == "python"
+    assert stats["malloc_info"]["heaps"] >= 1  # detail=true adds glibc's malloc_info summary
+    assert stats["python"]["threads"] >= 2 and len(stats["python"]["gc_counts"]) == 3
+    assert len(histogram["types"]) == 5 and histogram["objects"] > 1000
+    assert histogram["types"][0]["count"] >= histogram["types"][-1]["count"]
+
+
+def test_histogram_counts_a_known_class(server: inprocess.HookServer) -> None:
+    class Leaky:
+        pass
+
+    kept = [Leaky() for _ in range(5000)]
+    with HookClient(server.path) as client:
+        rows = client.request("histogram", top=50)["types"]
+    row = next(r for r in rows if r["type"].endswith("Leaky"))
+    assert row["count"] == len(kept) and row["bytes"] >= 5000 * 16
+
+
+def test_histogram_referents_add_untracked_objects(server: inprocess.HookServer) -> None:
+    kept = [b"x" * 100 + str(i).encode() for i in range(20000)]  # bytes are not tracked by gc
+    with HookClient(server.path) as client:
+        plain = {r["type"]: r["count"] for r in client.request("histogram", top=200)["types"]}
+        deep = {r["type"]: r["count"] for r in client.request("histogram", top=200, referents=True)["types"]}
+    assert plain.get("bytes", 0) < 1000 <= len(kept) <= deep["bytes"]
+
+
+def test_histogram_refuses_a_heap_larger_than_its_budget(server: inprocess.HookServer) -> None:
+    with HookClient(server.path) as client:
+        with pytest.raises(HookOpUnavailable, match="heap too large to walk"):
+            client.request("histogram", max_objects=10)
+        kept = [{} for _ in range(300_000)]
+        with pytest.raises(HookOpUnavailable, match="exceeded its budget"):
+            client.request("histogram", budget_s=0.001)
+        assert client.request("ping")["pong"] is True
+    del kept
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"top": 0}, {"top": "5"}, {"top": True}, {"budget_s": 11}, {"max_objects": -1}],
+)
+def test_histogram_parameters_are_validated(server: inprocess.HookServer, params: dict) -> None:
+    with HookClient(server.path) as client, pytest.raises(HookRequestError, match="must be"):
+        client.request("histogram", **params)
+
+
+def test_handlers_never_raise_into_the_server() -> None:
+    def boom(request: dict) -> dict:
+        raise RuntimeError("kaboom")
+
+    def system_exit(request: dict) -> dict:
+        raise KeyError("missing")
+
+    handlers = {"boom": boom, "key": system_exit}
+    assert inprocess.handle_line(b'{"op": "boom"}', handlers) == protocol.error_reply(
+        "failed", "RuntimeError: kaboom"
+    )
+    assert inprocess.handle_line(b'{"op": "key"}', handlers)["code"] == "failed"
+    assert inprocess.handle_line(b'{"op": "ping"}', handlers)["code"] == "unknown_op"
+    assert inprocess.handle_line(b"\xff", handlers)["code"] == "bad_request"
+
+
+def test_prof_dump_needs_an_absolute_path() -> None:
+    reply = inprocess.handle_line(b'{"op": "prof_dump", "path": "x.heap"}')
+    assert reply["code"] == "bad_request" and "absolute" in reply["error"]
+    reply = inprocess.handle_line(b'{"op": "prof_active", "active": "yes"}')
+    assert reply["code"] == "bad_request"
+
+
+def test_purge_reports_rss_before_and_after(server: inprocess.HookServer) -> None:
+    with HookClient(server.path) as client:
+        reply = client.request("purge", gc=True)
+    assert reply["action"] == "malloc_trim(0)" and reply["gc_collected"] is not None
+    assert reply["rss_before"] > 0 and reply["returned_bytes"] == max(
+        0, reply["rss_before"] - reply["rss_after"]
+    )
+
+
+def test_an_oversized_request_is_refused_and_the_rest_of_its_line_skipped(
+    server: inprocess.HookServer,
+) -> None:
+    with socket.socket(socket.AF_UNIX) as conn:
+        conn.settimeout(5)
+        conn.connect(server.path)
+        conn.sendall(b'{"op": "ping", "pad": "' + b"x" * 10000 + b'"}\n{"op": "ping"}\n')
+        data = b""
+        while data.count(b"\n") < 2:
+            data += conn.recv(65536)
+    first, second = (json.loads(line) for line in data.splitlines())
+    assert first["code"] == "too_large"
+    assert second["pong"] is True  # the connection goes on with the next line
+
+
+def test_more_clients_than_slots_evict_the_idle_ones(server: inprocess.HookServer) -> None:
+    idle = [socket.socket(socket.AF_UNIX) for _ in range(inprocess.MAX_CLIENTS + 4)]
+    for conn in idle:
+        conn.connect(server.path)
+    with HookClient(server.path) as client:
+        assert client.request("ping")["pong"] is True
+    for conn in idle:
+        conn.close()
+
+
+def test_stop_removes_the_socket_and_ends_the_thread(sock_dir: str) -> None:
+    hook = inprocess.HookServer(f"{sock_dir}/h.sock")
+    hook.start()
+    assert os.stat(hook.path).st_mode & 0o777 == 0o600
+    hook.stop()
+    assert not os.path.exists(hook.path)
+    assert hook._thread is not None and not hook._thread.is_alive()
+
+
+def test_a_live_socket_is_not_taken_over(server: inprocess.HookServer) -> None:
+    with pytest.raises(FileExistsError):
+        inprocess.HookServer(server.path).start()
+
+
+def test_a_directory_of_another_user_is_refused(sock_dir: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a directory owned by someone else")
+    other = f"{sock_dir}/theirs"
+    os.mkdir(other)
+    os.chown(other, 65534, 65534)
+    with pytest.raises(SocketPathError, match="belongs to uid 65534"):
+        inprocess.HookServer(f"{other}/h.sock").start()
+
+
+def test_module_start_is_idempotent_and_stop_cleans_up(sock_dir: str) -> None:
+    path = inprocess.start(f"{sock_dir}/m.%p.sock")
+    try:
+        assert path == f"{sock_dir}/m.{os.getpid()}.sock"
+        assert inprocess.start("/elsewhere/ignored.sock") == path
+        assert inprocess.running_path() == path
+    finally:
+        inprocess.stop()
+    assert inprocess.running_path() is None and not os.path.exists(path)
+
+
+def test_autostart_without_the_variable_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MEDIC_HOOK_SOCKET", raising=False)
+    assert inprocess.autostart() is None
+
+
+def test_autostart_with_a_bad_path_never_raises(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setenv("MEDIC_HOOK_SOCKET", "not/absolute")
+    monkeypatch.setenv("MEDIC_HOOK_DEBUG", "1")
+    assert inprocess.autostart() is None
+    assert "must be absolute" in capsys.readouterr().err
+
+
+def _python(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=30)
+
+
+def test_a_pth_file_autostarts_the_hook_at_interpreter_start(sock_dir: str, tmp_path) -> None:
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    out = _python(
+        ["-m", "agent.cli.main", "hook", "install-pth", "--dir", str(site_dir)],
+        {**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert out.returncode == 0, out.stderr
+    assert (site_dir / "medic-hook.pth").read_text() == "import native_hooks.autostart\n"
+    code = (
+        f"import site; site.addsitedir({str(site_dir)!r})\n"  # what site-packages gets at start-up
+        "from native_hooks.inprocess import running_path; print(running_path())"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MEDIC_HOOK_SOCKET": f"{sock_dir}/p.%p.sock"}
+    started = _python(["-c", code], env)
+    assert started.stdout.strip().startswith(f"{sock_dir}/p.") and started.stdout.strip().endswith(".sock")
+    env.pop("MEDIC_HOOK_SOCKET")
+    assert _python(["-c", code], env).stdout.strip() == "None"
+
+
+def test_the_socket_disappears_when_the_target_exits(spawn, sock_dir: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MEDIC_HOOK_SOCKET": f"{sock_dir}/e.%p.sock"}
+    code = "import native_hooks.autostart, sys; print('up', flush=True); sys.stdin.readline()"
+    proc = spawn(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stdout.readline().strip() == "up"
+    path = f"{sock_dir}/e.{proc.pid}.sock"
+    wait_until(lambda: os.path.exists(path))
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    assert proc.wait(timeout=10) == 0
+    assert not os.path.exists(path)
