@@ -343,4 +343,4 @@ def _key_path(loc: tuple[Any, ...]) -> str:
 
 def dump_config(config: Config) -> str:
     """The effective config as YAML, with durations in seconds and sizes in bytes."""
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    return yaml.safe_dump(config.model_dump(mode="json", by_alias=True), sort_keys=False)

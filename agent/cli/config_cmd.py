@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     if args.quiet:
         return 0
     if args.json:
-        print(json.dumps(config.model_dump(mode="json"), indent=2))
+        print(json.dumps(config.model_dump(mode="json", by_alias=True), indent=2))
     else:
         print(f"# {args.file}: valid; effective configuration (durations in seconds, sizes in bytes)")
         print(dump_config(config), end="")

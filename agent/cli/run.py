@@ -47,7 +47,7 @@ def build_config(args: argparse.Namespace) -> tuple[object, str | None, bool]:
 
     data: dict = {}
     if args.config:
-        data = load_config(args.config).model_dump(mode="json", exclude_defaults=True)
+        data = load_config(args.config).model_dump(mode="json", exclude_defaults=True, by_alias=True)
     agent = data.setdefault("agent", {})
     for flag, key in (("listen", "listen"), ("state_dir", "state_dir"), ("interval", "interval")):
         if getattr(args, flag):

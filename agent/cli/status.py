@@ -42,12 +42,20 @@ def run(args: argparse.Namespace) -> int:
                 f"{format_bytes(limit)} {inst.get('memory_limit_source') or ''}".strip() if limit else "-",
                 f"{100 * ratio:.1f}%" if ratio is not None else "-",
                 f"{cpu:.1f}" if cpu is not None else "-",
+                _ms(inst.get("latest", {}).get("latency_p99_seconds")),
                 inst.get("threads") if inst.get("threads") is None else int(inst["threads"]),
                 inst.get("restarts"),
                 format_duration(inst.get("last_probe_age_seconds")),
                 inst.get("probe_errors_total"),
             ]
         )
-    headers = ["INSTANCE", "PID", "STATUS", "UPTIME", "RSS", "LIMIT", "%LIMIT", "CPU%", "THREADS", "RESTARTS"]
-    print(render([*headers, "PROBED", "ERRORS"], rows, numeric={1, 4, 6, 7, 8, 9, 11}))
+    headers = ["INSTANCE", "PID", "STATUS", "UPTIME", "RSS", "LIMIT", "%LIMIT", "CPU%", "P99", "THREADS"]
+    print(render([*headers, "RESTARTS", "PROBED", "ERRORS"], rows, numeric={1, 4, 6, 7, 8, 9, 10, 12}))
     return 0
+
+
+def _ms(seconds: float | None) -> str:
+    """Latency for the table: `42ms`, `1.25s`, `-` when the instance has no latency source."""
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.0f}ms" if seconds < 1 else f"{seconds:.2f}s"

@@ -1,0 +1,310 @@
+"""The three rules of the slow detector and their tunables; `agent.detect.slow` combines them.
+
+Each rule returns a `Rule`: `firing`, `clear`, `holding` (between its firing and clearing
+thresholds: keep whatever finding there is) or `unknown` (not enough data), a sentence, and the
+figures behind it.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from itertools import pairwise
+from typing import Any
+
+from agent.detect.model import START_TIME, InstanceSeries, Points, State
+from agent.detect.trend import Trend, mann_kendall, median, remove_steps, trend
+from agent.units import format_duration
+
+QUANTILE_METRICS = {
+    0.5: "latency_p50_seconds",
+    0.9: "latency_p90_seconds",
+    0.99: "latency_p99_seconds",
+    0.999: "latency_p999_seconds",
+}
+CANARY = "canary_latency_seconds"
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    quantile: float = 0.99
+    threshold: float = 0.25  # seconds
+    window: float = 300.0  # `for`: seconds over the threshold that make an instance slow
+
+
+@dataclass(frozen=True, slots=True)
+class SlowParams:
+    step: float = 30.0  # judgement grid, seconds: calls within one step are one judgement
+    stale: float = 90.0  # a value holds at most this long (the agent re-stores flat values every 60 s)
+    min_coverage: float = 0.8  # data must cover this fraction of a window to judge it
+    fire_fraction: float = 0.9  # slo: over the threshold this fraction of `for` → firing
+    clear_margin: float = 0.9  # slo: clear when over margin × threshold less than …
+    clear_fraction: float = 0.5  # … this fraction of the time
+    peer_window: float = 300.0
+    peer_min: int = 3  # fewest peers for the peer rule
+    peer_z: float = 5.0  # peer: robust z to fire …
+    peer_ratio: float = 2.0  # … and at least this many times the peers' median …
+    peer_floor: float = 0.005  # … and at least this many seconds above it
+    peer_z_clear: float = 3.0
+    peer_ratio_clear: float = 1.5
+    peer_min_scale: float = 0.1  # the peers' spread counts as at least this fraction of their median
+    trend_window: float = 1800.0
+    trend_buckets: int = 12
+    trend_confidence: float = 0.999
+    trend_confidence_clear: float = 0.9
+    trend_min_growth: float = 0.5  # trend: fire on growth of at least +50 % over the window …
+    trend_decel: float = 0.4  # … that is not levelling off (recent slope / window slope) …
+    horizon: float = 3600.0  # … and reaches the SLO within this long (when there is an SLO)
+    throttle_ratio: float = 0.1  # cause: throttled in this fraction of CFS periods
+    pressure_ratio: float = 0.05  # cause: PSI memory `some` stall seconds per second
+    near_limit: float = 0.9  # cause: RSS over this fraction of the memory limit
+    major_faults_rate: float = 50.0  # cause: major page faults per second
+    open_after: int = 2  # lifecycle: consecutive firing judgements to open a finding
+    resolve_after: int = 4  # lifecycle: consecutive clear judgements to resolve it
+
+    def __post_init__(self) -> None:
+        if not (self.step > 0 and self.stale > 0 and self.peer_window > 0 and self.trend_window > 0):
+            raise ValueError("invalid slow detection parameters: step, stale and windows must be positive")
+        if self.peer_min < 1 or self.trend_buckets < 6 or self.open_after < 1 or self.resolve_after < 1:
+            raise ValueError(
+                "invalid slow detection parameters: peer_min, open_after, resolve_after >= 1, trend_buckets >= 6"
+            )
+
+    def scaled(self, factor: float) -> SlowParams:
+        """The same detector on a time axis `factor` times shorter (for tests)."""
+        names = ("step", "stale", "peer_window", "trend_window", "horizon")
+        return replace(self, **{name: getattr(self, name) / factor for name in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(slots=True)
+class Rule:
+    state: State
+    summary: str
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class LatencyView:
+    """One instance's latency points within its current process lifetime, up to the tick."""
+
+    series: InstanceSeries
+    slo: Slo | None
+    metric: str | None  # the series judged: the SLO's quantile, else the canary's latency
+    points: Points
+    lifetime_start: float
+
+    @classmethod
+    def at(cls, series: InstanceSeries, tick: float, slo: Slo | None) -> LatencyView:
+        start = lifetime_start(series, tick)
+        wanted = QUANTILE_METRICS.get(slo.quantile if slo else 0.99, QUANTILE_METRICS[0.99])
+        metric = next((m for m in (wanted, CANARY) if series.series.get(m)), None)
+        raw = (series.series.get(metric) or []) if metric else []
+        points = [(ts, v) for ts, v in raw if start <= ts <= tick and math.isfinite(v)]
+        return cls(series, slo, metric, points, start)
+
+    @property
+    def instance(self) -> str:
+        return self.series.instance
+
+    @property
+    def name(self) -> str:
+        """How people call the figure: `p99`, `p99.9`, `canary latency`."""
+        if self.metric == CANARY:
+            return "canary latency"
+        return f"p{(self.slo.quantile if self.slo else 0.99) * 100:g}"
+
+    def value_at(self, when: float, stale: float) -> float | None:
+        """The value in effect at `when`: the last sample at or before it, if at most `stale` old."""
+        index = bisect_right(self.points, (when, math.inf)) - 1
+        if index < 0 or when - self.points[index][0] > stale:
+            return None
+        return self.points[index][1]
+
+    def sampled(self, since: float, tick: float, stale: float, n: int = 24) -> list[float]:
+        """The values in effect at `n` evenly spaced instants of (since, tick]: a time-weighted view
+        that sparse storage of unchanged values does not bias."""
+        step = (tick - since) / n
+        found = (self.value_at(since + step * (i + 1), stale) for i in range(n))
+        return [value for value in found if value is not None]
+
+    def level(self, window: float, tick: float, params: SlowParams) -> float | None:
+        """Median latency over the last `window`, the figure peers compare (None: too little data)."""
+        n = 24
+        values = self.sampled(tick - window, tick, params.stale, n)
+        return median(values) if len(values) >= params.min_coverage * n else None
+
+
+def lifetime_start(series: InstanceSeries, tick: float) -> float:
+    """When the process judged at `tick` started: its last restart, else a start-time change, else the first sample."""
+    before = [r for r in series.restarts or [] if r <= tick]
+    if before:
+        return max(before)
+    starts = series.series.get(START_TIME) or []
+    changed = [ts for (_, a), (ts, b) in pairwise(starts) if abs(b - a) > 1.0 and ts <= tick]
+    if changed:
+        return changed[-1]
+    first = series.first_ts()
+    return first if first is not None else tick
+
+
+def time_over(points: Points, since: float, tick: float, level: float, stale: float) -> tuple[float, float]:
+    """(seconds covered by data, seconds over `level`) in [since, tick]; each value holds until the
+    next sample, `stale` seconds at most."""
+    covered = over = 0.0
+    for i, (ts, value) in enumerate(points):
+        end = min(points[i + 1][0] if i + 1 < len(points) else tick, ts + stale, tick)
+        begin = max(ts, since)
+        if end > begin:
+            covered += end - begin
+            if value > level:
+                over += end - begin
+    return covered, over
+
+
+def judge_slo(view: LatencyView, tick: float, params: SlowParams) -> Rule:
+    """Over the SLO threshold for `fire_fraction` of its `for` window."""
+    slo = view.slo
+    if slo is None:
+        return Rule("unknown", "no SLO configured (latency.slo)")
+    if view.metric is None:
+        return Rule("unknown", "no latency data")
+    window, since = slo.window, tick - slo.window
+    covered, over = time_over(view.points, since, tick, slo.threshold, params.stale)
+    _, near = time_over(view.points, since, tick, slo.threshold * params.clear_margin, params.stale)
+    middle = median(view.sampled(since, tick, params.stale) or [math.nan])
+    figures = {
+        "metric": view.metric,
+        "quantile": slo.quantile,
+        "threshold_seconds": slo.threshold,
+        "window_seconds": window,
+        "covered_seconds": round(covered, 3),
+        "over_fraction": round(over / window, 4),
+        "median_seconds": middle,
+    }
+    if covered < params.min_coverage * window:
+        return Rule(
+            "unknown",
+            f"{view.name} covers {covered:.0f}s of the {format_duration(window)} SLO window",
+            figures,
+        )
+    text = (
+        f"{view.name} over the {ms(slo.threshold)} SLO for {over / window:.0%} of the last "
+        f"{format_duration(window)} (median {ms(middle)})"
+    )
+    if over >= params.fire_fraction * window:
+        return Rule("firing", text, figures)
+    if near < params.clear_fraction * covered:
+        return Rule("clear", text, figures)
+    return Rule("holding", text, figures)
+
+
+def judge_peer(
+    view: LatencyView, level: float | None, peers: Mapping[str, float], params: SlowParams
+) -> Rule:
+    """A robust outlier against the median and MAD of the peers' levels (the instance left out)."""
+    if level is None:
+        return Rule("unknown", "too few latency samples in the peer window")
+    if len(peers) < params.peer_min:
+        return Rule(
+            "unknown", f"{len(peers)} peer(s) with latency data; the peer rule needs {params.peer_min}"
+        )
+    values = list(peers.values())
+    centre = median(values)
+    mad = median([abs(v - centre) for v in values])
+    scale = max(1.4826 * mad, params.peer_min_scale * centre, 1e-6)
+    z = (level - centre) / scale
+    ratio = level / centre if centre > 0 else math.inf
+    figures = {
+        "metric": view.metric,
+        "level_seconds": level,
+        "peer_median_seconds": centre,
+        "peer_mad_seconds": mad,
+        "robust_z": round(z, 2),
+        "ratio": round(ratio, 3) if math.isfinite(ratio) else None,
+        "peers": len(values),
+        "peer_levels": dict(sorted(peers.items())),
+    }
+    text = f"{view.name} {ms(level)} is {ratio:.1f}× the median of {len(values)} peers ({ms(centre)}; robust z {z:.1f})"
+    if z >= params.peer_z and ratio >= params.peer_ratio and level - centre >= params.peer_floor:
+        return Rule("firing", text, figures)
+    if z < params.peer_z_clear or ratio < params.peer_ratio_clear or level - centre < params.peer_floor / 2:
+        return Rule("clear", text, figures)
+    return Rule("holding", text, figures)
+
+
+def judge_trend(view: LatencyView, tick: float, params: SlowParams) -> Rule:
+    """Steady growth of the bucket medians over `trend_window`, by the memory detectors' trend test."""
+    window = params.trend_window
+    since = max(tick - window, view.lifetime_start)
+    width = window / params.trend_buckets
+    buckets: dict[int, list[float]] = {}
+    for ts, value in view.points:
+        if ts > since:
+            buckets.setdefault(min(int((ts - since) / width), params.trend_buckets - 1), []).append(value)
+    for k in range(params.trend_buckets):  # a bucket without samples takes the value still in effect
+        held = None if k in buckets else view.value_at(since + (k + 0.5) * width, params.stale)
+        if held is not None:
+            buckets[k] = [held]
+    need = params.trend_buckets // 2
+    if len(buckets) < need or tick - since < params.min_coverage * window:
+        return Rule(
+            "unknown",
+            f"the trend needs {format_duration(window)} of this process with {need} buckets of data",
+        )
+    keys = sorted(buckets)
+    xs = [since + (k + 0.5) * width for k in keys]
+    ys = [median(buckets[k]) for k in keys]
+    fit = fit_trend(xs, ys, floor=0.1 * median(ys))
+    start_level = max(median(ys[: max(2, len(ys) // 3)]), 1e-4)  # the first third's median, at least 0.1 ms
+    growth = fit.slope * window / start_level
+    slo = view.slo
+    to_slo = max(0.0, (slo.threshold - fit.level) / fit.slope) if slo is not None and fit.slope > 0 else None
+    figures = {
+        "metric": view.metric,
+        "slope_seconds_per_hour": fit.slope * 3600,
+        "growth_over_window": round(growth, 4),
+        "confidence": round(fit.confidence, 5),
+        "decel": round(fit.decel, 3),
+        "level_seconds": fit.level,
+        "window_seconds": window,
+        "time_to_slo_seconds": to_slo,
+    }
+    text = (
+        f"{view.name} grows {ms(fit.slope * 3600)}/h ({growth:+.0%} over {format_duration(window)}, "
+        f"confidence {fit.confidence:.4f})"
+    )
+    if slo is not None and to_slo is not None:
+        text += (
+            f"; reaches the {ms(slo.threshold)} SLO in {format_duration(to_slo)}"
+            if to_slo
+            else "; over its SLO"
+        )
+    urgent = slo is None or (to_slo is not None and to_slo <= params.horizon)
+    steady = fit.decel >= params.trend_decel
+    if fit.confidence >= params.trend_confidence and growth >= params.trend_min_growth and steady and urgent:
+        return Rule("firing", text, figures)
+    if (
+        fit.confidence < params.trend_confidence_clear
+        or fit.slope <= 0
+        or growth < params.trend_min_growth / 2
+    ):
+        return Rule("clear", text, figures)
+    return Rule("holding", text, figures)
+
+
+def fit_trend(xs: list[float], ys: list[float], floor: float) -> Trend:
+    """The memory detectors' robust trend test (`agent.detect.trend`) on latency bucket medians:
+    steps larger than `floor` removed, Theil-Sen slope, Mann-Kendall confidence."""
+    steps = remove_steps(ys, floor)
+    return trend(xs, ys, steps, mann_kendall(steps.clean)[1])
+
+
+def ms(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    return f"{seconds * 1000:.0f}ms" if abs(seconds) < 1 else f"{seconds:.2f}s"

@@ -1,0 +1,177 @@
+"""The slow detector: is an instance's latency over its SLO, far above its peers', or degrading?
+
+Entry point, mirroring the memory detectors' `evaluate`:
+
+    evaluate_slow(fleet, now, params=DEFAULT_SLOW, slos={name: Slo}, remote_peers={name: seconds})
+        -> list[Observation]          # one of kind "slow" per instance of `fleet`
+
+`fleet` is the `InstanceSeries` of the instances that are peers of one another (one fleet label
+on this agent); `remote_peers` adds the levels (median latency over `peer_window`) of peers on
+other hosts, from the Prometheus query API or the coordinator. Feed the observations to
+`agent.detect.lifecycle.update(active, observations, params)`: `SlowParams` has the
+`open_after`/`resolve_after` it reads.
+
+Rules (`agent.detect.latency_rules`), each with separate firing and clearing thresholds so that
+findings do not flap:
+- **slo**: the SLO quantile over its threshold for `fire_fraction` of the SLO's `for` window;
+- **peer**: a robust outlier (median/MAD, at least `peer_min` peers, a ratio and a floor);
+- **trend**: steady growth by the memory detectors' trend test, reaching the SLO within `horizon`.
+The observation fires when any rule fires, clears when every rule that could judge clears, and
+holds otherwise. Evidence names each rule's state and figures; CPU throttling, memory pressure,
+memory near its limit and major faults are attached as likely causes (`agent.detect.causes`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agent.detect.causes import likely_causes
+from agent.detect.latency_rules import (
+    CANARY,
+    QUANTILE_METRICS,
+    LatencyView,
+    Rule,
+    Slo,
+    SlowParams,
+    judge_peer,
+    judge_slo,
+    judge_trend,
+)
+from agent.detect.model import START_TIME, InstanceSeries, Observation, Severity, State
+
+__all__ = [
+    "DEFAULT_SLOW",
+    "INPUT_METRICS",
+    "KIND",
+    "QUANTILE_METRICS",
+    "Slo",
+    "SlowParams",
+    "evaluate_slow",
+    "fleets",
+    "history",
+    "slo_from_settings",
+    "tick_for",
+]
+
+KIND = "slow"
+DEFAULT_SLOW = SlowParams()
+# the series `evaluate_slow` reads: load these from the store for each instance
+INPUT_METRICS = (
+    *QUANTILE_METRICS.values(),
+    CANARY,
+    "cgroup_cpu_periods_total",
+    "cgroup_cpu_throttled_periods_total",
+    "cgroup_cpu_throttled_seconds_total",
+    "cgroup_memory_pressure_some_seconds_total",
+    "rss_bytes",
+    "memory_limit_bytes",
+    "major_faults_total",
+    START_TIME,
+)
+
+
+def history(params: SlowParams = DEFAULT_SLOW, slos: Mapping[str, Slo | None] | None = None) -> float:
+    """Seconds of samples before `now` that `evaluate_slow` needs to judge like a full replay."""
+    windows = [params.peer_window, params.trend_window, *(slo.window for slo in (slos or {}).values() if slo)]
+    return max(windows) + params.stale + params.step
+
+
+def slo_from_settings(settings: Mapping[str, Any] | None) -> Slo | None:
+    """The SLO in an instance's config as plain data (`latency.slo`), or None when it has none."""
+    latency = (settings or {}).get("latency")
+    slo = latency.get("slo") if isinstance(latency, Mapping) else None
+    if not isinstance(slo, Mapping):
+        return None
+    window = slo.get("for", slo.get("for_", 300.0))
+    return Slo(float(slo.get("quantile", 0.99)), float(slo.get("threshold", 0.25)), float(window))
+
+
+def tick_for(now: float, params: SlowParams) -> float:
+    """The judgement instant for `now`: the last step boundary at or before it."""
+    return math.floor(now / params.step + 1e-9) * params.step
+
+
+def evaluate_slow(
+    fleet: Sequence[InstanceSeries],
+    now: float,
+    params: SlowParams = DEFAULT_SLOW,
+    *,
+    slos: Mapping[str, Slo | None] | None = None,
+    remote_peers: Mapping[str, float] | None = None,
+) -> list[Observation]:
+    """One judgement of every instance of one fleet at `now` (samples up to the step boundary)."""
+    tick = tick_for(now, params)
+    slos = slos or {}
+    views = [LatencyView.at(series, tick, slos.get(series.instance)) for series in fleet]
+    levels = {view.instance: view.level(params.peer_window, tick, params) for view in views}
+    known = {name: level for name, level in levels.items() if level is not None}
+    known.update({f"remote:{k}": float(v) for k, v in (remote_peers or {}).items() if math.isfinite(v)})
+    observations = []
+    for view in views:
+        peers = {name: level for name, level in known.items() if name != view.instance}
+        rules = {
+            "slo": judge_slo(view, tick, params),
+            "peer": judge_peer(view, levels[view.instance], peers, params),
+            "trend": judge_trend(view, tick, params),
+        }
+        observations.append(_observation(view, tick, rules, params))
+    return observations
+
+
+def _observation(view: LatencyView, tick: float, rules: dict[str, Rule], params: SlowParams) -> Observation:
+    judged = [rule.state for rule in rules.values() if rule.state != "unknown"]
+    fired = [name for name, rule in rules.items() if rule.state == "firing"]
+    state: State = (
+        "firing" if fired else "holding" if "holding" in judged else "clear" if judged else "unknown"
+    )
+    evidence: dict[str, Any] = {
+        "metric": view.metric,
+        "fired": fired,
+        "rules": {name: {"state": r.state, "summary": r.summary, **r.figures} for name, r in rules.items()},
+    }
+    severity: Severity = "info"
+    if state == "unknown":
+        why = "; ".join(f"{name}: {rule.summary}" for name, rule in rules.items())
+        if view.metric is None:
+            why = "no latency data (configure latency.prometheus or latency.canary)"
+        summary = f"{view.instance}: cannot judge latency: {why}"
+    elif fired:
+        summary = f"{view.instance} is slow: " + "; ".join(
+            f"{rules[name].summary} [{name}]" for name in fired
+        )
+        severity = "error" if "slo" in fired or len(fired) > 1 else "warning"
+    elif state == "holding":
+        held = [name for name, rule in rules.items() if rule.state == "holding"]
+        summary = f"{view.instance}: latency near a slow threshold: " + "; ".join(
+            rules[n].summary for n in held
+        )
+    else:
+        summary = f"{view.instance}: latency within its SLO and in line with its peers"
+    if state in ("firing", "holding"):
+        window = max(view.slo.window if view.slo else 0.0, params.peer_window)
+        causes = likely_causes(view.series, tick - window, tick, params)
+        evidence["likely_causes"] = causes
+        if causes and fired:
+            summary += "; likely cause: " + ", ".join(cause["text"] for cause in causes)
+    return Observation(
+        instance=view.instance,
+        kind=KIND,  # type: ignore[arg-type]  # "slow" is to join model.Kind
+        state=state,
+        tick=tick,
+        lifetime_start=view.lifetime_start,
+        summary=summary,
+        severity=severity,
+        evidence=evidence,
+    )
+
+
+def fleets(
+    instances: Sequence[InstanceSeries], labels: Mapping[str, Mapping[str, str]]
+) -> list[list[InstanceSeries]]:
+    """Instances grouped into peer groups by their `fleet` label (unlabelled ones form one group)."""
+    groups: dict[str, list[InstanceSeries]] = {}
+    for series in instances:
+        groups.setdefault(labels.get(series.instance, {}).get("fleet", ""), []).append(series)
+    return [groups[key] for key in sorted(groups)]

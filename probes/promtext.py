@@ -1,0 +1,405 @@
+"""Parser of the Prometheus exposition formats: text 0.0.4 and OpenMetrics 1.0.
+
+`parse_exposition(data, content_type)` returns the metric families of one scrape. It is strict
+enough to tell a `/metrics` page from garbage (an HTML page, JSON, binary data, a truncated
+body): every problem raises `ProbeError` naming the source, the line and what was expected.
+It never raises anything else, whatever the input.
+
+A scrape of a big server can hold tens of thousands of lines, while the latency probe wants
+two or three families; `families=` parses only the samples of those (and every `# TYPE`), and
+checks the other lines only for a valid first character, which is several times cheaper.
+
+Accepted beyond the strict grammars, as Prometheus itself does: `\\r\\n` line ends, blank
+lines, tabs between tokens, a trailing comma in a label set, samples of one family not kept
+together, the quoted metric and label names of the UTF-8 form (`{"my.metric", "a.b"="1"}`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+from agent.errors import ProbeError
+
+Format = Literal["text", "openmetrics"]
+
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_QUOTED = re.compile(r'"((?:[^"\\\n]|\\.)*)"')
+_BLANKS = re.compile(r"[ \t]*")
+_FLOAT = re.compile(
+    r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|[iI][nN][fF](?:[iI][nN][iI][tT][yY])?|[nN][aA][nN])",
+    re.ASCII,
+)
+_INT = re.compile(r"-?\d+", re.ASCII)
+# the common sample line, parsed in one regex call; anything else takes the careful path
+_PAIR = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"'
+_FAST_LINE = re.compile(
+    r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{((?:"
+    + _PAIR
+    + r"(?:,"
+    + _PAIR
+    + r")*,?)?)\})? ([^ \t#]+)(?: ([^ \t#]+))?"
+)
+_NAME_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_:{")
+_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+
+TEXT_TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped"})
+OPENMETRICS_TYPES = frozenset(
+    {"counter", "gauge", "histogram", "gaugehistogram", "stateset", "info", "summary", "unknown"}
+)
+# sample-name suffixes each family type allows beside its bare name
+_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+    "gaugehistogram": ("_bucket", "_gcount", "_gsum"),
+    "summary": ("_count", "_sum", "_created"),
+    "info": ("_info",),
+}
+_ALL_SUFFIXES = tuple(sorted({s for group in _SUFFIXES.values() for s in group}, key=len, reverse=True))
+_HINT = "expected Prometheus text format 0.0.4 or OpenMetrics; is this URL a /metrics endpoint?"
+
+
+class PromSample(NamedTuple):
+    """One sample line: full sample name (`x_bucket`), labels, value, timestamp in seconds or None."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+    timestamp: float | None = None
+
+
+@dataclass(slots=True)
+class MetricFamily:
+    name: str
+    type: str  # as declared by `# TYPE`; "untyped" (text) or "unknown" (OpenMetrics) when not declared
+    help: str | None = None
+    unit: str | None = None
+    samples: list[PromSample] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Exposition:
+    format: Format
+    families: dict[str, MetricFamily]
+    declared: dict[str, str]  # every `# TYPE` line seen (also of families not parsed): name → type
+    lines: int
+
+    def family(self, name: str) -> MetricFamily | None:
+        return self.families.get(name)
+
+
+def detect_format(text: str, content_type: str | None) -> Format:
+    """OpenMetrics when the server says so, or when the body ends with `# EOF`; text otherwise."""
+    if content_type and "application/openmetrics-text" in content_type.lower():
+        return "openmetrics"
+    return "openmetrics" if text.rstrip("\r\n").endswith("\n# EOF") or text.strip() == "# EOF" else "text"
+
+
+def parse_exposition(
+    data: str | bytes,
+    content_type: str | None = None,
+    *,
+    families: Iterable[str] | None = None,
+    source: str = "exposition",
+) -> Exposition:
+    """Parse one scrape; `families` limits the samples kept to those families (by family name)."""
+    text = _decode(data, source)
+    fmt = detect_format(text, content_type)
+    if "\r" in text:
+        text = text.replace("\r\n", "\n")
+    return _Parser(fmt, source, None if families is None else set(families)).run(text)
+
+
+def _decode(data: str | bytes, source: str) -> str:
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProbeError(
+            f"{source}: not UTF-8 text (invalid byte at offset {exc.start}: binary, compressed or "
+            f"protobuf data?); {_HINT}"
+        ) from None
+
+
+class _Parser:
+    def __init__(self, fmt: Format, source: str, wanted: set[str] | None) -> None:
+        self.fmt = fmt
+        self.source = source
+        self.wanted = wanted
+        self.prefixes = tuple(sorted(wanted)) if wanted else ()
+        self.types = OPENMETRICS_TYPES if fmt == "openmetrics" else TEXT_TYPES
+        self.families: dict[str, MetricFamily] = {}
+        self.declared: dict[str, str] = {}
+        self.resolved: dict[str, str] = {}  # sample name → family name
+        self.lineno = 0
+        self.line = ""
+
+    def fail(self, what: str) -> ProbeError:
+        shown = self.line if len(self.line) <= 80 else self.line[:77] + "..."
+        return ProbeError(f"{self.source}: line {self.lineno}: {what}: {shown!r}; {_HINT}")
+
+    def run(self, text: str) -> Exposition:
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        eof = False
+        wanted, prefixes = self.wanted, self.prefixes
+        for lineno, line in enumerate(lines, 1):
+            if not line:
+                continue
+            self.lineno, self.line = lineno, line
+            if eof:
+                raise self.fail("content after '# EOF'")
+            first = line[0]
+            if first == "#":
+                eof = self.comment(line)
+                continue
+            if wanted is not None and first != "{" and not line.startswith(prefixes):
+                if first not in _NAME_START:
+                    raise self.fail("expected a metric name, a '#' comment or a blank line")
+                continue
+            sample = self.sample(line)
+            family = self.family_of(sample.name)
+            if wanted is None or family.name in wanted:
+                family.samples.append(sample)
+        if self.fmt == "openmetrics" and not eof:
+            self.lineno, self.line = len(lines), lines[-1] if lines else ""
+            raise self.fail("OpenMetrics exposition does not end with '# EOF' (truncated?)")
+        kept = self.families if wanted is None else {k: v for k, v in self.families.items() if k in wanted}
+        return Exposition(self.fmt, kept, self.declared, len(lines))
+
+    # ------------------------------------------------------------------------------ comments
+    def comment(self, line: str) -> bool:
+        """Handle a `#` line; returns True for `# EOF`."""
+        parts = line[1:].split(None, 2)
+        if not parts or line[1:2] not in (" ", "\t"):
+            return False  # a plain comment
+        keyword = parts[0]
+        if keyword == "EOF" and len(parts) == 1:
+            return self.fmt == "openmetrics"
+        if keyword not in ("HELP", "TYPE", "UNIT"):
+            return False
+        if len(parts) < 2 or not _NAME.fullmatch(parts[1]):
+            raise self.fail(f"# {keyword} needs a valid metric name")
+        name, rest = parts[1], (parts[2] if len(parts) > 2 else "")
+        if keyword == "TYPE":
+            kind = rest.strip()
+            if kind not in self.types:
+                raise self.fail(
+                    f"unknown metric type {kind!r} (expected one of {', '.join(sorted(self.types))})"
+                )
+            if name in self.declared:
+                raise self.fail(f"second # TYPE line for {name}")
+            self.declared[name] = kind
+            family = self.families.get(name)
+            if family is not None and family.samples:
+                raise self.fail(f"# TYPE for {name} after its samples")
+            self.families[name] = (
+                MetricFamily(name, kind, family.help, family.unit) if family else MetricFamily(name, kind)
+            )
+            self.resolved.clear()
+        elif keyword == "HELP":
+            family = self.families.setdefault(name, MetricFamily(name, self.untyped))
+            family.help = _unescape_help(rest, self.fmt)
+        else:
+            self.families.setdefault(name, MetricFamily(name, self.untyped)).unit = rest.strip()
+        return False
+
+    @property
+    def untyped(self) -> str:
+        return "unknown" if self.fmt == "openmetrics" else "untyped"
+
+    def family_of(self, sample_name: str) -> MetricFamily:
+        name = self.resolved.get(sample_name)
+        if name is None:
+            name = sample_name
+            if sample_name not in self.declared:
+                for suffix in _ALL_SUFFIXES:
+                    if sample_name.endswith(suffix):
+                        base = sample_name[: -len(suffix)]
+                        if suffix in _SUFFIXES.get(self.declared.get(base, ""), ()):
+                            name = base
+                            break
+            self.resolved[sample_name] = name
+        family = self.families.get(name)
+        if family is None:
+            family = self.families[name] = MetricFamily(name, self.untyped)
+        return family
+
+    # ------------------------------------------------------------------------------ samples
+    def sample(self, line: str) -> PromSample:
+        fast = _FAST_LINE.fullmatch(line)
+        if fast is not None:
+            name, pairs, value, stamp = fast.groups()
+            labels = _simple_labels(pairs) if pairs else {}
+            number = _simple_float(value)
+            if labels is not None and number is not None:
+                if stamp is None:
+                    return PromSample(name, labels, number, None)
+                if self.fmt == "text" and _INT.fullmatch(stamp):
+                    return PromSample(name, labels, number, int(stamp) / 1000.0)
+        return self.slow_sample(line)
+
+    def slow_sample(self, line: str) -> PromSample:
+        """Every form the grammars allow (and the errors), character by character."""
+        labels: dict[str, str] = {}
+        name: str | None = None
+        match = _NAME.match(line)
+        if match:
+            name = match.group()
+            pos = match.end()
+        elif line[0] != "{":
+            raise self.fail("expected a metric name, a '#' comment or a blank line")
+        else:
+            pos = 0
+        brace = _BLANKS.match(line, pos).end()
+        if brace < len(line) and line[brace] == "{":
+            name, pos = self.labels(line, brace + 1, name, labels)
+        if name is None:
+            raise self.fail("sample without a metric name")
+        rest = line[pos:]
+        if rest and rest[0] not in " \t":
+            raise self.fail("expected a space before the value")
+        body, hash_, exemplar = rest.partition("#")
+        if hash_ and (self.fmt != "openmetrics" or not exemplar.lstrip().startswith("{")):
+            raise self.fail("unexpected '#' after the value")
+        tokens = body.split()
+        if not 1 <= len(tokens) <= 2:
+            raise self.fail("expected a value and an optional timestamp after the labels")
+        value = self.number(tokens[0], "value")
+        timestamp = None
+        if len(tokens) == 2:
+            if self.fmt == "openmetrics":
+                timestamp = self.number(tokens[1], "timestamp")
+                if not math.isfinite(timestamp):
+                    raise self.fail("timestamp must be finite")
+            elif _INT.fullmatch(tokens[1]):
+                timestamp = int(tokens[1]) / 1000.0
+            else:
+                raise self.fail(f"timestamp must be integer milliseconds, got {tokens[1]!r}")
+        if exemplar:
+            self.exemplar(exemplar)
+        return PromSample(name, labels, value, timestamp)
+
+    def labels(self, line: str, pos: int, name: str | None, out: dict[str, str]) -> tuple[str | None, int]:
+        """Parse a label set from just after `{`; returns the metric name (maybe quoted inside) and the end."""
+        n = len(line)
+        while True:
+            pos = _BLANKS.match(line, pos).end()
+            if pos >= n:
+                raise self.fail("unterminated label set (missing '}')")
+            if line[pos] == "}":
+                return name, pos + 1
+            if line[pos] == '"':
+                quoted, pos = self.quoted(line, pos)
+                pos = _BLANKS.match(line, pos).end()
+                if pos < n and line[pos] == "=":
+                    key = quoted
+                else:
+                    if name is not None or out:
+                        raise self.fail("a quoted metric name must come first inside '{}'")
+                    name = quoted
+                    key = None
+            else:
+                match = _LABEL_NAME.match(line, pos)
+                if not match:
+                    raise self.fail(f"expected a label name at column {pos + 1}")
+                key = match.group()
+                pos = _BLANKS.match(line, match.end()).end()
+            if key is not None:
+                if pos >= n or line[pos] != "=":
+                    raise self.fail(f"expected '=' after label {key!r}")
+                pos = _BLANKS.match(line, pos + 1).end()
+                if pos >= n or line[pos] != '"':
+                    raise self.fail(f"expected a quoted value for label {key!r}")
+                value, pos = self.quoted(line, pos)
+                if key in out:
+                    raise self.fail(f"label {key!r} given twice")
+                out[key] = value
+                pos = _BLANKS.match(line, pos).end()
+            if pos < n and line[pos] == ",":
+                pos += 1
+            elif pos < n and line[pos] == "}":
+                return name, pos + 1
+            elif pos >= n:
+                raise self.fail("unterminated label set (missing '}')")
+            else:
+                raise self.fail(f"expected ',' or '}}' at column {pos + 1}")
+
+    def quoted(self, line: str, pos: int) -> tuple[str, int]:
+        match = _QUOTED.match(line, pos)
+        if not match:
+            raise self.fail(f"unterminated or badly escaped string at column {pos + 1}")
+        raw = match.group(1)
+        if "\\" in raw:
+            raw = self.unescape(raw)
+        return raw, match.end()
+
+    def unescape(self, raw: str) -> str:
+        out = []
+        i, n = 0, len(raw)
+        while i < n:
+            char = raw[i]
+            if char == "\\":
+                code = raw[i + 1]  # the regex guarantees a character follows
+                if code not in _ESCAPES:
+                    raise self.fail(f"invalid escape '\\{code}' in a label value (only \\\\, \\\" and \\n)")
+                out.append(_ESCAPES[code])
+                i += 2
+            else:
+                out.append(char)
+                i += 1
+        return "".join(out)
+
+    def number(self, token: str, what: str) -> float:
+        if not _FLOAT.fullmatch(token):
+            raise self.fail(f"{what} {token!r} is not a number")
+        return float(token)
+
+    def exemplar(self, text: str) -> None:
+        """Validate an OpenMetrics exemplar (`# {labels} value [timestamp]`); its figures are not kept."""
+        text = text.strip()
+        _, pos = self.labels(text, 1, "exemplar", {})
+        tokens = text[pos:].split()
+        if not 1 <= len(tokens) <= 2:
+            raise self.fail("an exemplar needs a value and an optional timestamp")
+        for token in tokens:
+            self.number(token, "exemplar figure")
+
+
+def _simple_labels(pairs: str) -> dict[str, str] | None:
+    """Labels of a set the fast regex matched, when no value holds an escape; None otherwise.
+
+    Without backslashes every `"` is a delimiter, so splitting on `",` is exact.
+    """
+    if "\\" in pairs:
+        return None
+    body = pairs[:-1] if pairs[-1] == '"' else pairs[:-2]  # drop the closing quote (and a trailing comma)
+    labels = {}
+    for part in body.split('",'):
+        key, _, value = part.partition('="')
+        labels[key] = value
+    return labels if len(labels) == pairs.count('="') else None  # a label given twice: careful path
+
+
+def _simple_float(token: str) -> float | None:
+    """`float(token)` for the forms Prometheus accepts; None for anything else (the careful path decides)."""
+    if not token.isascii() or "_" in token:
+        return None
+    try:
+        return float(token)
+    except ValueError:
+        return None
+
+
+def _unescape_help(text: str, fmt: Format) -> str:
+    """HELP escapes `\\\\` and `\\n` (and `\\"` in OpenMetrics); other backslashes stay as they are."""
+    if "\\" not in text:
+        return text
+    codes = r'[\\n"]' if fmt == "openmetrics" else r"[\\n]"
+    return re.sub(r"\\(" + codes + ")", lambda m: "\n" if m.group(1) == "n" else m.group(1), text)
