@@ -17,12 +17,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent import __version__
+from agent.api_histograms import histogram_routes
 from agent.auth import TokenGuard
 from agent.catalog import CATALOG
+from agent.detection import Detection
 from agent.errors import ProbeError
 from agent.eventlog import EventLog
 from agent.exporter import Telemetry
+from agent.notify.config import NotifySection
 from agent.purging import purge_instance
+from agent.receiver import create_router as create_integrations_router
 from agent.records import ProbeTarget
 from agent.store import Store
 from agent.tracker import Tracker
@@ -38,8 +42,10 @@ class ApiContext:
     telemetry: Telemetry
     events: EventLog
     token: str
+    detection: Detection
     started_at: float = field(default_factory=time.time)
     config_path: str | None = None
+    notify: NotifySection = field(default_factory=NotifySection)
 
 
 class PurgeRequest(BaseModel):
@@ -82,6 +88,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
         return JSONResponse({"error": "; ".join(problems)}, status_code=400)
 
     admin = [Depends(TokenGuard(ctx.token))]
+    app.include_router(create_integrations_router(ctx))  # Alertmanager receiver, outbox (agent/receiver.py)
+    app.include_router(histogram_routes(ctx))  # histograms, heap diffs, suspects, attribution
 
     def instance_or_404(name: str) -> Any:
         state = ctx.tracker.get(name)
@@ -163,6 +171,18 @@ def create_app(ctx: ApiContext) -> FastAPI:
             code = {"unavailable": 409, "permission": 403, "gone": 409}.get(exc.reason, 502)
             raise HTTPException(code, f"purge of {name} failed: {exc}") from None
         return {"instance": name, "purge": result}
+
+    @app.get("/api/v1/findings")
+    def findings(
+        instance: str | None = None,
+        kind: str | None = Query(None, description="leak, oom-risk, fragmentation, slow, external"),
+        state: str = Query("open", pattern="^(open|pending|resolved|all)$"),
+        limit: int = Query(500, ge=1, le=10_000),
+    ) -> dict[str, Any]:
+        if instance is not None:
+            instance_or_404(instance)
+        found = ctx.detection.findings(instance=instance, kind=kind, state=state, limit=limit)
+        return {"now": time.time(), "findings": found}
 
     @app.get("/api/v1/events")
     def events(

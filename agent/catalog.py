@@ -110,7 +110,34 @@ _SPECS = [
     MetricSpec("allocator_purgeable_bytes", "gauge", "Free bytes a purge can return now.", "allocator"),
     MetricSpec("allocator_fragmentation_ratio", "gauge", "Resident over allocated bytes.", "allocator"),
     MetricSpec("pymalloc_allocated_blocks", "gauge", "Blocks held by Python's pymalloc.", "allocator"),
+    # jvm probe: jcmd GC.heap_info, VM.native_memory summary, GC.class_histogram; docs/histograms.md
+    MetricSpec("jvm_heap_used_bytes", "gauge", "Java heap in use, garbage included.", "jvm"),
+    MetricSpec("jvm_heap_committed_bytes", "gauge", "Java heap committed by the JVM.", "jvm"),
+    MetricSpec(
+        "jvm_heap_after_gc_bytes", "gauge", "Java heap that survived the last young collection.", "jvm"
+    ),
+    MetricSpec("jvm_metaspace_used_bytes", "gauge", "Metaspace in use (class metadata).", "jvm"),
+    MetricSpec(
+        "jvm_nmt_committed_bytes", "gauge", "Memory committed as Native Memory Tracking sees it.", "jvm"
+    ),
+    MetricSpec("jvm_nmt_malloc_bytes", "gauge", "JVM-internal malloc seen by Native Memory Tracking.", "jvm"),
+    MetricSpec(
+        "jvm_nmt_heap_committed_bytes", "gauge", "Java heap committed, per Native Memory Tracking.", "jvm"
+    ),
+    MetricSpec("jvm_histogram_bytes", "gauge", "Bytes of the objects in the last class histogram.", "jvm"),
+    MetricSpec("jvm_histogram_instances", "gauge", "Objects in the last class histogram.", "jvm"),
+    # pyhist probe: the in-process hook's type histogram
+    MetricSpec("python_gc_objects", "gauge", "Objects tracked by Python's garbage collector.", "pyhist"),
+    MetricSpec("python_gc_objects_bytes", "gauge", "Shallow size of the gc-tracked objects.", "pyhist"),
+    # heapprof probe: jemalloc / gperftools heap profiles
+    MetricSpec("heap_profile_live_bytes", "gauge", "Live bytes in the last heap profile.", "heapprof"),
     # agent: derived per tick
+    MetricSpec(
+        "process_start_time_seconds",
+        "gauge",
+        "Start time of the instance's process (unix seconds); a change marks a restart.",
+        "agent",
+    ),
     MetricSpec(
         "memory_limit_bytes",
         "gauge",

@@ -56,8 +56,10 @@ class Collector:
             samples: list[Sample] = []
             for probe in probes:
                 samples.extend(self._run_probe(state, target, probe, now_))
-            if schedule == "fast" and state.memory_limit:
-                samples.append(Sample(state.name, "memory_limit_bytes", now_, state.memory_limit))
+            if schedule == "fast":
+                samples.append(Sample(state.name, "process_start_time_seconds", now_, target.start_time))
+                if state.memory_limit:
+                    samples.append(Sample(state.name, "memory_limit_bytes", now_, state.memory_limit))
             with self.tracker.lock:
                 if state.pid == target.pid:  # still the same process: publish
                     for sample in samples:

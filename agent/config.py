@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from agent.errors import ConfigError
+from agent.notify.config import NotifySection
 from agent.units import parse_duration, parse_size
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
@@ -244,6 +245,49 @@ class HookSpec(_Strict):
     timeout: Duration = 1.0
 
 
+def _at_least(seconds: float) -> AfterValidator:
+    def check(value: float) -> float:
+        if value < seconds:
+            raise ValueError(f"must be at least {seconds:g}s")
+        return value
+
+    return AfterValidator(check)
+
+
+class JvmHistograms(_Strict):
+    """JVM targets (docs/histograms.md): class histograms, heap figures and NMT through jcmd."""
+
+    interval: Annotated[Duration, _at_least(1.0)] = 900.0  # GC.class_histogram
+    heap_interval: Annotated[Duration, _at_least(1.0)] = 60.0  # GC.heap_info, VM.native_memory
+    live: bool = False  # the live histogram forces a full GC; -all (garbage included) otherwise
+    live_floor: Annotated[Duration, _at_least(60.0)] = 3600.0  # at most one live histogram this often
+    timeout: Annotated[Duration, _at_least(1.0)] = 60.0
+    jcmd: str | None = None  # default: the jcmd beside the target's java, else PATH
+
+
+class PythonHistograms(_Strict):
+    """Python targets with the in-process hook: type histograms (gc-tracked objects)."""
+
+    interval: Annotated[Duration, _at_least(1.0)] = 300.0
+    top: int = Field(200, ge=1, le=1000)
+    budget: Annotated[Duration, _at_least(0.001)] = 1.0  # the walk holds the GIL at most this long
+
+
+class HeapProfiles(_Strict):
+    """Native heap profiles: dumped through the hook into `dir`, or read from jemalloc/gperftools dumps there."""
+
+    dir: Path
+    interval: Annotated[Duration, _at_least(1.0)] = 600.0
+    frames: int = Field(1, ge=1, le=8)  # frames outside the allocator that name a site
+    keep: int = Field(8, ge=2, le=1000)  # dumps medic wrote that are kept on disk
+
+
+class HistogramsSpec(_Strict):
+    jvm: JvmHistograms = Field(default_factory=JvmHistograms)
+    python: PythonHistograms = Field(default_factory=PythonHistograms)
+    heap_profiles: HeapProfiles | None = None  # opt-in: dumps need a directory the target can write
+
+
 class InstanceSpec(_Strict):
     name: str
     match: MatchSpec
@@ -253,6 +297,7 @@ class InstanceSpec(_Strict):
     restart_on_exit: bool = True  # managed only: relaunch when the command exits
     stop_timeout: Duration = 5.0  # managed only: TERM, then KILL after this
     latency: LatencySpec | None = None  # Prometheus histogram, canary, SLO (docs/latency.md)
+    histograms: HistogramsSpec = Field(default_factory=HistogramsSpec)  # docs/histograms.md
 
     @field_validator("name")
     @classmethod
@@ -264,9 +309,63 @@ class InstanceSpec(_Strict):
         return value
 
 
+class DetectSection(_Strict):
+    """Detector tunables: `memory` for leak / oom-risk / fragmentation, `slow` for latency.
+
+    Keys are the fields of `agent.detect.DetectParams` and `agent.detect.slow.SlowParams`
+    (durations as `6h`, sizes as `128Mi`); unknown keys are errors. docs/detection.md explains them.
+    """
+
+    interval: Duration = 15.0  # how often the job looks for a judgement instant it has not judged
+    memory: dict[str, Any] = Field(default_factory=dict)
+    slow: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from agent.detect import params_from_options
+
+        params_from_options(**value)  # raises ValueError naming the option
+        return value
+
+    @field_validator("slow")
+    @classmethod
+    def _slow(cls, value: dict[str, Any]) -> dict[str, Any]:
+        slow_params(value)
+        return value
+
+    def memory_params(self):  # -> DetectParams
+        from agent.detect import params_from_options
+
+        return params_from_options(**self.memory)
+
+    def slow_params(self):  # -> SlowParams
+        return slow_params(self.slow)
+
+
+def slow_params(options: dict[str, Any]):  # -> SlowParams
+    """SlowParams from config values; durations accept `30s`, counts and ratios plain numbers."""
+    from dataclasses import fields
+
+    from agent.detect.slow import SlowParams
+
+    known = {f.name: f for f in fields(SlowParams)}
+    values: dict[str, Any] = {}
+    for name, raw in options.items():
+        if name not in known:
+            raise ValueError(f"unknown slow detection option {name!r}; known: {', '.join(sorted(known))}")
+        try:
+            values[name] = int(raw) if known[name].type in ("int", int) else parse_duration(raw)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"slow detection option {name}: {exc}") from None
+    return SlowParams(**values)
+
+
 class Config(_Strict):
     agent: AgentSection = Field(default_factory=AgentSection)
+    detect: DetectSection = Field(default_factory=DetectSection)
     instances: list[InstanceSpec] = Field(default_factory=list)
+    notify: NotifySection = Field(default_factory=NotifySection)  # docs/alerts.md
 
     @model_validator(mode="after")
     def _unique_names(self) -> Config:

@@ -89,6 +89,40 @@ class InstanceCollector(Collector):
         yield from (family for family in families.values() if family.samples)
 
 
+class FindingCollector(Collector):
+    """Open findings, and the slope and time-to-OOM of memory findings, for alert rules."""
+
+    def __init__(self, detection) -> None:
+        self.detection = detection
+
+    def collect(self) -> Iterator[Metric]:
+        findings = GaugeMetricFamily(
+            "medic_findings", "Open findings by instance, kind and severity.", labels=["name", "kind", "severity"]
+        )
+        slope = GaugeMetricFamily(
+            "medic_leak_slope_bytes_per_second", "Growth of the leaking series, open leak findings.", labels=["name"]
+        )
+        ttoom = GaugeMetricFamily(
+            "medic_time_to_oom_seconds", "Projected time to the memory limit (open leak/oom-risk).", labels=["name"]
+        )
+        counts: dict[tuple[str, str, str], int] = {}
+        soonest: dict[str, float] = {}
+        for finding in self.detection.open_findings():
+            key = (finding.instance, finding.kind, finding.severity)
+            counts[key] = counts.get(key, 0) + 1
+            evidence = finding.evidence
+            if finding.kind == "leak" and isinstance(evidence.get("slope_bytes_per_second"), (int, float)):
+                slope.add_metric([finding.instance], evidence["slope_bytes_per_second"])
+            value = evidence.get("time_to_oom_seconds")
+            if finding.kind in ("leak", "oom-risk") and isinstance(value, (int, float)) and value == value:
+                soonest[finding.instance] = min(value, soonest.get(finding.instance, float("inf")))
+        for key, count in sorted(counts.items()):
+            findings.add_metric(list(key), count)
+        for name, value in sorted(soonest.items()):
+            ttoom.add_metric([name], value)
+        yield from (findings, slope, ttoom)
+
+
 class Telemetry:
     """The agent's registry: instance snapshot, probe timings and the agent's own process."""
 
@@ -106,6 +140,10 @@ class Telemetry:
         build = InfoMetricFamily("medic_build", "medic's version.")
         build.add_metric([], {"version": __version__})
         self.registry.register(_Static([build]))
+
+    def watch_findings(self, detection) -> None:
+        """Export the open findings of `detection` (an `agent.detection.Detection`)."""
+        self.registry.register(FindingCollector(detection))
 
     def observe_probe(self, probe: str, seconds: float, ok: bool) -> None:
         self.probe_duration.labels(probe).observe(seconds)

@@ -29,9 +29,12 @@ from agent.api import ApiContext, create_app
 from agent.auth import load_or_create_token
 from agent.collector import Collector
 from agent.config import Config
+from agent.detection import Detection
 from agent.errors import ConfigError, StoreError
 from agent.eventlog import EventLog
 from agent.exporter import Telemetry
+from agent.histograms import attach as attach_histograms
+from agent.notify.service import start_notifier
 from agent.store import Store
 from agent.supervisor import exit_status
 from agent.tracker import Tracker
@@ -95,11 +98,21 @@ class Agent:
         token, token_path = load_or_create_token(cfg.token_file, Path(cfg.state_dir))
         log.info("admin token for mutating endpoints: %s", token_path)
         self.events = EventLog(self.store)
+        attach_histograms(self.store)  # probes publish class/type/site snapshots here (agent/histograms.py)
         self.tracker = Tracker(self.config.instances, self.store, self.events)
         self.telemetry = Telemetry(self.tracker)
+        self.notifier = start_notifier(self)  # events → Alertmanager/webhook/Slack (agent/notify)
         self.collector = Collector(
             self.tracker, self.store, self.events, probes, self.telemetry.observe_probe
         )
+        self.detection = Detection(
+            self.tracker,
+            self.store,
+            self.events,
+            self.config.detect.memory_params(),
+            self.config.detect.slow_params(),
+        )
+        self.telemetry.watch_findings(self.detection)
         sock = bind(cfg.host, cfg.port)
         self.address = sock.getsockname()[:2]
         self._write_pidfile()
@@ -114,17 +127,26 @@ class Agent:
         self._loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._loop.add_signal_handler(sig, self._on_signal, sig)
-        await asyncio.to_thread(self._first_pass)
-
-        scheduler = self._schedule()
-        context = ApiContext(
-            self.tracker, self.store, self.telemetry, self.events, token, config_path=self.config_path
-        )
-        app = create_app(context)
-        server = _Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
-        serving = asyncio.create_task(server.serve(sockets=[sock]))
-        scheduler.start()
-        try:
+        scheduler: AsyncIOScheduler | None = None
+        server: _Server | None = None
+        serving: asyncio.Task | None = None
+        try:  # from here on, whatever happens, managed children are stopped and the store flushed
+            await asyncio.to_thread(self._first_pass)
+            scheduler = self._schedule()
+            context = ApiContext(
+                self.tracker,
+                self.store,
+                self.telemetry,
+                self.events,
+                token,
+                detection=self.detection,
+                config_path=self.config_path,
+                notify=self.config.notify,
+            )
+            app = create_app(context)
+            server = _Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
+            serving = asyncio.create_task(server.serve(sockets=[sock]))
+            scheduler.start()
             await self._stop.wait()
         finally:
             await self._shutdown(scheduler, server, serving)
@@ -181,6 +203,7 @@ class Agent:
         job(self.store.flush, cfg.flush_interval, "flush")
         job(self._retention, min(3600.0, cfg.raw_retention / 4), "retention")
         job(self._refresh_limits, cfg.slow_interval, "memory-limits")
+        job(self.detection.run, self.config.detect.interval, "detect")
         return scheduler
 
     def _fast_tick(self) -> None:
@@ -227,16 +250,22 @@ class Agent:
         log.info("%s received: stopping", name)
         self._stop.set()
 
-    async def _shutdown(self, scheduler: AsyncIOScheduler, server: _Server, serving: asyncio.Task) -> None:
-        scheduler.shutdown(wait=False)
-        server.should_exit = True
+    async def _shutdown(
+        self, scheduler: AsyncIOScheduler | None, server: _Server | None, serving: asyncio.Task | None
+    ) -> None:
+        if scheduler is not None and scheduler.running:
+            scheduler.shutdown(wait=False)
+        if server is not None:
+            server.should_exit = True
+        await self.notifier.stop()
         results = await asyncio.to_thread(self.tracker.stop_managed)
         if self.main_instance and results.get(self.main_instance) is not None:
             self.exit_code = exit_status(results[self.main_instance])  # type: ignore[arg-type]
-        try:
-            await asyncio.wait_for(serving, timeout=2.0)
-        except (asyncio.TimeoutError, Exception):
-            server.force_exit = True
+        if server is not None and serving is not None:
+            try:
+                await asyncio.wait_for(serving, timeout=2.0)
+            except (asyncio.TimeoutError, Exception):
+                server.force_exit = True
         self.events.emit("agent_stopped", "medic stopped", exit_code=self.exit_code)
         self.pidfile.unlink(missing_ok=True)
         try:

@@ -1,0 +1,76 @@
+"""`medic leaks [NAME]`: open memory findings (leak, oom-risk, fragmentation) with slope, time to OOM
+and confidence, newest first."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from agent.cli.client import add_url_argument, agent_url, get_json
+from agent.cli.table import render
+from agent.units import format_bytes, format_duration
+
+HELP = "show open memory findings: leaks with their slope and time to OOM, fragmentation, OOM risk"
+MEMORY_KINDS = ("leak", "oom-risk", "fragmentation")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", nargs="?", help="only this instance")
+    parser.add_argument("--all", action="store_true", help="include resolved findings")
+    add_url_argument(parser)
+
+
+def _rate(bytes_per_second: float | None) -> str:
+    if not isinstance(bytes_per_second, (int, float)):
+        return "-"
+    per_hour = bytes_per_second * 3600
+    return f"{format_bytes(per_hour)}/h"
+
+
+def run(args: argparse.Namespace) -> int:
+    params = {"state": "all" if args.all else "open"}
+    if args.name:
+        params["instance"] = args.name
+    body = get_json(agent_url(args.url), "/api/v1/findings", params)
+    findings = [f for f in body["findings"] if f["kind"] in MEMORY_KINDS]
+    if args.json:
+        print(json.dumps(findings, indent=2))
+        return 0
+    if not findings:
+        print("no open memory findings" + (f" for {args.name}" if args.name else ""))
+        return 0
+    now = body.get("now", time.time())
+    rows = []
+    for f in findings:
+        ev = f.get("evidence") or {}
+        pct = ev.get("pct_per_hour")
+        conf = ev.get("confidence")
+        rows.append(
+            [
+                f["instance"],
+                f["kind"],
+                f.get("verdict") or "-",
+                _rate(ev.get("slope_bytes_per_second")),
+                f"{pct:+.2f}" if isinstance(pct, (int, float)) else "-",
+                format_duration(ev.get("time_to_oom_seconds")),
+                f"{100 * conf:.1f}%" if isinstance(conf, (int, float)) else "-",
+                format_duration(now - f["opened_at"]) + " ago" if f.get("opened_at") else "-",
+                f["state"],
+                f["summary"],
+            ]
+        )
+    headers = [
+        "INSTANCE",
+        "KIND",
+        "VERDICT",
+        "SLOPE",
+        "%/H",
+        "TIME-TO-OOM",
+        "CONFIDENCE",
+        "SINCE",
+        "STATE",
+        "SUMMARY",
+    ]
+    print(render(headers, rows, numeric={3, 4, 5, 6}))
+    return 0
