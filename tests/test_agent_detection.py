@@ -1,0 +1,84 @@
+"""Online detection in a real agent: one leak finding for the leaking process, none for the stable one,
+with a time-to-OOM against the configured limit; findings survive an agent restart."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+from conftest import PYTHON, REPO, wait_until, workload_argv
+
+pytestmark = pytest.mark.slow
+LIMIT = 320 * 2**20
+# the production detector on a compressed time axis: a 24 s window (1 s buckets), judged every 4 s.
+# Before a daily profile is known the detector speaks only when the limit is near (under horizon / 8)
+# and within 5 times the history it has seen, so the leak runs against a limit about 100 s away.
+DETECT = {
+    "interval": "0.5s",
+    "memory": {"window": "24s", "long_window": "48s", "warmup": "2s", "season": "6s", "horizon": "30m"},
+}
+
+
+def config() -> dict:
+    return {
+        "agent": {"interval": "0.2s", "slow_interval": "2s", "flush_interval": "0.3s"},
+        "detect": DETECT,
+        "instances": [
+            {
+                "name": "leaky",
+                "match": {
+                    "command": workload_argv("leak", "--rate", "2Mi", "--every", "0.05s", "--cap", "200Mi")
+                },
+                "memory_limit": LIMIT,
+            },
+            {
+                "name": "stable",
+                "match": {"command": workload_argv("stable", "--size", "16Mi")},
+                "memory_limit": LIMIT,
+            },
+        ],
+    }
+
+
+def test_one_leak_finding_with_time_to_oom(agent):
+    agent.start(config())
+    wait_until(lambda: agent.get("/api/v1/findings", kind="leak")["findings"], 90)
+    findings = agent.get("/api/v1/findings")["findings"]
+    leaks = [f for f in findings if f["kind"] == "leak"]
+    assert [f["instance"] for f in leaks] == ["leaky"]
+    assert not [f for f in findings if f["instance"] == "stable"]
+    leak = leaks[0]
+    evidence = leak["evidence"]
+    assert leak["verdict"] == "leak" and leak["state"] == "open"
+    assert evidence["limit_bytes"] == LIMIT
+    slope = evidence["slope_bytes_per_second"]
+    assert 1.0 * 2**20 < slope < 3.0 * 2**20, slope  # the workload leaks 2 MiB/s
+    rss = agent.instance("leaky")["rss_bytes"]
+    expected = (LIMIT - rss) / slope
+    assert 0.5 * expected < evidence["time_to_oom_seconds"] < 1.5 * expected
+
+    metrics = agent.get("/metrics")
+    assert 'medic_findings{kind="leak",name="leaky",severity=' in metrics
+    assert 'medic_time_to_oom_seconds{name="leaky"}' in metrics
+    assert 'medic_leak_slope_bytes_per_second{name="leaky"}' in metrics
+    opened = [e for e in agent.events(kind="finding_opened")]
+    assert [e["instance"] for e in opened if e["data"]["finding"]["kind"] == "leak"] == ["leaky"]
+
+    leaks_cli = subprocess.run(
+        [PYTHON, "-m", "agent.cli.main", "leaks", "--url", agent.url],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=10,
+    )
+    assert leaks_cli.returncode == 0, leaks_cli.stderr
+    rows = [line for line in leaks_cli.stdout.splitlines() if line.startswith("leaky")]
+    leak_row = next(row for row in rows if row.split()[1] == "leak")
+    assert "iB/h" in leak_row and leak_row.split()[2] == "leak"
+    assert not any(line.startswith("stable") for line in leaks_cli.stdout.splitlines())
+
+    assert agent.stop() == 0
+    agent.start(config())
+    still = agent.get("/api/v1/findings", kind="leak")["findings"]
+    assert [f["id"] for f in still] == [leak["id"]]  # restored, not re-opened
