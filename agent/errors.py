@@ -9,6 +9,7 @@ each class to an exit code in one place (`agent.cli.main`).
     ├── AgentUnreachable       the CLI cannot reach the agent's API (exit 3)
     ├── ApiError               the agent answered with an error (exit 4)
     ├── StoreError             the state database cannot be opened or written
+    ├── SeriesFormatError      a recorded series file (`medic analyze`) is malformed (exit 2)
     └── ProbeError             a probe could not read a figure
         ├── TargetGone         the process vanished (or its pid was reused)
         ├── ProbeAccessDenied  the agent lacks permission to read it
@@ -44,6 +45,12 @@ class ApiError(MedicError):
 
 class StoreError(MedicError):
     exit_code = 5
+
+
+class SeriesFormatError(MedicError):
+    """A recorded series file cannot be read; the message names the file, the line and the fix."""
+
+    exit_code = 2
 
 
 class ProbeError(MedicError):

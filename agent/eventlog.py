@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from agent.errors import StoreError
@@ -21,6 +22,11 @@ _LEVELS = {
 class EventLog:
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._subscribers: list[Callable[[Event], None]] = []
+
+    def subscribe(self, callback: Callable[[Event], None]) -> None:
+        """Call `callback(event)` after each event is stored; it must be quick, and its errors are logged."""
+        self._subscribers.append(callback)
 
     def emit(
         self,
@@ -39,4 +45,9 @@ class EventLog:
             self.store.add_event(event)
         except StoreError as exc:
             log.error("event not stored: %s", exc)
+        for callback in self._subscribers:
+            try:
+                callback(event)
+            except Exception:
+                log.exception("event subscriber %r failed on %s", callback, kind)
         return event

@@ -30,7 +30,9 @@ def admin_token(token_file: str | None) -> str:
     """The admin token from --token-file, MEDIC_TOKEN, MEDIC_TOKEN_FILE or ./medic-state/admin.token."""
     if not token_file and os.environ.get("MEDIC_TOKEN"):
         return os.environ["MEDIC_TOKEN"].strip()
-    candidates = [token_file] if token_file else [os.environ.get("MEDIC_TOKEN_FILE"), "medic-state/admin.token"]
+    candidates = (
+        [token_file] if token_file else [os.environ.get("MEDIC_TOKEN_FILE"), "medic-state/admin.token"]
+    )
     for candidate in filter(None, candidates):
         try:
             with open(candidate, encoding="ascii") as handle:
@@ -49,7 +51,9 @@ def get_json(url: str, path: str, params: dict[str, Any] | None = None, timeout:
 
 
 def post_json(url: str, path: str, body: dict[str, Any], token: str, timeout: float = 30.0) -> Any:
-    return _request("POST", url, path, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=timeout)
+    return _request(
+        "POST", url, path, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=timeout
+    )
 
 
 def _request(method: str, url: str, path: str, timeout: float, **kwargs: Any) -> Any:

@@ -20,6 +20,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--since", help="a duration ago (e.g. 2h) or a unix time")
     parser.add_argument("--limit", type=int, default=50, help="at most this many events (default 50)")
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
+    parser.add_argument("--outbox", action="store_true", help="show the notification outbox instead")
+    parser.add_argument(
+        "--state", choices=["pending", "delivered", "dead"], help="with --outbox: only items in this state"
+    )
 
 
 def _params(args: argparse.Namespace, **extra) -> dict:
@@ -42,6 +46,10 @@ def _rows(events: list[dict]) -> list[list]:
 
 def run(args: argparse.Namespace) -> int:
     url = agent_url(args.url)
+    if args.outbox:
+        from agent.cli.outbox import run_outbox
+
+        return run_outbox(args, url)
     events = get_json(url, "/api/v1/events", _params(args))["events"]
     if args.json and not args.follow:
         print(json.dumps(events, indent=2))

@@ -1,0 +1,244 @@
+"""The `notify:` section of medic's config: where notifications go and how alerts come in.
+
+    notify:
+      min_severity: warning              # findings below this are not sent (restarts etc. always are)
+      dashboard_url: "https://grafana.example/d/medic?var-name={instance}"
+      sinks:
+        - {type: alertmanager, url: "http://127.0.0.1:9093"}
+        - {type: webhook, url: "https://hooks.example/medic", secret_env: MEDIC_WEBHOOK_SECRET}
+        - {type: slack, url_env: SLACK_WEBHOOK_URL}
+      retry: {base: 2s, cap: 5m, max_attempts: 20}
+      receiver: {instance_labels: [instance, name], secret_env: MEDIC_RECEIVER_SECRET}
+
+A plain list is accepted as shorthand for `sinks:` (`notify: [{type: alertmanager, url: ...}]`).
+This module imports only `agent.units`, so `agent.config` can import it without a cycle.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from agent.errors import ConfigError
+from agent.units import parse_duration, parse_size
+
+Severity = Literal["info", "warning", "error", "critical"]
+SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2, "critical": 3}
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Size = Annotated[int, BeforeValidator(parse_size)]
+_SINK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+    return value.rstrip("/") if parts.path in ("", "/") else value
+
+
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _positive(low: float, high: float) -> AfterValidator:
+    def check(value: float) -> float:
+        if not low <= value <= high:
+            raise ValueError(f"must be between {low:g}s and {high:g}s")
+        return value
+
+    return AfterValidator(check)
+
+
+class RetrySpec(_Strict):
+    """Exponential backoff: attempt n waits min(cap, base·2^(n-1)), shortened by up to `jitter` of itself."""
+
+    base: Annotated[Duration, _positive(0.01, 3600)] = 2.0
+    cap: Annotated[Duration, _positive(0.01, 86400)] = 300.0
+    max_attempts: int = Field(20, ge=1, le=1000)  # then a dead letter; the defaults retry for about an hour
+    jitter: float = Field(0.2, ge=0.0, le=1.0)
+
+
+def read_secret_file(path: Path, where: str) -> str:
+    """A secret from a file that only its owner can read; `ConfigError` saying what to fix otherwise."""
+    try:
+        value = path.read_text(encoding="utf-8").strip()
+        mode = path.stat().st_mode
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}: cannot read {path}: {exc}") from None
+    if mode & 0o077:
+        raise ConfigError(f"{where}: {path} is readable by others; run `chmod 600 {path}`")
+    if len(value) < 16:
+        raise ConfigError(f"{where}: {path} holds fewer than 16 characters; use a longer secret")
+    return value
+
+
+class _Secret(_Strict):
+    """A secret named by an environment variable or a file (0600), never written in the config itself."""
+
+    secret_env: str | None = None
+    secret_file: Path | None = None
+
+    def secret(self, where: str) -> str | None:
+        """The secret's value; `ConfigError` saying what to do when it is configured but unreadable."""
+        if self.secret_env:
+            value = os.environ.get(self.secret_env, "").strip()
+            if not value:
+                raise ConfigError(
+                    f"{where}.secret_env: the environment variable {self.secret_env} is not set"
+                )
+            return value
+        if self.secret_file:
+            return read_secret_file(self.secret_file, f"{where}.secret_file")
+        return None
+
+
+class _SinkBase(_Strict):
+    name: str | None = None  # default: the type, with its index when several share it
+    min_severity: Severity | None = None  # overrides notify.min_severity for this sink
+    kinds: list[str] | None = None  # only these event kinds (see docs/alerts.md); default: all routed kinds
+    timeout: Annotated[Duration, _positive(0.05, 120)] = 5.0
+
+    @model_validator(mode="after")
+    def _check_name_and_kinds(self) -> _SinkBase:
+        if self.name is not None and not _SINK_NAME.match(self.name):
+            raise ValueError(f"name: expected letters, digits, '.', '_' or '-', got {self.name!r}")
+        if self.kinds is not None:
+            from agent.notify.routes import ROUTES, canonical
+
+            unknown = [k for k in self.kinds if canonical(k) not in ROUTES]
+            if unknown:
+                raise ValueError(
+                    f"kinds: unknown event kind(s) {', '.join(unknown)}; routed kinds: {', '.join(sorted(ROUTES))}"
+                )
+        return self
+
+
+class AlertmanagerSinkSpec(_SinkBase):
+    """Posts alerts to `POST /api/v2/alerts`, re-posts them while active, and holds silences."""
+
+    type: Literal["alertmanager"]
+    url: HttpUrl  # the Alertmanager base URL, e.g. http://127.0.0.1:9093
+    repost_interval: Annotated[Duration, _positive(0.2, 3600)] = 60.0  # endsAt = last post + 4 x this
+    silences: bool = True  # silence an instance's firing alerts while medic remediates it
+    silence_max: Annotated[Duration, _positive(1, 7 * 86400)] = 1800.0  # when the caller gives no expiry
+    silence_refresh: Annotated[Duration, _positive(0.1, 600)] = 5.0  # look for new alerts to silence
+    bearer_token_file: Path | None = None
+
+
+class WebhookSinkSpec(_SinkBase, _Secret):
+    """Generic JSON (schema version 1), signed with HMAC-SHA256 over `timestamp.body`."""
+
+    type: Literal["webhook"]
+    url: HttpUrl
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> WebhookSinkSpec:
+        if (self.secret_env is None) == (self.secret_file is None):
+            raise ValueError("give exactly one of secret_env or secret_file: webhooks are always signed")
+        return self
+
+
+class SlackSinkSpec(_SinkBase):
+    """A Slack-compatible incoming webhook (also Mattermost, Rocket.Chat)."""
+
+    type: Literal["slack"]
+    url: HttpUrl | None = None
+    url_env: str | None = None  # the webhook URL is a secret: prefer naming an environment variable
+
+    @model_validator(mode="after")
+    def _one_url(self) -> SlackSinkSpec:
+        if (self.url is None) == (self.url_env is None):
+            raise ValueError("give exactly one of url or url_env")
+        return self
+
+    def resolved_url(self, where: str) -> str:
+        if self.url is not None:
+            return self.url
+        value = os.environ.get(self.url_env or "", "").strip()
+        if not value:
+            raise ConfigError(f"{where}.url_env: the environment variable {self.url_env} is not set")
+        try:
+            return _http_url(value)
+        except ValueError as exc:
+            raise ConfigError(f"{where}.url_env: {exc}") from None
+
+
+SinkSpec = Annotated[AlertmanagerSinkSpec | WebhookSinkSpec | SlackSinkSpec, Field(discriminator="type")]
+
+
+class ReceiverSpec(_Secret):
+    """`POST /api/v1/alertmanager`: Alertmanager's webhook payloads become `external` findings."""
+
+    enabled: bool = True
+    # the first of these labels whose value names a watched instance maps the alert to it
+    instance_labels: list[str] = Field(default_factory=lambda: ["medic_instance", "instance", "name"])
+    # alerts carrying all of these label values are ignored (medic's own alerts, by default)
+    ignore_labels: dict[str, str] = Field(default_factory=lambda: {"source": "medic"})
+    max_body: Size = 1024 * 1024
+    max_alerts: int = Field(1000, ge=1, le=100_000)
+    stale_after: Annotated[Duration, _positive(60, 30 * 86400)] = 12 * 3600.0  # unseen this long: resolved
+    signature_tolerance: Annotated[Duration, _positive(1, 3600)] = 300.0
+
+    @model_validator(mode="after")
+    def _labels(self) -> ReceiverSpec:
+        bad = [name for name in [*self.instance_labels, *self.ignore_labels] if not _LABEL_NAME.match(name)]
+        if bad:
+            raise ValueError(f"not Prometheus label names: {', '.join(bad)}")
+        if not self.instance_labels:
+            raise ValueError("instance_labels: give at least one label name")
+        return self
+
+
+class NotifySection(_Strict):
+    sinks: list[SinkSpec] = Field(default_factory=list)
+    min_severity: Severity = "warning"
+    dashboard_url: str | None = None  # `{instance}` and `{fleet}` are replaced; default: the agent's API
+    fleet_label: str = "fleet"  # the instance label that names its fleet
+    retry: RetrySpec = Field(default_factory=RetrySpec)
+    receiver: ReceiverSpec = Field(default_factory=ReceiverSpec)
+    keep_delivered: Annotated[Duration, _positive(60, 365 * 86400)] = 7 * 86400.0
+    keep_dead: Annotated[Duration, _positive(60, 365 * 86400)] = 30 * 86400.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        return {"sinks": data} if isinstance(data, list) else data
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> NotifySection:
+        names = sink_names(self.sinks)
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(
+                f"sinks: the name(s) {', '.join(duplicates)} are used twice; give each sink a name"
+            )
+        if self.dashboard_url is not None:
+            _http_url(self.dashboard_url.replace("{instance}", "x").replace("{fleet}", "x"))
+        return self
+
+
+def sink_names(sinks: list[Any]) -> list[str]:
+    """Each sink's name: its `name`, else its type, numbered when several sinks share a type."""
+    counts: dict[str, int] = {}
+    for sink in sinks:
+        counts[sink.type] = counts.get(sink.type, 0) + 1
+    seen: dict[str, int] = {}
+    names = []
+    for sink in sinks:
+        if sink.name:
+            names.append(sink.name)
+            continue
+        index = seen.get(sink.type, 0)
+        seen[sink.type] = index + 1
+        names.append(sink.type if counts[sink.type] == 1 else f"{sink.type}-{index}")
+    return names

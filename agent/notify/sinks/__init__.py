@@ -1,0 +1,31 @@
+"""One module per target format; `create_sinks(config)` builds them in config order, by name."""
+
+from __future__ import annotations
+
+from agent.notify.config import (
+    AlertmanagerSinkSpec,
+    NotifySection,
+    SlackSinkSpec,
+    WebhookSinkSpec,
+    sink_names,
+)
+from agent.notify.sinks.alertmanager import AlertmanagerSink
+from agent.notify.sinks.base import DeliveryError, HttpSink
+from agent.notify.sinks.slack import SlackSink
+from agent.notify.sinks.webhook import WebhookSink
+
+__all__ = ["AlertmanagerSink", "DeliveryError", "HttpSink", "SlackSink", "WebhookSink", "create_sinks"]
+
+
+def create_sinks(config: NotifySection, **http_options) -> list[HttpSink]:
+    """The configured sinks with their secrets resolved; `ConfigError` names the sink when one is missing."""
+    sinks: list[HttpSink] = []
+    for index, (spec, name) in enumerate(zip(config.sinks, sink_names(config.sinks))):
+        where = f"notify.sinks[{index}]"
+        if isinstance(spec, AlertmanagerSinkSpec):
+            sinks.append(AlertmanagerSink(name, spec, where, **http_options))
+        elif isinstance(spec, WebhookSinkSpec):
+            sinks.append(WebhookSink(name, spec, where, **http_options))
+        elif isinstance(spec, SlackSinkSpec):
+            sinks.append(SlackSink(name, spec, where, **http_options))
+    return sinks

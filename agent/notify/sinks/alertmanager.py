@@ -1,0 +1,87 @@
+"""Alertmanager: `POST /api/v2/alerts` with medic's labels and annotations.
+
+Labels (the alert's identity): `alertname`, `instance`, `fleet`, `severity`, `kind`, the
+instance's configured labels, and `source="medic"` (the receiver ignores alerts carrying it, so
+medic never turns its own alerts into findings). Annotations: `summary`, `description`,
+`evidence` (compact JSON), `dashboard`, `finding_id`, `action_id`.
+
+Alertmanager resolves an alert by itself at its `endsAt`. A firing alert is posted with
+`endsAt = now + 4 x repost_interval` and re-posted every `repost_interval` while it lasts (as
+Prometheus does), so it ends on its own if medic stops; a resolved alert carries its end time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, ClassVar
+
+from agent.notify.config import read_secret_file
+from agent.notify.model import Notification, rfc3339
+from agent.notify.sinks.base import HttpSink, Request
+
+_LABEL_INVALID = re.compile(r"[^A-Za-z0-9_]")
+RESERVED = ("alertname", "instance", "fleet", "severity", "kind", "source")
+MAX_EVIDENCE = 4000
+SOURCE = "medic"
+
+
+def label_name(name: str) -> str:
+    """A config label name made valid for Prometheus (`app.kubernetes.io/name` → `app_kubernetes_io_name`)."""
+    fixed = _LABEL_INVALID.sub("_", name)
+    return f"_{fixed}" if fixed[:1].isdigit() else fixed
+
+
+def alert_labels(note: Notification) -> dict[str, str]:
+    labels = {label_name(k): str(v) for k, v in note.labels.items() if label_name(k) not in RESERVED}
+    labels["alertname"] = note.alertname or "MedicEvent"
+    labels["severity"] = note.severity
+    labels["source"] = SOURCE
+    for name, value in (("instance", note.instance), ("fleet", note.fleet), ("kind", note.kind)):
+        if value:
+            labels[name] = value
+    return labels
+
+
+def alert_annotations(note: Notification) -> dict[str, str]:
+    annotations = {"summary": note.summary, "description": note.message}
+    if note.evidence:
+        text = json.dumps(note.evidence, default=str, separators=(",", ":"), sort_keys=True)
+        annotations["evidence"] = text if len(text) <= MAX_EVIDENCE else text[: MAX_EVIDENCE - 1] + "…"
+    for name, value in (
+        ("dashboard", note.link),
+        ("finding_id", note.finding_id),
+        ("action_id", note.action_id),
+    ):
+        if value:
+            annotations[name] = str(value)
+    return annotations
+
+
+def postable_alert(note: Notification, now: float, repost_interval: float) -> dict[str, Any]:
+    ends = note.ends_at if note.ends_at is not None else now + 4 * repost_interval
+    alert: dict[str, Any] = {
+        "labels": alert_labels(note),
+        "annotations": alert_annotations(note),
+        "startsAt": rfc3339(note.starts_at or note.ts),
+        "endsAt": rfc3339(ends),
+    }
+    if note.link:
+        alert["generatorURL"] = note.link
+    return alert
+
+
+class AlertmanagerSink(HttpSink):
+    type: ClassVar[str] = "alertmanager"
+    takes = "alerts"
+
+    def __init__(self, name: str, spec: Any, where: str, **http_options: Any) -> None:
+        super().__init__(name, spec, **http_options)
+        self.url = spec.url
+        if spec.bearer_token_file is not None:
+            token = read_secret_file(spec.bearer_token_file, f"{where}.bearer_token_file")
+            self.client.headers["Authorization"] = f"Bearer {token}"
+
+    def render(self, note: Notification, delivery_id: int, now: float) -> Request:
+        body = json.dumps([postable_alert(note, now, self.spec.repost_interval)]).encode()
+        return Request(f"{self.url}/api/v2/alerts", body, {})

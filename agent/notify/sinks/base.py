@@ -1,0 +1,97 @@
+"""What every sink shares: one HTTP client, and the rule that tells a retry from a dead letter.
+
+A sink renders a `Notification` into one HTTP request at delivery time and sends it. Transport
+errors, timeouts, 408, 429 and 5xx are worth retrying; any other 4xx means the request itself is
+wrong (bad URL, bad credentials, a payload the target refuses), so retrying cannot help.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import httpx
+
+from agent import __version__
+from agent.notify.model import Notification
+
+Takes = Literal["alerts", "messages"]
+_RETRYABLE = {408, 425, 429}
+
+
+class DeliveryError(Exception):
+    """One failed attempt: `retryable` says whether another attempt may succeed."""
+
+    def __init__(self, detail: str, retryable: bool) -> None:
+        super().__init__(detail)
+        self.retryable = retryable
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    url: str
+    body: bytes
+    headers: dict[str, str]
+
+
+class HttpSink:
+    type: ClassVar[str] = ""
+    takes: ClassVar[Takes] = "messages"  # alerts: fire/resolve/once effects; messages: one per event
+
+    def __init__(self, name: str, spec: Any, *, transport: httpx.BaseTransport | None = None) -> None:
+        self.name = name
+        self.spec = spec
+        self.client = httpx.Client(
+            timeout=spec.timeout,
+            follow_redirects=False,
+            transport=transport,
+            headers={"User-Agent": f"sidecar-medic/{__version__}"},
+        )
+
+    @property
+    def min_severity(self) -> str | None:
+        return self.spec.min_severity
+
+    def wants(self, kind: str) -> bool:
+        """Whether the sink's `kinds` filter lets this event kind through (aliases count as their canonical kind)."""
+        kinds = self.spec.kinds
+        if kinds is None:
+            return True
+        from agent.notify.routes import canonical
+
+        return canonical(kind) in {canonical(k) for k in kinds}
+
+    def render(self, note: Notification, delivery_id: int, now: float) -> Request:
+        raise NotImplementedError
+
+    def send(self, note: Notification, delivery_id: int, now: float) -> None:
+        """Deliver one notification; raises `DeliveryError`."""
+        request = self.render(note, delivery_id, now)
+        self.post(request)
+
+    def post(self, request: Request) -> httpx.Response:
+        headers = {"Content-Type": "application/json", **request.headers}
+        try:
+            response = self.client.post(request.url, content=request.body, headers=headers)
+        except httpx.TimeoutException:
+            raise DeliveryError(f"{request.url} did not answer within {self.spec.timeout:g}s", True) from None
+        except httpx.HTTPError as exc:
+            raise DeliveryError(f"cannot reach {request.url}: {type(exc).__name__}: {exc}", True) from None
+        check(response)
+        return response
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def check(response: httpx.Response) -> None:
+    """Raise `DeliveryError` for a non-2xx answer, retryable or not."""
+    code = response.status_code
+    if 200 <= code < 300:
+        return
+    excerpt = response.text[:200].strip().replace("\n", " ")
+    retryable = code >= 500 or code in _RETRYABLE
+    hint = "" if retryable else " (not retried: fix the sink's URL, credentials or the target's config)"
+    raise DeliveryError(
+        f"{response.request.url} answered {code}: {excerpt or response.reason_phrase}{hint}", retryable
+    )

@@ -1,0 +1,306 @@
+"""Real servers for the notification tests: a webhook target whose behaviour the test switches, and
+Prometheus and Alertmanager (Debian packages `prometheus`, `prometheus-alertmanager`) on free
+loopback ports with temporary directories. Every process is started through the `spawn` fixture,
+so it is killed and reaped at teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from conftest import wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class HookServer:
+    """An HTTP target on 127.0.0.1 that records POSTs. `mode`: ok | error (500) | reject (400) | slow."""
+
+    port: int = 0
+    mode: str = "ok"
+    slow_for: float = 3.0
+    received: list[Received] = field(default_factory=list)
+    attempts: list[float] = field(default_factory=list)  # every request, answered or not
+    _server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> HookServer:
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                hook.attempts.append(time.time())
+                if hook.mode == "slow":
+                    time.sleep(hook.slow_for)
+                code = {"ok": 200, "error": 500, "reject": 400, "slow": 200}[hook.mode]
+                if code == 200:
+                    hook.received.append(
+                        Received(
+                            self.path, {k.lower(): v for k, v in self.headers.items()}, body, time.time()
+                        )
+                    )
+                payload = b"ok" if code == 200 else b"nope"
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except OSError:  # the client gave up waiting (a timeout test)
+                    pass
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def bodies(self) -> list[Any]:
+        return [r.json() for r in self.received]
+
+
+@pytest.fixture(name="hook_server")
+def hook_server_fixture():
+    """`hook_server(**kwargs)` starts a `HookServer`; all are stopped at teardown. Import this name to use it."""
+    servers: list[HookServer] = []
+
+    def make(**kwargs: Any) -> HookServer:
+        server = HookServer(**kwargs).start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+def need(binary: str, package: str) -> str:
+    path = shutil.which(binary)
+    if path is None:
+        pytest.skip(f"{binary} not installed: apt-get install -y {package}")
+    return path
+
+
+def wait_http(url: str, timeout: float = 20.0) -> None:
+    def ready() -> bool:
+        try:
+            return httpx.get(url, timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(ready, timeout, 0.1)
+
+
+@dataclass
+class Alertmanager:
+    url: str
+    proc: subprocess.Popen
+    log: Path
+
+    def alerts(self, **params: str) -> list[dict]:
+        return httpx.get(f"{self.url}/api/v2/alerts", params=params, timeout=15).json()
+
+    def silences(self) -> list[dict]:
+        return httpx.get(f"{self.url}/api/v2/silences", timeout=15).json()
+
+    def active_silences(self) -> list[dict]:
+        return [s for s in self.silences() if s["status"]["state"] == "active"]
+
+
+def start_alertmanager(spawn, tmp_path: Path, webhooks: list[dict], name: str = "am") -> Alertmanager:
+    """Alertmanager 0.25 routing every alert to each of `webhooks` (webhook_config dicts), 1 s group timers."""
+    binary = need("prometheus-alertmanager", "prometheus-alertmanager")
+    home = tmp_path / name
+    home.mkdir()
+    config = {
+        "route": {
+            "receiver": "hooks",
+            "group_by": ["alertname", "instance"],
+            "group_wait": "1s",
+            "group_interval": "1s",
+            "repeat_interval": "1h",
+        },
+        "receivers": [{"name": "hooks", "webhook_configs": [{"send_resolved": True, **w} for w in webhooks]}],
+    }
+    (home / "am.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    log = home / "am.log"
+    proc = spawn(
+        [
+            binary,
+            f"--config.file={home / 'am.yml'}",
+            f"--storage.path={home / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--web.external-url=http://127.0.0.1:{port}",
+            "--cluster.listen-address=",
+            "--log.level=warn",
+        ],
+        stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/-/ready")
+    return Alertmanager(url, proc, log)
+
+
+@dataclass
+class Prometheus:
+    url: str
+    proc: subprocess.Popen
+    log: Path
+
+    def query(self, expr: str) -> list[dict]:
+        body = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=15).json()
+        return body["data"]["result"]
+
+    def alerts(self) -> list[dict]:
+        return httpx.get(f"{self.url}/api/v1/alerts", timeout=15).json()["data"]["alerts"]
+
+
+def start_prometheus(
+    spawn, tmp_path: Path, targets: list[str], rule_files: list[Path], alertmanager: str | None
+) -> Prometheus:
+    """Prometheus 2.42 scraping `targets` (host:port) as job `medic` every second, rules evaluated every second."""
+    binary = need("prometheus", "prometheus")
+    home = tmp_path / "prom"
+    home.mkdir()
+    config: dict[str, Any] = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+        "rule_files": [str(p) for p in rule_files],
+        "scrape_configs": [{"job_name": "medic", "static_configs": [{"targets": targets}]}],
+    }
+    if alertmanager:
+        config["alerting"] = {
+            "alertmanagers": [
+                {"static_configs": [{"targets": [alertmanager.removeprefix("http://")]}], "api_version": "v2"}
+            ]
+        }
+    (home / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    log = home / "prometheus.log"
+    proc = spawn(
+        [
+            binary,
+            f"--config.file={home / 'prometheus.yml'}",
+            f"--storage.tsdb.path={home / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/-/ready", 30)
+    return Prometheus(url, proc, log)
+
+
+class ServedApp:
+    """A FastAPI app on a real uvicorn server in a thread, on a free loopback port."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+        )
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        wait_until(lambda: self.server.started, 10)
+        self.client = httpx.Client(base_url=self.url, timeout=10)
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.should_exit = True
+        self.thread.join(timeout=5)
+        self.sock.close()
+
+
+# ----------------------------------------------------------------------------- metric names
+LEAD_METRICS = {
+    # exported by the detection wiring (`Telemetry.watch_findings`); allowed while it is not there yet
+    "medic_time_to_oom_seconds",
+    "medic_findings",
+    "medic_leak_slope_bytes_per_second",
+}
+PROMETHEUS_OWN = {"up"}
+
+
+def exported_metric_names(tmp_path: Path) -> set[str]:
+    """Every sample name medic's /metrics can carry: the catalog plus the agent-level families."""
+    from agent.catalog import CATALOG, prometheus_name
+    from agent.eventlog import EventLog
+    from agent.exporter import Telemetry
+    from agent.notify.metrics import NotifyCollector, ReceiverCollector
+    from agent.store import Store
+    from agent.tracker import Tracker
+
+    class NoFindings:
+        def open_findings(self) -> list:
+            return []
+
+    store = Store(tmp_path / "metrics-state")
+    telemetry = Telemetry(Tracker([], store, EventLog(store)))
+    telemetry.probe_duration.labels("process").observe(0.001)
+    watch_findings = getattr(telemetry, "watch_findings", None)
+    if watch_findings is not None:  # the detection wiring's families: medic_findings, time to OOM, slope
+        watch_findings(NoFindings())
+    telemetry.registry.register(NotifyCollector())
+    telemetry.registry.register(ReceiverCollector())
+    names = {prometheus_name(metric) for metric in CATALOG}
+    suffixes = {"counter": ["_total"], "info": ["_info"], "histogram": ["_bucket", "_count", "_sum"]}
+    for family in telemetry.registry.collect():
+        names.update(family.name + s for s in suffixes.get(family.type, [""]))
+    store.close()
+    return names
+
+
+def metric_names_in(text: str) -> set[str]:
+    """`medic_*` metric names (and Prometheus's own `up`) in PromQL expressions."""
+    import re
+
+    found = set(re.findall(r"\bmedic_[a-z0-9_]+", text))
+    found.update(name for name in PROMETHEUS_OWN if re.search(rf"\b{name}\{{", text))
+    return found
