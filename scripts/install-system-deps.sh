@@ -8,7 +8,7 @@ PACKAGES=(
   libjemalloc2 libjemalloc-dev                    # jemalloc (mallctl, jeprof)
   libgoogle-perftools4 libtcmalloc-minimal4 google-perftools libgoogle-perftools-dev  # tcmalloc, heap profiler
   util-linux                                      # setpriv, for the permission tests
-  prometheus                                      # promtool: quantiles checked against histogram_quantile
+  prometheus prometheus-alertmanager              # promtool, rules tests, the alerting end-to-end test
 )
 
 missing=()
