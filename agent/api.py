@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent import __version__
 from agent.api_histograms import histogram_routes
+from agent.api_remediation import remediation_routes
 from agent.auth import TokenGuard
 from agent.catalog import CATALOG
 from agent.detection import Detection
@@ -28,6 +29,7 @@ from agent.notify.config import NotifySection
 from agent.purging import purge_instance
 from agent.receiver import create_router as create_integrations_router
 from agent.records import ProbeTarget
+from agent.remediate import Remediation
 from agent.store import Store
 from agent.tracker import Tracker
 from agent.units import parse_duration
@@ -43,6 +45,7 @@ class ApiContext:
     events: EventLog
     token: str
     detection: Detection
+    remediation: Remediation | None = None
     started_at: float = field(default_factory=time.time)
     config_path: str | None = None
     notify: NotifySection = field(default_factory=NotifySection)
@@ -97,6 +100,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
             known = ", ".join(sorted(ctx.tracker.states)) or "none"
             raise HTTPException(404, f"no instance named {name!r}; known instances: {known}")
         return state
+
+    if ctx.remediation is not None:
+        app.include_router(remediation_routes(ctx.remediation, admin, instance_or_404))  # plan, restart, pause
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:

@@ -24,12 +24,11 @@ from pydantic import (
     model_validator,
 )
 
+from agent.config_types import Duration
 from agent.errors import ConfigError
 from agent.notify.config import NotifySection
 from agent.units import parse_duration, parse_size
-
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-Size = Annotated[int, BeforeValidator(parse_size)]
+from remediation.config import RemediationSection
 
 
 def _memory_limit(value: Any) -> Any:
@@ -366,6 +365,7 @@ class Config(_Strict):
     detect: DetectSection = Field(default_factory=DetectSection)
     instances: list[InstanceSpec] = Field(default_factory=list)
     notify: NotifySection = Field(default_factory=NotifySection)  # docs/alerts.md
+    remediation: RemediationSection = Field(default_factory=RemediationSection)  # docs/remediation.md
 
     @model_validator(mode="after")
     def _unique_names(self) -> Config:

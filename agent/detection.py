@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from agent.collector import KEEPALIVE
 from agent.detect import DetectParams, Finding, InstanceSeries, Observation, Transition, evaluate, update
 from agent.detect.model import ACTIVE, ALLOCATED, JVM_HEAP_AFTER_GC, LIMIT_METRICS, RESIDENT, RSS, START_TIME
 from agent.detect.slow import INPUT_METRICS as SLOW_METRICS
@@ -108,10 +109,9 @@ class Detection:
                     low = self.store.series(instance, metric, since, tick, sub, "min", 10**7, now=tick)
                     high = self.store.series(instance, metric, since, tick, sub, "max", 10**7, now=tick)
                     points[metric] = sorted(low.points + high.points)
-            if START_TIME in stored:
-                points[START_TIME] = self.store.series(
-                    instance, START_TIME, since, tick, max_points=10**7, now=tick
-                ).points
+            started_at, restarts = (
+                self._lifetimes(instance, since, tick) if START_TIME in stored else (None, None)
+            )
         if slow:
             since = tick - slow_history(self.slow)
             for metric in SLOW_METRICS:
@@ -119,7 +119,22 @@ class Detection:
                     points[metric] = self.store.series(
                         instance, metric, since, tick, max_points=10**7, now=tick
                     ).points
-        return InstanceSeries(instance, points, memory_limit=limit)
+        if not memory:
+            started_at, restarts = None, None
+        return InstanceSeries(instance, points, restarts=restarts, memory_limit=limit, started_at=started_at)
+
+    def _lifetimes(self, instance: str, since: float, tick: float) -> tuple[float | None, list[float]]:
+        """When the process of the first sample started, and when later processes started, from the
+        stored start times (looked up a little before `since`: unchanged values are stored once a minute)."""
+        stored = self.store.series(
+            instance, START_TIME, since - 2 * KEEPALIVE, tick, max_points=10**7, now=tick
+        )
+        starts = sorted({value for _, value in stored.points})
+        if not starts:
+            return None, []
+        before = [value for ts, value in stored.points if ts <= since]
+        first = before[-1] if before else starts[0]
+        return first, [start for start in starts if start > first]
 
     # ------------------------------------------------------------------------------ queries
     def findings(

@@ -35,6 +35,7 @@ from agent.eventlog import EventLog
 from agent.exporter import Telemetry
 from agent.histograms import attach as attach_histograms
 from agent.notify.service import start_notifier
+from agent.remediate import Remediation
 from agent.store import Store
 from agent.supervisor import exit_status
 from agent.tracker import Tracker
@@ -113,6 +114,9 @@ class Agent:
             self.config.detect.slow_params(),
         )
         self.telemetry.watch_findings(self.detection)
+        self.remediation = Remediation(
+            self.config.remediation, self.tracker, self.store, self.events, self.detection
+        )
         sock = bind(cfg.host, cfg.port)
         self.address = sock.getsockname()[:2]
         self._write_pidfile()
@@ -140,6 +144,7 @@ class Agent:
                 self.events,
                 token,
                 detection=self.detection,
+                remediation=self.remediation,
                 config_path=self.config_path,
                 notify=self.config.notify,
             )
@@ -204,6 +209,7 @@ class Agent:
         job(self._retention, min(3600.0, cfg.raw_retention / 4), "retention")
         job(self._refresh_limits, cfg.slow_interval, "memory-limits")
         job(self.detection.run, self.config.detect.interval, "detect")
+        job(self.remediation.step, self.config.remediation.interval, "remediate")
         return scheduler
 
     def _fast_tick(self) -> None:
@@ -258,6 +264,8 @@ class Agent:
         if server is not None:
             server.should_exit = True
         await self.notifier.stop()
+        if getattr(self, "remediation", None) is not None:
+            await asyncio.to_thread(self.remediation.close)  # running restarts stop waiting; slots released
         results = await asyncio.to_thread(self.tracker.stop_managed)
         if self.main_instance and results.get(self.main_instance) is not None:
             self.exit_code = exit_status(results[self.main_instance])  # type: ignore[arg-type]

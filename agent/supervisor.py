@@ -80,6 +80,17 @@ class ManagedProcess:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(sig)
 
+    def restart(self, timeout: float | None = None) -> int:
+        """Stop the child (TERM, then KILL after `timeout`) and launch it again; returns the new pid.
+
+        While it runs, the tracker does not relaunch on its own (`stopping`), so exactly one new
+        process starts."""
+        self.stop(timeout)
+        self.stopping = False
+        self.exit_code = None
+        self.backoff = _MIN_BACKOFF
+        return self.launch()
+
     def stop(self, timeout: float | None = None) -> int | None:
         """TERM, wait up to `timeout` (default stop_timeout), then KILL; returns the exit code."""
         self.stopping = True

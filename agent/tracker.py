@@ -91,6 +91,15 @@ class Tracker:
                 argv=managed.argv,
             )
 
+    def restart_managed(self, name: str, timeout: float, reason: str = "restarted by medic") -> int:
+        """Restart a managed instance's command; the next reconcile records the new pid as a restart."""
+        managed = self.managed.get(name)
+        if managed is None:
+            raise KeyError(f"{name} is not a managed instance (it has no `command:`)")
+        pid = managed.restart(timeout)
+        self.reconcile()
+        return pid
+
     def stop_managed(self) -> dict[str, int | None]:
         """Stop every managed child in parallel (TERM, then KILL after its stop_timeout)."""
         results: dict[str, int | None] = {}

@@ -13,9 +13,13 @@ HELP = "diagnose an instance or pid: its allocator, its hook, and the settings t
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", nargs="?", help="an instance of the running agent (its pid and hook come from it)")
+    parser.add_argument(
+        "name", nargs="?", help="an instance of the running agent (its pid and hook come from it)"
+    )
     parser.add_argument("--pid", type=int, help="diagnose this process instead (no agent needed)")
-    parser.add_argument("--socket", help="its hook socket (default: the instance's hook.socket, else by convention)")
+    parser.add_argument(
+        "--socket", help="its hook socket (default: the instance's hook.socket, else by convention)"
+    )
     parser.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the hook (default 2)")
     parser.add_argument("--url", help="agent API address (env MEDIC_URL)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")

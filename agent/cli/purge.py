@@ -21,7 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     body = {"reason": args.reason, "gc": args.gc}
-    reply = post_json(agent_url(args.url), f"/api/v1/instances/{args.name}/purge", body, admin_token(args.token_file))
+    reply = post_json(
+        agent_url(args.url), f"/api/v1/instances/{args.name}/purge", body, admin_token(args.token_file)
+    )
     if args.json:
         print(json.dumps(reply, indent=2))
         return 0

@@ -7,7 +7,14 @@ Entry points (see `docs/detection.md`):
 - `analyze(all_series, params) -> list[InstanceAnalysis]`: the same, replayed over recordings.
 """
 
-from agent.detect.engine import DEFAULT_PARAMS, InstanceAnalysis, analyze, analyze_instance, evaluate, tick_for
+from agent.detect.engine import (
+    DEFAULT_PARAMS,
+    InstanceAnalysis,
+    analyze,
+    analyze_instance,
+    evaluate,
+    tick_for,
+)
 from agent.detect.lifecycle import update
 from agent.detect.model import Finding, InstanceSeries, Observation, Transition
 from agent.detect.params import DetectParams, params_from_options

@@ -47,13 +47,16 @@ class InstanceSeries:
     `series` maps a metric name to its `(ts, value)` points sorted by time. `restarts` are the
     times at which a new process lifetime began (the store records them as events); `None`
     means unknown, and the detectors infer them from `process_start_time_seconds`, gaps and
-    resets. `memory_limit` overrides any limit series.
+    resets. `started_at` is when the process of the first sample started, when that is before
+    the first sample (the agent passes a window of its history; None: at the first sample).
+    `memory_limit` overrides any limit series.
     """
 
     instance: str
     series: dict[str, Points]
     restarts: list[float] | None = None
     memory_limit: float | None = None
+    started_at: float | None = None
 
     def first_ts(self) -> float | None:
         starts = [points[0][0] for points in self.series.values() if points]
@@ -150,4 +153,9 @@ class Transition:
     reason: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"change": self.change, "ts": self.ts, "reason": self.reason, "finding": self.finding.to_dict()}
+        return {
+            "change": self.change,
+            "ts": self.ts,
+            "reason": self.reason,
+            "finding": self.finding.to_dict(),
+        }

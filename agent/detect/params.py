@@ -19,8 +19,8 @@ DAY = 86400.0
 class DetectParams:
     window: float = 6 * 3600.0
     """Span of the main trend fit; the lower envelope is taken in buckets of `window / 24`."""
-    long_window: float = 72 * 3600.0
-    """Span of the slow-leak fit, in buckets of `long_window / 36` (a whole number of main buckets)."""
+    long_window: float = 48 * 3600.0
+    """Span of the slow-leak fit, in buckets of `long_window / 24` (a whole number of main buckets)."""
     horizon: float = 24 * 3600.0
     """`oom-risk` fires when the projected time to the memory limit is shorter than this."""
     warmup: float = 30 * 60.0
@@ -31,12 +31,12 @@ class DetectParams:
     """Trend confidence (one-sided Mann-Kendall) needed to fire."""
     confidence_clear: float = 0.9
     """Below this the trend is clearly gone; between the two, findings hold."""
-    decel_ratio: float = 0.4
-    """Growth whose recent slope is below this fraction of the window's slope is plateauing."""
+    decel_ratio: float = 0.5
+    """Growth whose recent slope is below this fraction of its earlier slope is plateauing."""
     min_rate: float = 0.02
     """Growth slower than this (% of the level per hour) is never a leak."""
     open_after: int = 2
-    """Consecutive firing judgements before a finding opens."""
+    """Consecutive firing judgements (one every `step`) before a finding opens."""
     resolve_after: int = 4
     """Consecutive clear judgements before an open finding resolves."""
     frag_ratio: float = 1.5
@@ -45,8 +45,13 @@ class DetectParams:
     """RSS / heap-after-GC above this is a JVM holding heap it does not use."""
     frag_min_bytes: float = 128 * 2**20
     """Resident minus live bytes must exceed this for a fragmentation finding."""
+    max_extrapolation: float = 7.0
+    """A fit may project at most this many times its own span: a leak needs at least
+    `min(window, time_to_oom / max_extrapolation)` of steady growth."""
+    season: float = DAY
+    """Period of the traffic cycle the profile learns (a day; tests compress it)."""
     season_days: int = 7
-    """Days of history used to learn the daily profile (at least 2 are needed)."""
+    """Periods of history used to learn the profile (at least 3 are needed)."""
     gap: float = 30 * 60.0
     """Offline only: a gap in the samples longer than this starts a new process lifetime."""
     reset_drop: float = 0.5
@@ -61,6 +66,8 @@ class DetectParams:
             problems.append("long_window must be at least window")
         if self.warmup < 0 or self.gap <= 0:
             problems.append("warmup must be >= 0 and gap > 0")
+        if self.max_extrapolation < 1 or self.season <= 0 or self.season_days < 3:
+            problems.append("max_extrapolation must be >= 1, season > 0 and season_days >= 3")
         if self.min_buckets < 4:
             problems.append("min_buckets must be at least 4")
         if not 0.5 < self.confidence < 1 or not 0 < self.confidence_clear < self.confidence:
@@ -80,9 +87,15 @@ class DetectParams:
         return self.window / 24
 
     @property
+    def step(self) -> float:
+        """Time between two judgements (four buckets, an hour at the defaults): leaks unfold over
+        hours and days, so judging hourly loses little and keeps a replay of a fleet fast."""
+        return 4 * self.bucket
+
+    @property
     def long_factor(self) -> int:
         """How many main buckets make one long-window bucket."""
-        return max(1, round(self.long_window / 36 / self.bucket))
+        return max(1, round(self.long_window / 24 / self.bucket))
 
     @property
     def long_bucket(self) -> float:
@@ -91,12 +104,13 @@ class DetectParams:
     @property
     def history(self) -> float:
         """How much history `evaluate` needs to give the same answer as a full replay."""
-        return max(self.long_window, self.season_days * DAY + DAY) + self.bucket
+        return max(self.long_window, (self.season_days + 1) * self.season) + self.bucket
 
     def scaled(self, factor: float) -> DetectParams:
         """The same detector on a time axis `factor` times shorter (for tests and lab traces)."""
         changes = {
-            name: getattr(self, name) / factor for name in ("window", "long_window", "horizon", "warmup", "gap")
+            name: getattr(self, name) / factor
+            for name in ("window", "long_window", "horizon", "warmup", "gap", "season")
         }
         return replace(self, **changes)
 
@@ -104,7 +118,7 @@ class DetectParams:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-_DURATIONS = {"window", "long_window", "horizon", "warmup", "gap"}
+_DURATIONS = {"window", "long_window", "horizon", "warmup", "gap", "season"}
 _SIZES = {"frag_min_bytes"}
 
 

@@ -4,8 +4,11 @@ Why each step:
 - level shifts (a model reload, a long batch) are removed first: a few isolated jumps that
   stand far out of the typical bucket-to-bucket change are subtracted, so a step that then
   stays flat is not growth. Many jumps in one window are a staircase leak and are kept.
+- a window that has not visibly risen (the median of its last third is not above the median
+  of its first third by more than the bucket-to-bucket noise) is not growing: this cheap test
+  settles most judgements of healthy processes before the O(n²) fit.
 - the slope is Theil-Sen (median of pairwise slopes), the significance Mann-Kendall's S
-  computed from the same sorted slopes: both ignore a few odd buckets.
+  counted from the same sorted slopes: both ignore a few odd buckets.
 - growth that decelerates (warm-up filling a cache, working set reaching its plateau) shows a
   recent slope far below the window's slope.
 """
@@ -13,11 +16,18 @@ Why each step:
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
+from functools import lru_cache
+from itertools import repeat
+from operator import itemgetter, mul, sub, truediv
 
 STEP_SIGMAS = 6.0  # a bucket-to-bucket change this many robust sigmas off the typical one is a step
 MAX_STEPS = 2  # more jumps than this in one window are growth, not reloads
+STEP_NEIGHBOURS = 3  # a step must stand out from this many changes on each side
+STEP_HOLD = 8  # ... and this many points on each side must stay on their side of the jump's middle
+STEP_PERSISTENCE = 0.8  # (at least this fraction of them: a long batch returns, a reload stays)
+MAX_RHO = 0.9  # cap of the residual autocorrelation used to correct Mann-Kendall
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,18 +36,22 @@ class Trend:
     span: float  # seconds between the first and the last point
     slope: float  # units per second, after removing steps
     recent_slope: float  # slope of the most recent third of the points
-    z: float  # Mann-Kendall z (one-sided: large and positive means growing)
+    early_slope: float  # slope of the first third
+    z: float  # Mann-Kendall z (one-sided), corrected for autocorrelation of the residuals
     confidence: float  # Phi(z)
+    autocorrelation: float  # lag-1 autocorrelation of the residuals around the line
     noise: float  # robust scale of the residuals around the fitted line
     steps: int  # level shifts removed
     level: float  # fitted value at the last point (step-corrected, in the original units)
 
     @property
     def decel(self) -> float:
-        """Recent slope over window slope (1 for steady growth, near 0 for a plateau)."""
-        if self.slope <= 0:
+        """Recent slope over the larger of the window's and the early slope: about 1 for steady
+        growth (and above 1 for growth that began within the window), near 0 for a plateau."""
+        reference = max(self.slope, self.early_slope)
+        if reference <= 0:
             return 0.0
-        return self.recent_slope / self.slope
+        return self.recent_slope / reference
 
 
 def median(values: list[float]) -> float:
@@ -47,67 +61,150 @@ def median(values: list[float]) -> float:
     return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
+def _median_sorted(ordered: list[float]) -> float:
+    m = len(ordered)
+    mid = m // 2
+    return ordered[mid] if m % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
 def normal_cdf(z: float) -> float:
     return 0.5 * math.erfc(-z / math.sqrt(2.0))
 
 
-def remove_steps(ys: list[float], floor: float) -> tuple[list[float], int]:
-    """`ys` with isolated level shifts subtracted, and how many were removed.
+@dataclass(frozen=True, slots=True)
+class Steps:
+    """A sequence with its level shifts removed, and whether it has visibly risen."""
+
+    clean: list[float]
+    count: int
+    noise: float  # robust sigma of one point, from bucket-to-bucket changes
+    rise: float  # median of the last third minus median of the first third
+
+    @property
+    def risen(self) -> bool:
+        return self.rise > self.noise
+
+
+def remove_steps(ys: list[float], floor: float) -> Steps:
+    """`ys` with isolated level shifts subtracted.
 
     A change counts as a shift when it is farther than `STEP_SIGMAS` robust sigmas and `floor`
     from the median change; if more than `MAX_STEPS` do, the series is left as it is.
     """
     n = len(ys)
-    if n < 4:
-        return ys, 0
-    diffs = [ys[i + 1] - ys[i] for i in range(n - 1)]
-    typical = median(diffs)
-    spread = 1.4826 * median([abs(d - typical) for d in diffs])
+    diffs = list(map(sub, ys[1:], ys[:-1]))
+    typical = _median_sorted(sorted(diffs))
+    deviations = list(map(abs, map(sub, diffs, repeat(typical, n - 1))))
+    spread = 1.4826 * _median_sorted(sorted(deviations))
     limit = max(STEP_SIGMAS * spread, floor)
-    jumps = [i for i, d in enumerate(diffs) if abs(d - typical) > limit]
-    if not jumps or len(jumps) > MAX_STEPS:
-        return ys, 0
-    out = list(ys)
-    shift = 0.0
-    jump_set = set(jumps)
-    for i in range(n - 1):
-        if i in jump_set:
-            shift += diffs[i] - typical
-        out[i + 1] = ys[i + 1] - shift
-    return out, len(jumps)
+    clean = ys
+    count = 0
+    if max(deviations) > limit:
+        candidates = [i for i, dev in enumerate(deviations) if dev > limit]
+        jumps = [i for i in candidates if _is_step(ys, diffs, i, candidates, limit)]
+        if jumps and len(jumps) <= MAX_STEPS:
+            count = len(jumps)
+            clean = list(ys)
+            shift = 0.0
+            for i in range(n - 1):
+                if i in jumps:
+                    shift += diffs[i] - typical
+                clean[i + 1] = ys[i + 1] - shift
+    k = max(2, n // 3)
+    rise = _median_sorted(sorted(clean[-k:])) - _median_sorted(sorted(clean[:k]))
+    return Steps(clean, count, spread / math.sqrt(2.0), rise)
+
+
+def _is_step(ys: list[float], diffs: list[float], i: int, candidates: list[int], limit: float) -> bool:
+    """Whether the large change `i` (between points i and i+1) is a level shift: it stands out
+    from its neighbouring changes (a steep stretch of a daily cycle makes several large changes
+    in a row, a step one) and the level stays shifted (a sawtooth of bucket floors drops and
+    climbs back)."""
+    k = STEP_NEIGHBOURS
+    near = [
+        diffs[j] for j in range(max(0, i - k), min(len(diffs), i + k + 1)) if j != i and j not in candidates
+    ]
+    if near and abs(diffs[i] - median(near)) <= limit:
+        return False
+    k = STEP_HOLD
+    before, after = ys[max(0, i + 1 - k) : i + 1], ys[i + 1 : i + 1 + k]
+    if min(len(before), len(after)) < k // 2:
+        return False  # too close to an end to tell a step from a long batch
+    middle = 0.5 * (ys[i] + ys[i + 1])
+    up = diffs[i] > 0
+    held = sum(1 for y in after if (y > middle) == up) + sum(1 for y in before if (y < middle) == up)
+    return held >= STEP_PERSISTENCE * (len(before) + len(after))
+
+
+def might_rise(ys: list[float], floor: float) -> bool:
+    """A cheap necessary condition for `remove_steps(ys, floor).risen`.
+
+    If the raw rise is not positive and no change falls more than `floor` below the median
+    change (no downward step whose removal could lift the end), removing steps only lowers
+    the end of the window, so the window has not risen.
+    """
+    k = max(2, len(ys) // 3)
+    if _median_sorted(sorted(ys[-k:])) - _median_sorted(sorted(ys[:k])) > 0:
+        return True
+    diffs = list(map(sub, ys[1:], ys[:-1]))
+    return min(diffs) < _median_sorted(sorted(diffs)) - floor
+
+
+def mann_kendall(ys: list[float]) -> tuple[int, float]:
+    """Mann-Kendall S (later-minus-earlier pairs that rise, minus those that fall) and its z."""
+    seen: list[float] = []
+    s = 0
+    for count, y in enumerate(ys):
+        s += bisect_left(seen, y) - (count - bisect_right(seen, y))
+        insort(seen, y)
+    n = len(ys)
+    var = n * (n - 1) * (2 * n + 5) / 18.0
+    return s, ((s - math.copysign(1, s)) / math.sqrt(var) if s else 0.0)
+
+
+@lru_cache(maxsize=256)
+def _pair_getters(n: int) -> tuple[itemgetter, itemgetter]:
+    first = [i for i in range(n - 1) for _ in range(i + 1, n)]
+    second = [j for i in range(n - 1) for j in range(i + 1, n)]
+    return itemgetter(*first), itemgetter(*second)
 
 
 def _pair_slopes(xs: list[float], ys: list[float]) -> list[float]:
-    slopes: list[float] = []
-    n = len(xs)
-    for i in range(n - 1):
-        xi, yi = xs[i], ys[i]
-        slopes.extend([(y - yi) / (x - xi) for x, y in zip(xs[i + 1 :], ys[i + 1 :])])
-    slopes.sort()
-    return slopes
+    """Sorted slopes of every pair of points (n ≥ 3)."""
+    first, second = _pair_getters(len(xs))
+    return sorted(map(truediv, map(sub, second(ys), first(ys)), map(sub, second(xs), first(xs))))
 
 
 def theil_sen(xs: list[float], ys: list[float]) -> float:
-    slopes = _pair_slopes(xs, ys)
-    return median(slopes) if slopes else 0.0
+    if len(xs) < 2:
+        return 0.0
+    if len(xs) == 2:
+        return (ys[1] - ys[0]) / (xs[1] - xs[0])
+    return _median_sorted(_pair_slopes(xs, ys))
 
 
-def trend(xs: list[float], ys: list[float], step_floor: float) -> Trend:
-    """The robust trend of `ys` at times `xs` (sorted, at least 4 points)."""
+def trend(xs: list[float], ys: list[float], steps: Steps, z: float) -> Trend:
+    """The robust trend of `ys` at times `xs` (sorted, at least 4 points), steps removed;
+    `z` is Mann-Kendall's for the step-free values.
+
+    Mann-Kendall assumes independent points; a slow drift that wanders up for hours breaks
+    that, so z is divided by the square root of the AR(1) variance inflation
+    (1 + rho) / (1 - rho) of the residuals (rho = their lag-1 autocorrelation, when positive).
+    """
     n = len(xs)
-    clean, steps = remove_steps(ys, step_floor)
-    slopes = _pair_slopes(xs, clean)
-    m = len(slopes)
-    mid = m // 2
-    slope = slopes[mid] if m % 2 else 0.5 * (slopes[mid - 1] + slopes[mid])
-    # Mann-Kendall S: the sign of each pair's slope is the sign of its difference
-    s = (m - bisect_right(slopes, 0.0)) - bisect_left(slopes, 0.0)
-    var = n * (n - 1) * (2 * n + 5) / 18.0
-    z = (s - math.copysign(1, s)) / math.sqrt(var) if s else 0.0
+    clean = steps.clean
+    slope = _median_sorted(_pair_slopes(xs, clean))
     x_mid, y_mid = median(xs), median(clean)
-    residuals = [y - (y_mid + slope * (x - x_mid)) for x, y in zip(xs, clean)]
-    noise = 1.4826 * median([abs(r) for r in residuals])
+    residuals = [y - y_mid - slope * (x - x_mid) for x, y in zip(xs, clean, strict=True)]
+    noise = 1.4826 * median(list(map(abs, residuals)))
+    energy = sum(r * r for r in residuals)
+    rho = sum(map(mul, residuals[1:], residuals[:-1])) / energy if energy > 0 else 0.0
+    rho = min(max(rho, 0.0), MAX_RHO)
+    z_eff = z / math.sqrt((1 + rho) / (1 - rho))
     k = max(4, n // 3)
     recent = theil_sen(xs[-k:], clean[-k:])
+    early = theil_sen(xs[:k], clean[:k])
     level = y_mid + slope * (xs[-1] - x_mid) + (ys[-1] - clean[-1])
-    return Trend(n, xs[-1] - xs[0], slope, recent, z, normal_cdf(z), noise, steps, level)
+    return Trend(
+        n, xs[-1] - xs[0], slope, recent, early, z_eff, normal_cdf(z_eff), rho, noise, steps.count, level
+    )

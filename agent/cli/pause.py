@@ -1,0 +1,27 @@
+"""`medic pause --for 2h --reason …` and `medic resume`: the kill switch for all remediation."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+
+from agent.cli.client import add_token_argument, add_url_argument, admin_token, agent_url, post_json
+
+HELP = "pause all remediation (purges and restarts) for a while, with a reason; it expires by itself"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--for", dest="duration", default="1h", help="how long, e.g. 30m, 2h (default 1h)")
+    parser.add_argument("--reason", required=True, help="why: shown in `medic plan` and the event log")
+    add_url_argument(parser)
+    add_token_argument(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    body = {"reason": args.reason, "duration": args.duration, "by": getpass.getuser()}
+    reply = post_json(agent_url(args.url), "/api/v1/pause", body, admin_token(args.token_file))
+    print(
+        json.dumps(reply, indent=2) if args.json else f"remediation paused for {args.duration}: {args.reason}"
+    )
+    return 0

@@ -1,0 +1,71 @@
+"""`medic plan`: the restart plan (who, when, why, before which deadline), the budget, pause and escalations."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import datetime
+
+from agent.cli.client import add_url_argument, agent_url, get_json
+from agent.cli.table import render
+from agent.units import format_duration
+
+HELP = "show the remediation plan: mode, pause, planned restarts against their deadlines, restarts in flight"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_url_argument(parser)
+
+
+def _when(ts: float | None, now: float) -> str:
+    if not isinstance(ts, (int, float)):
+        return "-"
+    clock = datetime.fromtimestamp(ts).strftime("%H:%M:%S")
+    return (
+        f"{clock} (in {format_duration(ts - now)})"
+        if ts >= now
+        else f"{clock} ({format_duration(now - ts)} ago)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    body = get_json(agent_url(args.url), "/api/v1/plan")
+    if args.json:
+        print(json.dumps(body, indent=2))
+        return 0
+    now = body.get("now", 0.0)
+    pause = body.get("paused")
+    line = f"mode: {body.get('mode', '?')}"
+    if pause:
+        line += f"   PAUSED until {_when(pause.get('until'), now)} by {pause.get('by') or '?'}: {pause.get('reason')}"
+    coordinator = body.get("coordinator") or {}
+    if coordinator and not coordinator.get("ok", True):
+        line += f"   COORDINATOR DOWN: {coordinator.get('error')} (no restarts until it answers)"
+    print(line)
+    step = body.get("step") or {}
+    plan = step.get("plan") or {}
+    entries = plan.get("entries") or []
+    if entries:
+        rows = [
+            [
+                e["instance"],
+                e.get("kind") or "-",
+                _when(e.get("slot_at"), now),
+                _when(e.get("deadline"), now),
+                "hopeless" if e.get("hopeless") else ("late" if e.get("late") else "on time"),
+                e.get("reason") or "",
+            ]
+            for e in entries
+        ]
+        print(render(["INSTANCE", "KIND", "PLANNED", "DEADLINE", "STATUS", "REASON"], rows))
+    else:
+        print("no restarts planned")
+    for problem in plan.get("problems") or []:
+        print(f"! {problem}")
+    for name in body.get("in_progress") or []:
+        print(f"restarting now: {name}")
+    for esc in body.get("escalations") or []:
+        print(
+            f"escalated: {esc.get('instance')}: {esc.get('reason')} (a person must look; automatic remediation stopped)"
+        )
+    return 0

@@ -1,0 +1,34 @@
+"""`medic restart NAME --reason …`: ask for a restart through the same budget and coordinator as any other
+(`--force` skips the budget and blockers, never the coordinator; it is logged with the reason)."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+
+from agent.cli.client import add_token_argument, add_url_argument, admin_token, agent_url, post_json
+
+HELP = "request a restart of an instance (goes through the budget; --force with a reason to skip it)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", help="the instance")
+    parser.add_argument("--reason", required=True, help="why: recorded in the ledger and the event log")
+    parser.add_argument("--force", action="store_true", help="skip the budget and blockers (logged)")
+    add_url_argument(parser)
+    add_token_argument(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    body = {"reason": args.reason, "force": args.force, "by": getpass.getuser()}
+    reply = post_json(
+        agent_url(args.url), f"/api/v1/instances/{args.name}/restart", body, admin_token(args.token_file)
+    )
+    if args.json:
+        print(json.dumps(reply, indent=2))
+    else:
+        print(
+            f"{args.name}: restart requested ({reply['accepted']['reason']}); mode {reply.get('mode')}; see `medic plan`"
+        )
+    return 0

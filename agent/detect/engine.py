@@ -1,0 +1,180 @@
+"""The two entry points: `evaluate` (one judgement, for the online path) and `analyze` (a replay).
+
+Online, the agent calls `evaluate(series, now, params)` on a schedule with at least
+`params.history` seconds of series, then `lifecycle.update(active, observations, params)`, and
+records each transition as an event. Offline, `analyze` does exactly that at every tick of the
+bucket grid, so `medic analyze` on a recording finds what the agent would have found, at the
+same times.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.detect.context import Context
+from agent.detect.fragmentation import judge_fragmentation
+from agent.detect.growth import time_to_limit
+from agent.detect.leak import judge_leak, leak_series
+from agent.detect.lifecycle import update
+from agent.detect.model import (
+    ALLOCATED,
+    JVM_HEAP_AFTER_GC,
+    RSS,
+    Finding,
+    InstanceSeries,
+    Observation,
+    Transition,
+)
+from agent.detect.oom import judge_oom
+from agent.detect.params import DetectParams
+from agent.detect.prepared import Prepared
+
+DEFAULT_PARAMS = DetectParams()
+
+
+def tick_for(now: float, params: DetectParams) -> float:
+    """The judgement instant for `now`: the last multiple of `params.step` at or before it."""
+    return math.floor(now / params.step + 1e-9) * params.step
+
+
+def evaluate(series: InstanceSeries, now: float, params: DetectParams = DEFAULT_PARAMS) -> list[Observation]:
+    """Judge one instance at `now`: one observation per kind (leak, oom-risk, fragmentation).
+
+    Uses only samples before the last bucket boundary; pass at least `params.history` of them
+    (older ones are ignored) to get the same answer as a replay over the full history.
+    """
+    return judge(Prepared(series, params), tick_for(now, params))
+
+
+def judge(prep: Prepared, tick: float, skip_quiet: bool = False) -> list[Observation]:
+    """The observations at `tick`; with `skip_quiet`, none unless one of them fires (a replay with
+    no active finding needs nothing else: clear, holding and unknown observations change nothing)."""
+    ctx = Context.at(prep, tick)
+    if ctx is None:
+        return []
+    if skip_quiet and _quiet(ctx):
+        return []
+    leak = judge_leak(ctx)
+    live_leaking = leak.state == "firing" and leak.evidence.get("series") != RSS
+    oom = judge_oom(ctx)
+    if skip_quiet and leak.state != "firing" and oom.state != "firing" and not _frag_inputs(ctx):
+        return []
+    frag = judge_fragmentation(ctx, live_leaking)
+    if skip_quiet and leak.state != "firing" and oom.state != "firing" and frag.state != "firing":
+        return []
+    if oom.state in ("firing", "holding"):
+        oom.verdict = leak.verdict if leak.state == "firing" else (frag.verdict or leak.verdict)
+    return [leak, oom, frag]
+
+
+def _frag_inputs(ctx: Context) -> bool:
+    return ctx.present(ALLOCATED) or ctx.present(JVM_HEAP_AFTER_GC)
+
+
+def _quiet(ctx: Context) -> bool:
+    """True when no detector can fire; a cheap test that settles most judgements of healthy
+    processes. Every condition is one that firing needs (leak or oom-risk): a fragmentation
+    input is absent, and no fit grows with the confidence firing needs (the raw Mann-Kendall
+    test first, the corrected one only if that passes) towards a limit it would reach within
+    the horizon, unless the fit is a wider scale and the lifetime has run a whole period."""
+    if _frag_inputs(ctx):
+        return False
+    p = ctx.params
+    settled = ctx.tick - ctx.lifetime_start >= p.season
+    for metric in {RSS, *leak_series(ctx)}:
+        for fit in ctx.fits(metric):
+            if fit.confidence < p.confidence or fit.trend.confidence < p.confidence or fit.trend.slope <= 0:
+                continue
+            if fit.scale != "window" and settled:
+                return False
+            ttoom = time_to_limit(ctx.limit, ctx.peak, fit.trend.slope)
+            if ttoom is not None and ttoom < p.horizon:
+                return False
+    return True
+
+
+@dataclass(slots=True)
+class InstanceAnalysis:
+    """What a replay found for one instance: every finding, opened or resolved, with its times."""
+
+    instance: str
+    findings: list[Finding]
+    transitions: list[Transition]
+    notes: list[str]
+    first_ts: float | None
+    last_ts: float | None
+    restarts: list[float] = field(default_factory=list)
+    at_open: dict[str, Finding] = field(default_factory=dict)  # each finding as it was when it opened
+
+    def first_fired(self, kind: str) -> float | None:
+        times = [f.opened_at for f in self.findings if f.kind == kind and f.opened_at is not None]
+        return min(times) if times else None
+
+    def _finding_dict(self, finding: Finding) -> dict[str, Any]:
+        doc = finding.to_dict()
+        opened = self.at_open.get(finding.id)
+        if opened is not None:
+            doc["at_open"] = {
+                "severity": opened.severity,
+                "summary": opened.summary,
+                "evidence": opened.evidence,
+            }
+        return doc
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance,
+            "first_ts": self.first_ts,
+            "last_ts": self.last_ts,
+            "restarts": self.restarts,
+            "findings": [self._finding_dict(f) for f in self.findings],
+            "notes": self.notes,
+        }
+
+
+def analyze_instance(series: InstanceSeries, params: DetectParams = DEFAULT_PARAMS) -> InstanceAnalysis:
+    """Replay the online path over the whole of `series`, tick by tick."""
+    prep = Prepared(series, params)
+    first, last = series.first_ts(), series.last_ts()
+    out = InstanceAnalysis(series.instance, [], [], [], first, last, prep.starts[1:])
+    if first is None or last is None:
+        out.notes.append("no samples")
+        return out
+    width = params.step
+    active: list[Finding] = []
+    opened: dict[str, Finding] = {}
+    observations: list[Observation] = []
+    for k in range(math.floor(first / width) + 1, math.floor(last / width + 1e-9) + 1):
+        observations = judge(prep, k * width, skip_quiet=not active)
+        if not observations:
+            continue
+        active, transitions = update(active, observations, params)
+        for tr in transitions:
+            out.transitions.append(tr)
+            opened[tr.finding.id] = tr.finding
+            if tr.change == "opened":
+                out.at_open[tr.finding.id] = tr.finding
+    for finding in active:
+        if finding.state == "open":
+            opened[finding.id] = finding
+    out.findings = sorted(opened.values(), key=lambda f: (f.opened_at or 0.0, f.kind))
+    out.notes = sorted({f"{o.kind}: {o.summary}" for o in observations if o.state == "unknown"})
+    return out
+
+
+def analyze(
+    all_series: Iterable[InstanceSeries],
+    params: DetectParams = DEFAULT_PARAMS,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[InstanceAnalysis]:
+    """`analyze_instance` for each instance; `progress(done, total)` after each one."""
+    items = list(all_series)
+    results = []
+    for i, series in enumerate(items, 1):
+        results.append(analyze_instance(series, params))
+        if progress is not None:
+            progress(i, len(items))
+    return results

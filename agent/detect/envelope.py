@@ -1,0 +1,165 @@
+"""Process lifetimes and the lower/upper envelope of a series, in buckets aligned to the epoch.
+
+The minimum of each bucket is the lower envelope: the floor a GC or a batch returns to, which
+sawtooth and short bursts do not move. The maximum is the upper envelope: where the peaks
+are, which is what meets the memory limit first. Buckets never straddle a restart: each
+process lifetime has its own, so a leak is judged within one lifetime.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import compress, pairwise, repeat
+from operator import gt, itemgetter, sub
+
+from agent.detect.model import RSS, START_TIME, InstanceSeries, Points
+from agent.detect.params import DetectParams
+
+
+def _buckets(times: list[float], width: float) -> Iterator[tuple[int, int, int]]:
+    """(bucket index, first, end) of each non-empty bucket of the sorted `times`."""
+    n = len(times)
+    i = 0
+    while i < n:
+        b = int(times[i] // width)
+        j = bisect_left(times, (b + 1) * width, i + 1)
+        while j < n and int(times[j] // width) == b:  # guard against rounding at the boundary
+            j += 1
+        yield b, i, j
+        i = j
+
+
+@dataclass(slots=True)
+class Bucketed:
+    """Samples cut into buckets of `width` regardless of lifetimes: each bucket's index, the
+    range of its samples, and its floor and peak."""
+
+    times: list[float]
+    values: list[float]
+    idx: list[int]
+    first: list[int]
+    end: list[int]
+    lo: list[float]
+    hi: list[float]
+
+
+def bucketize(points: Points, width: float) -> Bucketed:
+    times = list(map(itemgetter(0), points))
+    values = list(map(itemgetter(1), points))
+    out = Bucketed(times, values, [], [], [], [], [])
+    for b, i, j in _buckets(times, width):
+        chunk = values[i:j]
+        out.idx.append(b)
+        out.first.append(i)
+        out.end.append(j)
+        out.lo.append(min(chunk))
+        out.hi.append(max(chunk))
+    return out
+
+
+def infer_restarts(
+    series: InstanceSeries, params: DetectParams, memory: Bucketed | None = None
+) -> list[float]:
+    """Times at which a new process lifetime began, from what the samples show.
+
+    Explicit `series.restarts` win. Otherwise a restart is a change of
+    `process_start_time_seconds`, a gap longer than `params.gap` in the memory samples, or a
+    bucket whose floor falls below `params.reset_drop` of the previous bucket's (the restart is
+    the first sample below that). Every rule looks only at earlier samples, so the online path
+    finds the same restarts as a replay. `memory` is the RSS already bucketed, if at hand.
+    """
+    if series.restarts is not None:
+        return sorted(series.restarts)
+    found: set[float] = set()
+    starts = series.series.get(START_TIME) or []
+    for (_, before), (ts, after) in pairwise(starts):
+        if abs(after - before) > 1.0:
+            found.add(ts)
+    if memory is None:
+        points = series.series.get(RSS) or next((p for p in series.series.values() if p), [])
+        memory = bucketize(points, params.bucket)
+    times, values = memory.times, memory.values
+    if not times:
+        return sorted(found)
+    gaps = list(compress(range(1, len(times)), map(gt, map(sub, times[1:], times[:-1]), repeat(params.gap))))
+    gap_times = {times[i] for i in gaps}
+    found |= gap_times
+    prev_floor = None
+    for i, j, floor in zip(memory.first, memory.end, memory.lo, strict=True):
+        if times[i] in gap_times:
+            prev_floor = None
+        if prev_floor is not None and floor < params.reset_drop * prev_floor:
+            cut = params.reset_drop * prev_floor
+            found.add(next(times[k] for k in range(i, j) if values[k] < cut))
+        prev_floor = floor
+    return sorted(found)
+
+
+@dataclass(slots=True)
+class Envelope:
+    """Per lifetime: bucket indices (ts // width) with the min and max of each bucket."""
+
+    width: float
+    idx: list[list[int]]
+    lo: list[list[float]]
+    hi: list[list[float]]
+
+    def select(self, life: int, first: int, end: int) -> tuple[list[int], list[float], list[float]]:
+        """The buckets of lifetime `life` with `first <= index < end`."""
+        idx = self.idx[life]
+        i, j = bisect_left(idx, first), bisect_left(idx, end)
+        return idx[i:j], self.lo[life][i:j], self.hi[life][i:j]
+
+    def coarse(self, factor: int) -> Envelope:
+        """The envelope in buckets `factor` times wider (min of mins, max of maxes)."""
+        if factor == 1:
+            return self
+        out = Envelope(self.width * factor, [], [], [])
+        for idx, lo, hi in zip(self.idx, self.lo, self.hi):
+            c_idx: list[int] = []
+            c_lo: list[float] = []
+            c_hi: list[float] = []
+            for b, low, high in zip(idx, lo, hi):
+                g = b // factor
+                if c_idx and c_idx[-1] == g:
+                    if low < c_lo[-1]:
+                        c_lo[-1] = low
+                    if high > c_hi[-1]:
+                        c_hi[-1] = high
+                else:
+                    c_idx.append(g)
+                    c_lo.append(low)
+                    c_hi.append(high)
+            out.idx.append(c_idx)
+            out.lo.append(c_lo)
+            out.hi.append(c_hi)
+        return out
+
+
+def build_envelope(
+    points: Points, width: float, starts: list[float], bucketed: Bucketed | None = None
+) -> Envelope:
+    """Bucket `points` (sorted by time) per lifetime; `starts` are the lifetime start times.
+    With one lifetime, `bucketed` (the same points already cut into buckets of `width`) is used."""
+    if bucketed is not None and len(starts) == 1:
+        return Envelope(width, [bucketed.idx], [bucketed.lo], [bucketed.hi])
+    env = Envelope(width, [], [], [])
+    times = list(map(itemgetter(0), points))
+    values = list(map(itemgetter(1), points))
+    for life, _start in enumerate(starts):
+        first = bisect_left(times, starts[life]) if life else 0
+        end = bisect_left(times, starts[life + 1]) if life + 1 < len(starts) else len(times)
+        idx: list[int] = []
+        lo: list[float] = []
+        hi: list[float] = []
+        for b, i, j in _buckets(times[first:end], width):
+            chunk = values[first + i : first + j]
+            idx.append(b)
+            lo.append(min(chunk))
+            hi.append(max(chunk))
+        env.idx.append(idx)
+        env.lo.append(lo)
+        env.hi.append(hi)
+    return env

@@ -1,0 +1,305 @@
+"""Growth of one memory series at one tick, on several time scales, and what it projects.
+
+The `window` scale (24 buckets over `window`) sees hours; the `half-day` scale (24 buckets over
+twice that) and the `long` scale (24 buckets over `long_window`, and its trailing half) catch
+leaks that hide in noise over a few hours; the `daily` scale compares each half hour with the
+same half hour a day before. All fit the lower envelope of the current process lifetime after
+its warm-up, with the daily profile removed once it is known. Each step is computed only when a judgement needs it: most
+windows of a healthy process are settled by the cheap "has it risen at all" test.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
+from operator import mul, sub
+from typing import Any
+
+from agent.detect.params import DetectParams
+from agent.detect.prepared import Prepared
+from agent.detect.trend import (
+    MAX_RHO,
+    Steps,
+    Trend,
+    mann_kendall,
+    median,
+    might_rise,
+    normal_cdf,
+    remove_steps,
+    trend,
+)
+
+STEP_FLOOR = 0.02  # a level shift must exceed 2 % of the level to be removed as a step
+PEAK_BUCKETS = 4  # the peak is the median of the last few bucket maxima (ignores one burst)
+
+
+@dataclass(slots=True)
+class Fit:
+    """One scale's view of one series at one tick."""
+
+    metric: str
+    scale: str  # "window" | "half-day" | "long" | "daily"
+    width: float  # bucket width of the scale
+    idx: list[int]  # bucket indices
+    ys: list[float]  # lower envelope, daily profile removed
+    offset: float  # the profile at the last point (add back to get the metric's units)
+    seasonal: bool  # a non-flat daily profile was removed
+    profile_known: bool
+    floor: float  # smallest level shift removed as a step
+    _rising: bool | None = None
+    _steps: Steps | None = None
+    _z: float | None = None
+    _trend: Trend | None = None
+
+    @property
+    def rising(self) -> bool:
+        """Whether the window has visibly risen once steps are removed (else it is not growing)."""
+        if self._rising is None:
+            self._rising = might_rise(self.ys, self.floor) and self.steps.risen
+        return self._rising
+
+    @property
+    def steps(self) -> Steps:
+        if self._steps is None:
+            self._steps = remove_steps(self.ys, self.floor)
+        return self._steps
+
+    @property
+    def confidence(self) -> float:
+        """One-sided Mann-Kendall confidence that the step-free window grows (0 if not risen)."""
+        if not self.rising:
+            return 0.0
+        if self._z is None:
+            self._z = mann_kendall(self.steps.clean)[1]
+        return normal_cdf(self._z)
+
+    @property
+    def xs(self) -> list[float]:
+        width, half = self.width, 0.5 * self.width
+        return [b * width + half for b in self.idx]
+
+    @property
+    def trend(self) -> Trend:
+        if self._trend is None:
+            self.confidence  # noqa: B018 - computes z
+            self._trend = trend(self.xs, self.ys, self.steps, self._z or 0.0)
+        return self._trend
+
+    @property
+    def level(self) -> float:
+        """Lower-envelope level at the end of the fit, in the metric's units."""
+        return self.trend.level + self.offset
+
+    @property
+    def coverage(self) -> float:
+        """Seconds of history the fit stands on."""
+        return (self.idx[-1] - self.idx[0] + 1) * self.width
+
+    def long_enough(self, params: DetectParams, ttoom: float | None) -> bool:
+        """Whether the fit may project `ttoom`: at most `max_extrapolation` times its coverage
+        (with no limit known, it must cover its scale's whole window)."""
+        if ttoom is None:
+            needed = params.window if self.scale == "window" else params.long_window
+        else:
+            needed = ttoom / params.max_extrapolation
+        return self.coverage >= needed - 1e-6
+
+    @property
+    def pct_per_hour(self) -> float:
+        level = self.level
+        return self.trend.slope * 3600 / level * 100 if level > 0 else 0.0
+
+    def evidence(self) -> dict[str, Any]:
+        t = self.trend
+        return {
+            "series": self.metric,
+            "scale": self.scale,
+            "slope_bytes_per_second": t.slope,
+            "pct_per_hour": self.pct_per_hour,
+            "recent_slope_bytes_per_second": t.recent_slope,
+            "confidence": round(t.confidence, 6),
+            "z": round(t.z, 3),
+            "points": t.n,
+            "span_seconds": self.coverage,
+            "level_bytes": self.level,
+            "noise_bytes": t.noise,
+            "steps_removed": t.steps,
+            "seasonal_adjusted": self.seasonal,
+        }
+
+
+LONG_SPANS = (1 / 2, 1.0)  # the long scale also fits the trailing half of its window,
+# so growth that began inside the window is judged on the span where it runs
+
+
+def fits(prep: Prepared, metric: str, life: int, tick: float) -> list[Fit]:
+    """The fits of `metric` at `tick`: the window scale, then the long scale's spans that have
+    enough buckets and see more than the window scale."""
+    params = prep.params
+    window = _fit(prep, metric, life, tick, "window", 1.0)
+    if window is None:
+        return []
+    half = _fit(prep, metric, life, tick, "half-day", 1.0)
+    # the long scale changes only when one of its buckets completes (or the day's profile): cache it
+    key = (metric, life, math.floor(tick / params.long_bucket + 1e-9), math.floor(tick / params.season))
+    long = prep.cache.get(key)
+    if long is None:
+        long = []
+        for part in LONG_SPANS:
+            fit = _fit(prep, metric, life, tick, "long", part)
+            if fit is not None and (not long or fit.idx[0] != long[-1].idx[0]):
+                long.append(fit)
+        daily = _daily_fit(prep, metric, life, tick)
+        if daily is not None:
+            long.append(daily)
+        prep.cache[key] = long
+    return [window, *([half] if half is not None else []), *long]
+
+
+def _fit(prep: Prepared, metric: str, life: int, tick: float, scale: str, part: float) -> Fit | None:
+    params = prep.params
+    if scale == "window":
+        env, span = prep.base(metric), params.window
+    elif scale == "half-day":
+        env, span = prep.stepped(metric), 2 * params.window
+    else:
+        env, span = prep.long(metric), params.long_window * part
+    width = env.width
+    end = math.floor(tick / width + 1e-9)
+    first = max(math.ceil((prep.starts[life] + params.warmup) / width - 1e-9), end - round(span / width))
+    idx, lo, _ = env.select(life, first, end)
+    if len(idx) < params.min_buckets:
+        return None
+    if scale != "window" and (idx[-1] - idx[0] + 1) * width <= params.window:
+        return None  # the wider scales add nothing until they see more than the window scale
+    profile = prep.profile(metric, tick, env)
+    seasonal = profile is not None and profile.amplitude > 0
+    offset = 0.0
+    ys = lo
+    if seasonal:
+        table = profile.values
+        size = len(table)
+        ys = [y - table[b % size] for b, y in zip(idx, lo, strict=True)]
+        offset = table[idx[-1] % size]
+    return Fit(metric, scale, width, idx, ys, offset, seasonal, profile is not None, STEP_FLOOR * abs(lo[-1]))
+
+
+def _daily_fit(prep: Prepared, metric: str, life: int, tick: float) -> Fit | None:
+    """Growth from one day to the next at the same time of day, over the last day.
+
+    The daily cycle cancels exactly in these differences, whatever its shape and without
+    learning it; steps are removed first (a reload must not count as a day of growth), and the
+    sign test on the differences is corrected for their autocorrelation like Mann-Kendall.
+    Needs three periods of the same lifetime: the first one is its warm-up at this scale (a
+    working set that ratchets up with the first day's traffic peak, or a cache filling). Works
+    on buckets of `params.step` (48 a day at the defaults).
+    """
+    params = prep.params
+    env = prep.stepped(metric)
+    width = env.width
+    count = params.season / width
+    period = round(count)
+    if abs(count - period) > 1e-6 or period < 8:
+        return None
+    # judged as of the last long-bucket boundary: the fit is cached per long bucket, and the
+    # agent must find the same whichever tick of that bucket it asks at
+    boundary = math.floor(tick / params.long_bucket + 1e-9) * params.long_bucket
+    end = math.floor(boundary / width + 1e-9)
+    if prep.starts[life] + params.warmup + params.season > (end - 2 * period) * width:
+        return None
+    idx, lo, _ = env.select(life, end - 2 * period, end)
+    if len(idx) < 1.5 * period:
+        return None
+    floor = STEP_FLOOR * abs(lo[-1])
+    steps = remove_steps(lo, floor)
+    clean = steps.clean
+    if len(idx) == 2 * period:  # no gap: pair each bucket with the one a period before
+        diffs = list(map(sub, clean[period:], clean[:period]))
+    else:
+        by_bucket = dict(zip(idx, clean, strict=True))
+        diffs = [
+            by_bucket[b] - by_bucket[b - period] for b in idx if b >= end - period and b - period in by_bucket
+        ]
+    m = len(diffs)
+    if m < 0.75 * period:
+        return None
+    ordered = sorted(diffs)
+    centre = median(ordered)
+    s = (m - bisect_right(ordered, 0.0)) - bisect_left(ordered, 0.0)
+    z = (s - math.copysign(1, s)) / math.sqrt(m) if s else 0.0
+    dev = _detrended(diffs)  # a leak that began within the day makes the differences a ramp
+    energy = sum(map(mul, dev, dev))
+    rho = min(max(sum(map(mul, dev[1:], dev[:-1])) / energy if energy > 0 else 0.0, 0.0), MAX_RHO)
+    z_eff = z / math.sqrt((1 + rho) / (1 - rho))
+    third = max(1, m // 3)
+    trend_ = Trend(
+        n=m,
+        span=(idx[-1] - idx[0]) * width,
+        slope=centre / params.season,
+        recent_slope=median(diffs[-third:]) / params.season,
+        early_slope=median(diffs[:third]) / params.season,
+        z=z_eff,
+        confidence=normal_cdf(z_eff),
+        autocorrelation=rho,
+        noise=1.4826 * median([abs(d - centre) for d in diffs]) / math.sqrt(2.0),
+        steps=steps.count,
+        level=median(lo[-4:]),
+    )
+    fit = Fit(metric, "daily", width, idx, lo, 0.0, False, True, floor)
+    fit._rising, fit._steps, fit._z, fit._trend = centre > 0 and z > 0, steps, z, trend_
+    return fit
+
+
+def _detrended(values: list[float]) -> list[float]:
+    """Residuals of `values` around their least-squares line (against their position)."""
+    n = len(values)
+    xs = [i - (n - 1) / 2 for i in range(n)]
+    y_mean = sum(values) / n
+    sxx = sum(map(mul, xs, xs))
+    slope = sum(map(mul, xs, values)) / sxx if sxx else 0.0
+    return [v - y_mean - slope * x for x, v in zip(xs, values, strict=True)]
+
+
+def at_record(prep: Prepared, metric: str, life: int, tick: float) -> bool:
+    """Whether the floor's mean over the last period is above its mean over every earlier whole
+    period of the lifetime (after warm-up, at most `season_days` back): true of a leak, and only
+    now and then of a process that wanders. True when there is no earlier whole period."""
+    params = prep.params
+    env = prep.base(metric)
+    width = env.width
+    per = params.season / width
+    end = math.floor(tick / width + 1e-9)
+    start = math.ceil((prep.starts[life] + params.warmup) / width - 1e-9)
+    means = []
+    hi = end
+    oldest = end - params.season_days * per  # no further back than the history the agent keeps
+    while hi - per >= max(start, oldest) - 1e-9:
+        lo_b = round(hi - per)
+        _, lows, _ = env.select(life, lo_b, round(hi))
+        if len(lows) >= 0.75 * per:
+            means.append(sum(lows) / len(lows))
+        hi -= per
+    return len(means) < 2 or means[0] > max(means[1:])
+
+
+def peak(prep: Prepared, metric: str, life: int, tick: float) -> float | None:
+    """Where the peaks of `metric` are now: the median of the last bucket maxima."""
+    env = prep.base(metric)
+    end = math.floor(tick / env.width + 1e-9)
+    _, _, hi = env.select(life, end - PEAK_BUCKETS, end)
+    if not hi:
+        return None
+    ordered = sorted(hi)
+    return ordered[len(ordered) // 2]
+
+
+def time_to_limit(limit: float | None, peak_now: float | None, slope: float) -> float | None:
+    """Seconds until the peaks reach `limit` at `slope`; 0 when they already do, None if never."""
+    if limit is None or peak_now is None:
+        return None
+    if peak_now >= limit:
+        return 0.0
+    if slope <= 0:
+        return None
+    return (limit - peak_now) / slope

@@ -1,0 +1,168 @@
+"""The leak detector: steady growth of the live bytes within one process lifetime.
+
+The series judged is the most specific one present: allocator live bytes, else the JVM heap
+after GC (and then RSS too, for native growth outside the heap), else RSS. A fit fires when
+its lower envelope grows with Mann-Kendall confidence above `confidence`, faster than
+`min_rate`, without decelerating, over enough history for its projection, and when its scale
+may speak (see `assess`): hours of growth are also what a daily traffic rise or a slow drift
+look like, so the short scale only reports what is urgent.
+"""
+
+from __future__ import annotations
+
+from agent.detect.context import Context
+from agent.detect.growth import Fit, at_record, time_to_limit
+from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, RSS, Observation, Severity, State
+from agent.detect.params import DetectParams
+from agent.units import format_bytes, format_duration
+
+CLEAR_DECEL = 0.5  # clear only when the recent slope is below half of `decel_ratio` of the window's
+DAILY_STRICTER = 30  # the daily scale needs 30 times less doubt than `confidence` allows (z 4 for 0.999)
+IMMINENT = 1 / 6  # before the daily profile is known, the window scale fires only this close to the limit
+
+
+def leak_series(ctx: Context) -> list[str]:
+    """The series a leak is judged on, most specific first."""
+    if ctx.present(ALLOCATED):
+        return [ALLOCATED]
+    if ctx.present(JVM_HEAP_AFTER_GC):
+        return [JVM_HEAP_AFTER_GC, RSS]
+    return [RSS]
+
+
+def may_speak(fit: Fit, ttoom: float | None, p: DetectParams) -> bool:
+    """Whether this fit's growth can be told from a daily traffic rise: always once the daily
+    profile is known; before, the window scale only when the limit is less than a sixth of the
+    horizon away, and the wider scales only after growth through a whole period in each third of
+    their span.
+    The daily scale compares equal times of day, so no daily cycle shows in it."""
+    if fit.profile_known:
+        return True
+    if fit.scale == "window":
+        return ttoom is not None and ttoom < p.horizon * IMMINENT
+    t = fit.trend
+    return fit.coverage >= p.season and t.early_slope >= p.decel_ratio * t.slope
+
+
+def assess(fit: Fit, ctx: Context) -> tuple[State, float | None, bool]:
+    """(state, time to OOM, plateauing) for one fit.
+
+    The window scale sees hours: it may only report growth that would reach the limit within
+    the horizon (slow drifts also look like growth for hours), and only when `may_speak`.
+    """
+    p = ctx.params
+    if fit.confidence < p.confidence_clear:
+        return "clear", None, False
+    t = fit.trend
+    ttoom = time_to_limit(ctx.limit, ctx.peak, t.slope)
+    growing = t.slope > 0 and fit.pct_per_hour >= p.min_rate
+    steady = t.decel >= p.decel_ratio
+    # the daily scale's sign test over 48 autocorrelated differences, corrected as AR(1), is
+    # rougher than Mann-Kendall over independent buckets: it must clear a stricter bar
+    strong = t.confidence >= (
+        p.confidence if fit.scale != "daily" else 1 - (1 - p.confidence) / DAILY_STRICTER
+    )
+    plateau = strong and growing and not steady
+    urgent = ttoom is not None and ttoom < p.horizon
+    # growth that is not urgent must also have run through a whole day of the process lifetime:
+    # in its first day a working set ratchets up with the traffic peak (glibc arenas), a leak
+    # keeps growing when the traffic falls
+    settled = ctx.tick - ctx.lifetime_start >= p.season
+    allowed = may_speak(fit, ttoom, p) and (urgent or (fit.scale != "window" and settled))
+    enough = fit.long_enough(p, ttoom)
+    if strong and growing and steady and enough and allowed:
+        return "firing", ttoom, False
+    if t.confidence < p.confidence_clear or not growing or t.decel < p.decel_ratio * CLEAR_DECEL:
+        return "clear", ttoom, plateau
+    return "holding", ttoom, plateau
+
+
+def _corroborated(
+    assessed: list[tuple[Fit, State, float | None, bool]], ctx: Context
+) -> list[tuple[Fit, State, float | None, bool]]:
+    """A fit that fires without urgency needs a second fit of the same series (another scale
+    or span) that also sees growth; else it only holds. One span of a slowly wandering process
+    can look like a slow leak, several rarely do."""
+    p = ctx.params
+    out = []
+    for fit, state, ttoom, plateau in assessed:
+        urgent = ttoom is not None and ttoom < p.horizon
+        if state == "firing" and not urgent:
+            others = [f for f, *_ in assessed if f is not fit and f.confidence >= p.confidence_clear]
+            if not any(
+                f.trend.confidence >= p.confidence_clear and f.trend.slope > 0 for f in others
+            ) or not at_record(ctx.prep, fit.metric, ctx.life, ctx.tick):
+                state = "holding"
+        out.append((fit, state, ttoom, plateau))
+    return out
+
+
+def severity_for(ttoom: float | None, horizon: float) -> Severity:
+    if ttoom is not None and ttoom < horizon / 4:
+        return "critical"
+    if ttoom is not None and ttoom < horizon:
+        return "error"
+    return "warning"
+
+
+def judge_leak(ctx: Context) -> Observation:
+    candidates = leak_series(ctx)
+    assessed: list[tuple[Fit, State, float | None, bool]] = []
+    for metric in candidates:
+        assessed += _corroborated([(fit, *assess(fit, ctx)) for fit in ctx.fits(metric)], ctx)
+        if any(state == "firing" for _, state, _, _ in assessed):
+            break
+    if not assessed:
+        return ctx.observation(
+            "leak",
+            "unknown",
+            f"not enough data in this process lifetime to judge a leak (needs {ctx.params.min_buckets} "
+            f"buckets of {format_duration(ctx.params.bucket)} after a warm-up of {format_duration(ctx.params.warmup)})",
+        )
+    firing = [a for a in assessed if a[1] == "firing"]
+    if firing:
+        fit, _, ttoom, _ = max(firing, key=lambda a: a[0].trend.span)
+        return _leak_observation(
+            ctx, fit, ttoom, native=fit.metric == RSS and candidates[0] == JVM_HEAP_AFTER_GC
+        )
+    state: State = "holding" if any(a[1] == "holding" for a in assessed) else "clear"
+    risen = [a for a in assessed if a[0].confidence >= ctx.params.confidence_clear]
+    if not risen:
+        fit = assessed[0][0]
+        summary = f"{fit.metric} has not grown steadily over the last {format_duration(fit.coverage)}"
+        return ctx.observation("leak", state, summary, evidence={"series": fit.metric})
+    fit, _, ttoom, _ = max(risen, key=lambda a: a[0].trend.z)
+    evidence = fit.evidence() | {"time_to_oom_seconds": ttoom, "limit_bytes": ctx.limit}
+    if any(a[3] for a in assessed):
+        summary = (
+            f"{fit.metric} grew but is levelling off (recent slope {fit.trend.decel:.0%} of the window's)"
+        )
+        verdict = "working-set-plateau"
+    else:
+        summary = f"no steady growth of {fit.metric} ({fit.pct_per_hour:+.3f} %/h, confidence {fit.trend.confidence:.3f})"
+        verdict = None
+    return ctx.observation("leak", state, summary, verdict=verdict, evidence=evidence)
+
+
+def _leak_observation(ctx: Context, fit: Fit, ttoom: float | None, native: bool) -> Observation:
+    t = fit.trend
+    where = " outside the Java heap" if native else ""
+    summary = f"{ctx.prep.instance} leaks {format_bytes(t.slope * 3600)}/h ({fit.pct_per_hour:.2f} %/h) in {fit.metric}{where}"
+    if ttoom is not None:
+        summary += f"; projected OOM in {format_duration(ttoom)} against {format_bytes(ctx.limit)}"
+    summary += f"; confidence {t.confidence:.3f}"
+    evidence = fit.evidence() | {
+        "time_to_oom_seconds": ttoom,
+        "limit_bytes": ctx.limit,
+        "peak_bytes": ctx.peak,
+        "lifetime_start": ctx.lifetime_start,
+        "outside_java_heap": native,
+    }
+    return ctx.observation(
+        "leak",
+        "firing",
+        summary,
+        severity=severity_for(ttoom, ctx.params.horizon),
+        verdict="leak",
+        evidence=evidence,
+    )

@@ -1,0 +1,362 @@
+"""The `remediation:` section of medic's config, validated on load (pydantic, unknown keys refused).
+
+    remediation:
+      mode: dry-run                      # off | dry-run | enforce
+      budget: {max_concurrent: 1, min_interval: 10m, max_per_hour: 6, cooldown: 1h}
+      plan: {safety_margin: 1h, restart_duration: 5m}
+      coordinator: {backend: local}      # or etcd: {endpoints: [http://10.0.0.5:2379]}
+      windows: [{days: mon-fri, start: "02:00", end: "06:00", timezone: Europe/Paris}]
+
+`examples/remediation.yaml` shows every key with its default. Conversions to the engine's plain
+settings (`limits()`, `plan_settings()`, ...) live here so the engine never reads raw config.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from agent.config_types import Duration, Size
+from remediation.budget import BudgetLimits
+from remediation.planner import PlanSettings
+from remediation.policy import LadderSettings
+from remediation.windows import TimeWindow, Windows, parse_days
+
+TEMPLATE_FIELDS = frozenset({"instance", "pid", "fleet", "finding_id", "kind"})
+KUBERNETES_NOT_YET = (
+    "the kubernetes backend (Lease objects + the Eviction API honouring PodDisruptionBudgets) is designed "
+    "in docs/remediation.md but not implemented yet; use backend: etcd (several hosts) or local (one host)"
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_template(value: str) -> str:
+    """`{instance}`-style placeholders only; literal braces must be doubled."""
+    try:
+        names = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
+    except ValueError as exc:
+        raise ValueError(
+            f"bad placeholder in {value!r}: {exc}; write literal braces as {{{{ and }}}}"
+        ) from None
+    unknown = names - TEMPLATE_FIELDS
+    if unknown:
+        raise ValueError(
+            f"unknown placeholder(s) {', '.join(sorted('{' + n + '}' for n in unknown))} in {value!r}; "
+            f"known: {', '.join(sorted('{' + n + '}' for n in TEMPLATE_FIELDS))}"
+        )
+    return value
+
+
+def _check_url(value: str) -> str:
+    if not re.match(r"^https?://[^/\s]+", value):
+        raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+    return _check_template(value)
+
+
+# ----------------------------------------------------------------------------- budget, plan, ladder
+class BudgetSection(_Strict):
+    max_concurrent: int = Field(1, ge=1)
+    min_interval: Duration = 600.0
+    max_per_hour: int | None = Field(6, ge=1)
+    cooldown: Duration = 3600.0
+
+
+class PlanSection(_Strict):
+    safety_margin: Duration = 3600.0
+    restart_duration: Duration = 300.0
+    deadline_granularity: Duration = 300.0
+
+    @field_validator("restart_duration")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be more than 0s: how long one restart holds its slot")
+        return value
+
+
+class CrashLoopSection(_Strict):
+    max_restarts: int = Field(3, ge=1)
+    window: Duration = 3600.0
+    reset_after: Duration = 1800.0
+
+
+class LadderSection(_Strict):
+    purge_settle: Duration = 120.0
+    slow_confirm: Duration = 120.0
+    clear_check: Duration = 600.0
+    crash_loop: CrashLoopSection = Field(default_factory=CrashLoopSection)
+
+
+# ----------------------------------------------------------------------------- coordinator
+class LocalCoordinatorSection(_Strict):
+    path: Path | None = None  # default: <state_dir>/coordinator.db (share a directory to share a budget)
+
+
+class EtcdCoordinatorSection(_Strict):
+    endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:2379"], min_length=1)
+    prefix: str = "/medic"
+
+    @field_validator("endpoints")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not re.match(r"^https?://[^/\s]+/?$", url):
+                raise ValueError(f"expected endpoints such as http://127.0.0.1:2379, got {url!r}")
+        return [url.rstrip("/") for url in value]
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not value.startswith("/") or value.endswith("/") or len(value) < 2:
+            raise ValueError(
+                f"expected a key prefix such as /medic (leading /, no trailing /), got {value!r}"
+            )
+        return value
+
+
+class CoordinatorSection(_Strict):
+    backend: Literal["local", "etcd", "kubernetes"] = "local"
+    namespace: str = "default"  # agents with the same namespace share one budget and one plan
+    lease_ttl: Duration = 30.0  # a dead agent's restart slot frees itself after this
+    fleet_ttl: Duration = 60.0  # a dead agent's published instances vanish after this
+    timeout: Duration = 2.0  # slower than this counts as unreachable: no restart
+    local: LocalCoordinatorSection = Field(default_factory=LocalCoordinatorSection)
+    etcd: EtcdCoordinatorSection = Field(default_factory=EtcdCoordinatorSection)
+
+    @field_validator("backend")
+    @classmethod
+    def _exists(cls, value: str) -> str:
+        if value == "kubernetes":
+            raise ValueError(KUBERNETES_NOT_YET)
+        return value
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$", value):
+            raise ValueError("expected letters, digits, '.', '_' or '-' (at most 63)")
+        return value
+
+    @field_validator("lease_ttl", "fleet_ttl")
+    @classmethod
+    def _ttl(cls, value: float) -> float:
+        if value < 2:
+            raise ValueError("must be at least 2s (etcd's minimum lease TTL)")
+        return value
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be more than 0s")
+        return value
+
+
+# ----------------------------------------------------------------------------- blockers, windows
+class WindowSection(_Strict):
+    days: str | list[str] | None = None  # mon-fri, "sat,sun", [mon, wed]; default every day
+    start: str
+    end: str
+    timezone: str = "UTC"
+
+    @model_validator(mode="after")
+    def _parse(self) -> WindowSection:
+        self.window()
+        return self
+
+    def window(self) -> TimeWindow:
+        return TimeWindow.parse(self.start, self.end, self.days, self.timezone)
+
+    @field_validator("days")
+    @classmethod
+    def _days(cls, value: str | list[str] | None) -> str | list[str] | None:
+        parse_days(value)
+        return value
+
+
+class PrometheusBlockerSection(_Strict):
+    url: str  # e.g. http://prometheus:9090; medic reads <url>/api/v1/alerts
+    match: list[str] = Field(default_factory=list)  # alertname regexes that block; empty: any alert
+    ignore: list[str] = Field(default_factory=list)  # alertname regexes that never block
+    timeout: Duration = 5.0
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return _check_url(value).rstrip("/")
+
+    @field_validator("match", "ignore")
+    @classmethod
+    def _regexes(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+        return value
+
+
+class CapacityBlockerSection(_Strict):
+    max_unavailable: int = Field(1, ge=1)  # instances of a fleet down at once, the one restarted included
+    min_ready_fraction: float | None = Field(None, ge=0.0, le=1.0)
+
+
+class BlockersSection(_Strict):
+    min_uptime: Duration = 600.0
+    capacity: CapacityBlockerSection = Field(default_factory=CapacityBlockerSection)
+    prometheus: PrometheusBlockerSection | None = None
+
+
+# ----------------------------------------------------------------------------- evidence, actuators
+class EvidenceSection(_Strict):
+    enabled: bool = True
+    dir: Path | None = None  # default: <state_dir>/evidence
+    timeout: Duration = 30.0
+    max_bytes: Size = 64 * 2**20
+    keep: int = Field(5, ge=1)  # last N restarts' evidence per instance
+
+
+class DrainSection(_Strict):
+    http: str | None = None  # POSTed before the restart
+    command: list[str] | None = None  # or run (argv, no shell)
+    timeout: Duration = 30.0
+    settle: Duration = 0.0  # wait this long after, for in-flight requests to finish
+
+    @model_validator(mode="after")
+    def _one(self) -> DrainSection:
+        if (self.http is None) == (self.command is None):
+            raise ValueError("give exactly one of http (a URL to POST) or command (an argv list)")
+        if self.http is not None:
+            _check_url(self.http)
+        if self.command is not None:
+            if not self.command:
+                raise ValueError("command must not be empty")
+            for arg in self.command:
+                _check_template(arg)
+        return self
+
+
+class VerifySection(_Strict):
+    timeout: Duration = 300.0  # the slot is held until verified or this much time has passed
+    stable_for: Duration = 5.0  # the new process must stay up this long
+    health_url: str | None = None  # must answer 2xx
+    warmup: bool = True  # ask the warm-up gate (latency), when one is installed
+
+    @field_validator("health_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return None if value is None else _check_url(value)
+
+
+class SignalActuatorSection(_Strict):
+    type: Literal["signal"]
+    signal: Literal["TERM", "INT", "HUP", "QUIT", "USR1", "USR2"] = "TERM"
+    grace: Duration = 30.0  # then KILL
+    kill: bool = True
+    start_timeout: Duration = 120.0  # for the supervisor to bring a new process up
+
+
+class ExecActuatorSection(_Strict):
+    type: Literal["exec"]
+    command: list[str] = Field(min_length=1)  # argv, placeholders {instance} {pid} {fleet}
+    timeout: Duration = 120.0
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("command")
+    @classmethod
+    def _templates(cls, value: list[str]) -> list[str]:
+        for arg in value:
+            _check_template(arg)
+        return value
+
+
+class ManagedActuatorSection(_Strict):
+    type: Literal["managed"]
+    timeout: Duration = 60.0
+
+
+class HttpActuatorSection(_Strict):
+    type: Literal["http"]
+    url: str
+    method: Literal["POST", "PUT"] = "POST"
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout: Duration = 30.0
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return _check_url(value)
+
+
+ActuatorSection = Annotated[
+    SignalActuatorSection | ExecActuatorSection | ManagedActuatorSection | HttpActuatorSection,
+    Field(discriminator="type"),
+]
+
+
+class InstanceRemediationSection(_Strict):
+    actuator: ActuatorSection | None = None
+    drain: DrainSection | None = None
+    verify: VerifySection | None = None
+    exclude: bool = False
+
+
+# ----------------------------------------------------------------------------- the section
+class RemediationSection(_Strict):
+    mode: Literal["off", "dry-run", "enforce"] = "dry-run"
+    interval: Duration = 10.0  # how often the runtime calls Engine.step
+    exclude: list[str] = Field(default_factory=list)  # instance names never remedied
+    budget: BudgetSection = Field(default_factory=BudgetSection)
+    plan: PlanSection = Field(default_factory=PlanSection)
+    ladder: LadderSection = Field(default_factory=LadderSection)
+    coordinator: CoordinatorSection = Field(default_factory=CoordinatorSection)
+    blockers: BlockersSection = Field(default_factory=BlockersSection)
+    windows: list[WindowSection] = Field(default_factory=list)  # empty: any time
+    evidence: EvidenceSection = Field(default_factory=EvidenceSection)
+    actuator: ActuatorSection | None = None  # default: managed for `command:` instances, else signal
+    drain: DrainSection | None = None
+    verify: VerifySection = Field(default_factory=VerifySection)
+    instances: dict[str, InstanceRemediationSection] = Field(default_factory=dict)  # per-instance overrides
+    retention: Duration = 30 * 86400.0  # ledger decisions and closed cases
+
+    @field_validator("interval")
+    @classmethod
+    def _interval(cls, value: float) -> float:
+        if value < 0.05:
+            raise ValueError("must be at least 50ms")
+        return value
+
+    def limits(self) -> BudgetLimits:
+        b = self.budget
+        return BudgetLimits(b.max_concurrent, b.min_interval, b.max_per_hour, b.cooldown)
+
+    def plan_settings(self) -> PlanSettings:
+        p = self.plan
+        return PlanSettings(p.safety_margin, p.restart_duration, p.deadline_granularity)
+
+    def ladder_settings(self) -> LadderSettings:
+        lad, loop = self.ladder, self.ladder.crash_loop
+        return LadderSettings(
+            lad.purge_settle,
+            lad.slow_confirm,
+            lad.clear_check,
+            loop.max_restarts,
+            loop.window,
+            loop.reset_after,
+        )
+
+    def time_windows(self) -> Windows:
+        return Windows(w.window() for w in self.windows)
+
+    def for_instance(self, name: str) -> InstanceRemediationSection:
+        return self.instances.get(name) or InstanceRemediationSection()
+
+    def excluded(self, name: str) -> bool:
+        return name in self.exclude or self.for_instance(name).exclude

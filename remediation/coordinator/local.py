@@ -1,0 +1,233 @@
+"""`local` coordinator: a SQLite file that several agents on one host share (point them at one path).
+
+Each operation is one `BEGIN IMMEDIATE` transaction, so SQLite's file lock makes read-check-write
+atomic across processes. The rollback journal (not WAL) is used so that the file also works in a
+directory shared over a network file system with working locks. A slot is a restart row whose
+`finished_at` is empty and whose `expires_at` is in the future; a holder that dies stops renewing
+and its row is closed as `lease-expired` at its expiry. A lock held longer than `timeout` (another
+agent stuck) counts as unavailable: no restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from remediation.coordinator.base import (
+    EXPIRED,
+    AcquireResult,
+    Admit,
+    Coordinator,
+    Grant,
+    SlotRequest,
+)
+from remediation.errors import CoordinatorUnavailable, LeaseLost
+from remediation.model import Decision, FleetEntry, RestartRecord
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS restarts (
+    token TEXT PRIMARY KEY, namespace TEXT NOT NULL, instance TEXT NOT NULL, fleet TEXT NOT NULL,
+    holder TEXT NOT NULL, started_at REAL NOT NULL, expires_at REAL NOT NULL,
+    finished_at REAL, outcome TEXT);
+CREATE INDEX IF NOT EXISTS restarts_recent ON restarts (namespace, started_at);
+CREATE TABLE IF NOT EXISTS fleet_entries (
+    namespace TEXT NOT NULL, instance TEXT NOT NULL, agent TEXT NOT NULL, data TEXT NOT NULL,
+    expires_at REAL NOT NULL, PRIMARY KEY (namespace, instance));
+"""
+
+
+class LocalCoordinator(Coordinator):
+    name = "local"
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        namespace: str = "default",
+        retention: float = 86400.0,
+        timeout: float = 2.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = Path(path)
+        self.namespace = namespace
+        self.retention = retention
+        self.timeout = timeout
+        self.clock = clock
+        self._lock = threading.Lock()
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not self.path.exists():
+                os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+            self._db = sqlite3.connect(
+                self.path, timeout=timeout, check_same_thread=False, isolation_level=None
+            )
+            self._db.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
+            self._db.execute("PRAGMA journal_mode=DELETE")
+            self._db.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise CoordinatorUnavailable(
+                f"cannot open the local coordinator {self.path}: {exc}; check that its directory exists "
+                "and is writable by every agent that shares it (remediation.coordinator.local.path)"
+            ) from None
+
+    def describe(self) -> str:
+        return f"local coordinator {self.path} (namespace {self.namespace})"
+
+    # ----------------------------------------------------------------------------- plumbing
+    def _run(self, what: str, fn: Callable[[sqlite3.Connection, float], object]) -> object:
+        """Run `fn(db, now)` in one immediate transaction; lock waits and errors become unavailable."""
+        with self._lock:
+            started = time.monotonic()
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise CoordinatorUnavailable(
+                    f"{self.describe()}: cannot {what}: {exc} after {time.monotonic() - started:.1f}s "
+                    "(another agent holds the lock too long); no restart until it answers"
+                ) from None
+            try:
+                result = fn(self._db, self.clock())
+            except sqlite3.Error as exc:
+                self._db.execute("ROLLBACK") if self._db.in_transaction else None
+                raise CoordinatorUnavailable(f"{self.describe()}: cannot {what}: {exc}") from None
+            except BaseException:
+                self._db.execute("ROLLBACK") if self._db.in_transaction else None
+                raise
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._db.execute("ROLLBACK") if self._db.in_transaction else None
+                raise CoordinatorUnavailable(f"{self.describe()}: cannot {what}: {exc}") from None
+            return result
+
+    def _expire(self, db: sqlite3.Connection, now: float) -> None:
+        db.execute(
+            "UPDATE restarts SET finished_at = expires_at, outcome = ? "
+            "WHERE namespace = ? AND finished_at IS NULL AND expires_at <= ?",
+            (EXPIRED, self.namespace, now),
+        )
+        db.execute(
+            "DELETE FROM restarts WHERE namespace = ? AND finished_at IS NOT NULL AND finished_at < ? "
+            "AND started_at < ?",
+            (self.namespace, now - self.retention, now - self.retention),
+        )
+
+    def _records(self, db: sqlite3.Connection, since: float) -> list[RestartRecord]:
+        rows = db.execute(
+            "SELECT instance, fleet, holder, started_at, finished_at, outcome, token FROM restarts "
+            "WHERE namespace = ? AND (finished_at IS NULL OR finished_at >= ? OR started_at >= ?) "
+            "ORDER BY started_at, instance",
+            (self.namespace, since, since),
+        ).fetchall()
+        return [RestartRecord(*row) for row in rows]
+
+    # ----------------------------------------------------------------------------- slots
+    def acquire(self, request: SlotRequest, admit: Admit) -> AcquireResult:
+        def take(db: sqlite3.Connection, now: float) -> AcquireResult:
+            self._expire(db, now)
+            records = self._records(db, now - self.retention)
+            for record in records:
+                if record.instance == request.instance and record.in_flight:
+                    return AcquireResult(
+                        None,
+                        Decision.block(
+                            "lock",
+                            "in-flight",
+                            f"{request.instance} is already being restarted by {record.holder}",
+                        ),
+                    )
+            decision = admit(records, now)
+            if not decision.ok:
+                return AcquireResult(None, decision)
+            token = uuid.uuid4().hex
+            db.execute(
+                "INSERT INTO restarts (token, namespace, instance, fleet, holder, started_at, expires_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    token,
+                    self.namespace,
+                    request.instance,
+                    request.fleet,
+                    request.holder,
+                    now,
+                    now + request.ttl,
+                ),
+            )
+            grant = Grant(request.instance, request.fleet, request.holder, token, now, request.ttl)
+            return AcquireResult(grant, Decision.allow("lock", f"slot taken in {self.describe()}"))
+
+        return self._run("take a restart slot", take)  # type: ignore[return-value]
+
+    def renew(self, grant: Grant) -> float:
+        def extend(db: sqlite3.Connection, now: float) -> float:
+            expires = now + grant.ttl
+            cur = db.execute(
+                "UPDATE restarts SET expires_at = ? WHERE token = ? AND finished_at IS NULL AND expires_at > ?",
+                (expires, grant.token, now),
+            )
+            if cur.rowcount != 1:
+                raise LeaseLost(
+                    f"the restart slot of {grant.instance} in {self.describe()} expired before it was renewed; "
+                    "another agent may hold it now"
+                )
+            return expires
+
+        return self._run("renew a restart slot", extend)  # type: ignore[return-value]
+
+    def release(self, grant: Grant, outcome: str) -> None:
+        def close(db: sqlite3.Connection, now: float) -> None:
+            db.execute(
+                "UPDATE restarts SET finished_at = ?, outcome = ? WHERE token = ? AND finished_at IS NULL",
+                (now, outcome, grant.token),
+            )
+
+        self._run("release a restart slot", close)
+
+    def restarts(self, since: float) -> list[RestartRecord]:
+        def read(db: sqlite3.Connection, now: float) -> list[RestartRecord]:
+            self._expire(db, now)
+            return self._records(db, since)
+
+        return self._run("list restarts", read)  # type: ignore[return-value]
+
+    # ----------------------------------------------------------------------------- fleet view
+    def publish(self, agent: str, entries: Sequence[FleetEntry], ttl: float) -> None:
+        def write(db: sqlite3.Connection, now: float) -> None:
+            names = [e.instance for e in entries]
+            db.execute(
+                f"DELETE FROM fleet_entries WHERE namespace = ? AND agent = ? "
+                f"AND instance NOT IN ({','.join('?' * len(names))})",
+                (self.namespace, agent, *names),
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO fleet_entries VALUES (?, ?, ?, ?, ?)",
+                [(self.namespace, e.instance, agent, json.dumps(e.to_dict()), now + ttl) for e in entries],
+            )
+
+        self._run("publish this agent's instances", write)
+
+    def fleet(self) -> list[FleetEntry]:
+        def read(db: sqlite3.Connection, now: float) -> list[str]:
+            db.execute("DELETE FROM fleet_entries WHERE expires_at <= ?", (now,))
+            rows = db.execute(
+                "SELECT data FROM fleet_entries WHERE namespace = ? ORDER BY instance", (self.namespace,)
+            )
+            return [row[0] for row in rows]
+
+        entries = []
+        for data in self._run("list the fleet", read):  # type: ignore[union-attr]
+            try:
+                entries.append(FleetEntry.from_dict(json.loads(data)))
+            except ValueError:
+                continue  # another agent's bad entry must not stop this one; it expires
+        return entries
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

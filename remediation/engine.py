@@ -1,0 +1,444 @@
+"""The remediation engine: each `step(now, requests, instances)` turns findings into decisions.
+
+    requests ─► intake (valid? about the process that runs now?) ─► case ─► ladder (policy.decide)
+        purge / escalate ─► ladder_actions (no fleet slot)
+        restart ─► publish this agent's instances, read everyone's (fleet_view)
+                ─► plan the whole fleet (planner; every agent derives the same plan)
+                ─► pause → exclude ─► restarts: window → slot reached? → blockers → mode
+                ─► lock (coordinator slot, budget checked atomically) ─► Execution thread:
+                   evidence → drain → act → verify → release
+
+Every instance with a request ends the step with one Decision (stage, code, reason); the ledger
+keeps it when it changes, and the event log says what a person needs to know. Dry-run walks the
+same path and stops before the lock, recording what it would have done and counting that against
+a local copy of the budget, so its plan advances as it would in enforce mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.eventlog import EventLog
+from agent.store import Store
+from remediation import planner, policy
+from remediation.budget import HOUR
+from remediation.config import RemediationSection
+from remediation.coordinator import Coordinator, create_coordinator
+from remediation.fleet_view import history_window, local_entries, shared_view
+from remediation.hooks import EngineHooks, PurgeFn
+from remediation.intake import SUBMITTED_TTL, Intake
+from remediation.ladder_actions import LadderActions
+from remediation.ledger import Ledger
+from remediation.model import (
+    Decision,
+    FleetEntry,
+    InstanceView,
+    Intent,
+    Plan,
+    RemediationRequest,
+    RestartRecord,
+)
+from remediation.restarts import UNAVAILABLE, Restarts
+from remediation.text import at
+
+log = logging.getLogger("medic.remediation")
+
+
+@dataclass
+class StepReport:
+    now: float
+    mode: str
+    plan: Plan
+    decisions: dict[str, Decision] = field(default_factory=dict)
+    intents: dict[str, Intent] = field(default_factory=dict)
+    started: list[str] = field(default_factory=list)
+    coordinator_error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "now": self.now,
+            "mode": self.mode,
+            "plan": self.plan.to_dict(),
+            "decisions": {k: v.to_dict() for k, v in sorted(self.decisions.items())},
+            "intents": {k: v.to_dict() for k, v in sorted(self.intents.items())},
+            "started": self.started,
+            "coordinator_error": self.coordinator_error,
+        }
+
+
+class Engine:
+    def __init__(
+        self,
+        config: RemediationSection,
+        *,
+        store: Store,
+        events: EventLog,
+        coordinator: Coordinator,
+        agent_id: str,
+        hooks: EngineHooks | None = None,
+        state_dir: Path | None = None,
+        background: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.events = events
+        self.coordinator = coordinator
+        self.agent_id = agent_id
+        self.hooks = hooks or EngineHooks()
+        self.background = background
+        self.clock = clock
+        self.ledger = Ledger(store)
+        self.limits = config.limits()
+        self.plan_settings = config.plan_settings()
+        self.ladder = config.ladder_settings()
+        self.windows = config.time_windows()
+        self.grace = max(5 * config.interval, 60.0)  # a finding not reported this long has cleared
+        self._lock = threading.RLock()  # one step at a time
+        self._stop = threading.Event()
+        self.intake = Intake(
+            self.ledger, events, clear_check=self.ladder.clear_check, grace=self.grace, clock=clock
+        )
+        self.actions = LadderActions(
+            self.ledger,
+            events,
+            self.hooks,
+            reset_after=self.ladder.crash_loop_reset_after,
+            mode=lambda: self.mode,
+        )
+        self.restarts = Restarts(
+            config,
+            coordinator=coordinator,
+            ledger=self.ledger,
+            events=events,
+            agent_id=agent_id,
+            hooks=self.hooks,
+            evidence_dir=config.evidence.dir or (Path(state_dir or store.dir) / "evidence"),
+            stop=self._stop,
+            clock=clock,
+        )
+        self._owns_coordinator = False
+        self._coordinator_error: str | None = None
+        self._problems: tuple[str, ...] = ()
+        self._pruned_at = -math.inf
+        self.last: StepReport | None = None
+        for action in self.ledger.interrupt_unfinished(clock()):
+            events.emit(
+                "remediation_interrupted",
+                f"action {action['id']} ({action['action']}) was cut short by an agent restart",
+                instance=action["instance"],
+                severity="warning",
+                action_id=action["id"],
+            )
+
+    @classmethod
+    def from_config(
+        cls,
+        config: RemediationSection,
+        *,
+        store: Store,
+        events: EventLog,
+        agent_id: str,
+        state_dir: Path,
+        hooks: EngineHooks | None = None,
+        **kwargs: Any,
+    ) -> Engine:
+        """Build the engine and its configured coordinator (raises `RemediationError` with what to fix)."""
+        coordinator = create_coordinator(
+            config.coordinator, state_dir=state_dir, retention=history_window(config)
+        )
+        engine = cls(
+            config,
+            store=store,
+            events=events,
+            coordinator=coordinator,
+            agent_id=agent_id,
+            hooks=hooks,
+            state_dir=state_dir,
+            **kwargs,
+        )
+        engine._owns_coordinator = True
+        return engine
+
+    # ----------------------------------------------------------------------------- operator controls
+    @property
+    def mode(self) -> str:
+        return self.config.mode
+
+    def pause(self, reason: str, until: float, by: str | None = None) -> dict[str, Any]:
+        """The kill switch: nothing is purged or restarted until `until` (unix time) or `resume()`."""
+        now = self.clock()
+        if not reason or not reason.strip():
+            raise ValueError("a pause needs a reason (who is doing what, for how long)")
+        if not math.isfinite(until) or until <= now:
+            raise ValueError("a pause needs an expiry in the future")
+        value = self.ledger.set_pause(reason.strip(), until, by, now)
+        self.events.emit(
+            "remediation_paused",
+            f"remediation paused until {at(until)} by {by or 'an operator'}: {reason}",
+            severity="warning",
+            **value,
+        )
+        return value
+
+    def resume(self, by: str | None = None) -> dict[str, Any] | None:
+        previous = self.ledger.clear_pause()
+        if previous is not None:
+            self.events.emit("remediation_resumed", f"remediation resumed by {by or 'an operator'}", by=by)
+        return previous
+
+    def paused(self, now: float) -> dict[str, Any] | None:
+        pause = self.ledger.pause()
+        if pause is not None and pause["until"] <= now:
+            self.ledger.clear_pause()
+            self.events.emit("remediation_resumed", f"the pause ({pause['reason']}) expired", **pause)
+            return None
+        return pause
+
+    def submit(self, request: RemediationRequest) -> Decision:
+        """A one-shot request (manual, external): kept until carried out or `SUBMITTED_TTL` passes."""
+        decision = self.intake.submit(request)
+        if decision.ok:
+            return Decision.allow("check", f"request accepted; it goes through the {self.mode} pipeline")
+        return decision
+
+    def clear_escalation(self, instance: str, by: str | None = None) -> bool:
+        """A person looked: automatic remediation of `instance` may act again (crash-loop count reset too)."""
+        return self.actions.clear(instance, by)
+
+    # ----------------------------------------------------------------------------- the step
+    def step(
+        self, now: float, requests: Iterable[RemediationRequest] = (), instances: Iterable[InstanceView] = ()
+    ) -> StepReport:
+        with self._lock:
+            report = self._step(now, requests, {v.name: v for v in instances})
+        if not self.background:
+            self.restarts.wait()
+            with self._lock:
+                self._reap()
+        return report
+
+    def _step(
+        self, now: float, requests: Iterable[RemediationRequest], views: Mapping[str, InstanceView]
+    ) -> StepReport:
+        self._reap()
+        report = StepReport(now=now, mode=self.mode, plan=Plan(computed_at=now))
+        self.last = report
+        if self.mode == "off":
+            return report
+        for view in views.values():
+            if view.start_time is not None:
+                self.ledger.record_start(view.name, view.start_time, now)
+        primary, stale = self.intake.take(now, requests, views)
+        report.decisions.update(stale)
+        self.actions.expire(primary, now, self.grace)
+        for name, request in primary.items():
+            report.intents[name] = self._intent(request, views[name], now)
+        for name, intent in report.intents.items():
+            if intent.action in ("purge", "escalate"):
+                act = self._purge if intent.action == "purge" else self.actions.escalate
+                report.decisions[name] = self._guard(name, act, views[name], primary[name], intent, now)
+            elif intent.action != "restart":
+                report.decisions[name] = Decision.block("policy", intent.code, intent.reason)
+        wanted = {n: i for n, i in report.intents.items() if i.action == "restart"}
+        fleet, history = self._shared_view(now, views, primary, wanted, report)
+        report.plan = planner.plan(fleet, history, self.limits, self.plan_settings, now, self.windows)
+        self._report_plan_problems(report.plan)
+        for name in sorted(wanted, key=lambda n: _slot(report.plan, n)):
+            report.decisions[name] = self._guard(
+                name, self._restart, views[name], primary[name], wanted[name], report, fleet, history, now
+            )
+        for name, decision in report.decisions.items():
+            self.ledger.record_decision(name, decision, now)
+        if now - self._pruned_at >= HOUR:
+            self.ledger.prune(now, self.config.retention)
+            self._pruned_at = now
+        return report
+
+    def _guard(self, name: str, fn: Callable[..., Decision], *args: Any) -> Decision:
+        """One instance's unexpected failure becomes its decision; the other instances carry on."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            log.exception("remediation of %s failed", name)
+            return Decision.block(
+                "internal", "error", f"internal error, nothing done: {exc.__class__.__name__}: {exc}"
+            )
+
+    def _intent(self, request: RemediationRequest, view: InstanceView, now: float) -> Intent:
+        try:
+            if view.name in self.restarts.executions:
+                return Intent("wait", "in-progress", "a restart of this instance is in progress")
+            held = None if request.force else self.actions.held(view, now)
+            if held is not None:
+                return held
+            case = self.ledger.case(view.name, request.finding_id)
+            assert case is not None  # the intake just touched it
+            loop = self.ladder
+            starts = self.ledger.starts(view.name, now - loop.crash_loop_window - loop.crash_loop_reset_after)
+            return policy.decide(request, case, starts, loop, now, can_purge=self.actions.can_purge(view))
+        except Exception as exc:
+            log.exception("the ladder failed for %s", view.name)
+            return Intent("none", "error", f"internal error, nothing done: {exc}")
+
+    def _gate(self, view: InstanceView, now: float) -> Decision | None:
+        """The kill switch and the exclusion list: no action on the instance at all."""
+        pause = self.paused(now)
+        if pause is not None:
+            who = pause.get("by") or "an operator"
+            return Decision.block(
+                "pause",
+                "paused",
+                f"remediation paused by {who} until {at(pause['until'])}: {pause['reason']}",
+                pause["until"],
+            )
+        if self.config.excluded(view.name):
+            return Decision.block(
+                "exclude", "excluded", f"{view.name} is excluded from remediation in the config"
+            )
+        return None
+
+    def _purge(self, view: InstanceView, request: RemediationRequest, intent: Intent, now: float) -> Decision:
+        gate = self._gate(view, now)
+        return gate if gate is not None else self.actions.purge(view, request, intent, now)
+
+    def _restart(
+        self,
+        view: InstanceView,
+        request: RemediationRequest,
+        intent: Intent,
+        report: StepReport,
+        fleet: list[FleetEntry],
+        history: list[RestartRecord],
+        now: float,
+    ) -> Decision:
+        gate = self._gate(view, now)
+        if gate is not None:
+            return gate
+        decision = self.restarts.decide(
+            view, request, intent, report.plan, fleet, history, now, report.coordinator_error
+        )
+        if decision.code == UNAVAILABLE and not report.coordinator_error:
+            self._note_coordinator(decision.reason)  # it failed at the lock itself
+        elif decision.code == "started":
+            report.started.append(view.name)
+        elif decision.code == "dry-run":
+            self.intake.done(view.name)
+        return decision
+
+    # ----------------------------------------------------------------------------- the fleet view
+    def _shared_view(
+        self,
+        now: float,
+        views: Mapping[str, InstanceView],
+        primary: Mapping[str, RemediationRequest],
+        wanted: Mapping[str, Intent],
+        report: StepReport,
+    ) -> tuple[list[FleetEntry], list[RestartRecord]]:
+        def first_seen(instance: str, finding_id: str) -> float | None:
+            case = self.ledger.case(instance, finding_id)
+            return case.first_seen if case else None
+
+        mine = local_entries(self.agent_id, views, primary, wanted, first_seen, now)
+        since = now - history_window(self.config)
+        fleet, history, error = shared_view(
+            self.coordinator, self.agent_id, mine, self.config.coordinator.fleet_ttl, since
+        )
+        self._note_coordinator(error)
+        report.coordinator_error = error
+        if self.mode == "dry-run":  # its would-be restarts count, so its plan advances as enforce's would
+            history = [*history, *self.ledger.dry_run_restarts(since, self.agent_id)]
+        return fleet, history
+
+    def _note_coordinator(self, error: str | None) -> None:
+        if error and error != self._coordinator_error:
+            self.events.emit(
+                "remediation_coordinator_unavailable",
+                f"{error}; no restart will start until it answers",
+                severity="error",
+                coordinator=self.coordinator.describe(),
+            )
+        elif error is None and self._coordinator_error is not None:
+            self.events.emit(
+                "remediation_coordinator_recovered", f"{self.coordinator.describe()} answers again"
+            )
+        self._coordinator_error = error
+
+    def _report_plan_problems(self, plan: Plan) -> None:
+        if plan.problems and plan.problems != self._problems:
+            self.events.emit(
+                "remediation_plan_infeasible",
+                f"{len(plan.problems)} restart(s) cannot meet their deadline: {plan.problems[0]}",
+                severity="warning",
+                problems=list(plan.problems),
+            )
+        self._problems = plan.problems
+
+    def _reap(self) -> None:
+        """Record how finished restarts ended in their cases; drop one-shot requests carried out."""
+        for execution in self.restarts.finished():
+            request = execution.job.request
+            if request is None:
+                continue
+            if execution.outcome in ("succeeded", "failed"):
+                self.ledger.update_case(
+                    execution.instance,
+                    request.finding_id,
+                    restarted_at=execution.finished_at,
+                    restart_outcome=execution.outcome,
+                )
+            self.intake.done(execution.instance, request.finding_id)
+
+    # ----------------------------------------------------------------------------- views and shutdown
+    def in_progress(self) -> list[str]:
+        """Instances being restarted now (read without waiting for a running step)."""
+        return sorted(list(self.restarts.executions))
+
+    def snapshot(self, now: float | None = None) -> dict[str, Any]:
+        """What `/api/v1/plan` and `medic plan` show: mode, pause, the plan, decisions, restarts in flight."""
+        now = self.clock() if now is None else now
+        last = self.last
+        return {
+            "mode": self.mode,
+            "agent": self.agent_id,
+            "paused": self.ledger.pause(),
+            "coordinator": {
+                "backend": self.coordinator.describe(),
+                "ok": self._coordinator_error is None,
+                "error": self._coordinator_error,
+            },
+            "budget": {
+                "max_concurrent": self.limits.max_concurrent,
+                "min_interval": self.limits.min_interval,
+                "max_per_hour": self.limits.max_per_hour,
+                "cooldown": self.limits.cooldown,
+            },
+            "windows": self.windows.describe(),
+            "escalations": self.ledger.escalations(),
+            "in_progress": self.in_progress(),
+            "step": last.to_dict() if last else None,
+            "age_seconds": (now - last.now) if last else None,
+        }
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop: running restarts are told to stop waiting; their slots are released (or expire)."""
+        self._stop.set()
+        self.restarts.wait(timeout)
+        with self._lock:
+            self._reap()
+        if self._owns_coordinator:
+            self.coordinator.close()
+
+
+def _slot(plan: Plan, name: str) -> tuple[float, str]:
+    entry = plan.entry(name)
+    return (entry.slot_at if entry else math.inf, name)
+
+
+__all__ = ["SUBMITTED_TTL", "Engine", "EngineHooks", "PurgeFn", "StepReport", "history_window"]

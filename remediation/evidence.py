@@ -1,0 +1,166 @@
+"""Evidence captured before a restart, so that the restart does not destroy what on-call needs.
+
+The runtime injects capture callables by name (`heap_profile`, `class_histogram`, `smaps_rollup`,
+`series`...): `capture(view, timeout) -> bytes | str | dict | list | Path | None`. They run in
+parallel, bounded by one deadline (`timeout`) and one size budget (`max_bytes`, shared), and are
+written under `<dir>/<instance>/<action id>/`, with the finding's own evidence as `finding.json`.
+A capture that fails or overruns is recorded as such; it never stops the restart. Only the last
+`keep` restarts' evidence is kept per instance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from remediation.model import InstanceView
+
+CaptureFn = Callable[[InstanceView, float], "bytes | str | dict | list | Path | None"]
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceItem:
+    name: str
+    path: str | None
+    size: int
+    truncated: bool
+    seconds: float
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "path": self.path,
+            "bytes": self.size,
+            "truncated": self.truncated,
+            "seconds": round(self.seconds, 3),
+            "error": self.error,
+        }
+
+
+class EvidenceStore:
+    def __init__(
+        self, directory: str | Path, *, keep: int = 5, max_bytes: int = 64 * 2**20, timeout: float = 30.0
+    ):
+        self.directory = Path(directory)
+        self.keep = keep
+        self.max_bytes = max_bytes
+        self.timeout = timeout
+
+    def capture(
+        self,
+        action_id: int,
+        view: InstanceView,
+        captures: Mapping[str, CaptureFn],
+        finding: Mapping[str, Any] | None = None,
+    ) -> list[EvidenceItem]:
+        folder = self.directory / _SAFE.sub("_", view.name) / f"{action_id:08d}"
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        budget = self.max_bytes
+        items = []
+        if finding:
+            data = json.dumps(dict(finding), indent=2, default=str).encode()
+            item = self._write(folder, "finding", data, budget, 0.0)
+            budget -= item.size
+            items.append(item)
+        results: dict[str, tuple[object, BaseException | None, float]] = {}
+
+        def run(name: str, fn: CaptureFn) -> None:
+            started = time.monotonic()
+            try:
+                results[name] = (fn(view, self.timeout), None, time.monotonic() - started)
+            except BaseException as exc:  # injected code: record whatever it raises
+                results[name] = (None, exc, time.monotonic() - started)
+
+        threads = {
+            name: threading.Thread(target=run, args=(name, fn), name=f"evidence-{name}", daemon=True)
+            for name, fn in captures.items()
+        }
+        deadline = time.monotonic() + self.timeout
+        for thread in threads.values():
+            thread.start()
+        for thread in threads.values():
+            thread.join(max(0.0, deadline - time.monotonic()))
+        for name in sorted(captures):
+            if name not in results:
+                items.append(
+                    EvidenceItem(name, None, 0, False, self.timeout, f"timed out after {self.timeout:g}s")
+                )
+                continue
+            value, error, seconds = results[name]
+            if error is not None:
+                items.append(
+                    EvidenceItem(name, None, 0, False, seconds, f"{error.__class__.__name__}: {error}")
+                )
+                continue
+            if value is None:
+                items.append(EvidenceItem(name, None, 0, False, seconds, "nothing to capture"))
+                continue
+            try:
+                item = self._write(folder, name, value, budget, seconds)
+            except OSError as exc:
+                item = EvidenceItem(name, None, 0, False, seconds, f"cannot store: {exc.strerror or exc}")
+            budget -= item.size
+            items.append(item)
+        self.prune(view.name)
+        return items
+
+    def _write(self, folder: Path, name: str, value: object, budget: int, seconds: float) -> EvidenceItem:
+        safe = _SAFE.sub("_", name)
+        if isinstance(value, Path):
+            path = folder / (safe + "".join(value.suffixes[-1:]))
+            size = value.stat().st_size
+            with open(value, "rb") as src, _private(path) as dst:
+                shutil.copyfileobj(_Limited(src, max(0, budget)), dst)
+            kept = min(size, max(0, budget))
+            return EvidenceItem(name, str(path), kept, kept < size, seconds)
+        if isinstance(value, (dict, list)):
+            data, suffix = json.dumps(value, indent=2, default=str).encode(), ".json"
+        elif isinstance(value, str):
+            data, suffix = value.encode("utf-8", "replace"), ".txt"
+        elif isinstance(value, (bytes, bytearray)):
+            data, suffix = bytes(value), ".bin"
+        else:
+            data, suffix = repr(value).encode(), ".txt"
+        kept = data[: max(0, budget)]
+        path = folder / (safe + suffix)
+        with _private(path) as out:
+            out.write(kept)
+        return EvidenceItem(name, str(path), len(kept), len(kept) < len(data), seconds)
+
+    def prune(self, instance: str) -> None:
+        """Keep the evidence of the last `keep` restarts of `instance`."""
+        root = self.directory / _SAFE.sub("_", instance)
+        if not root.is_dir():
+            return
+        folders = sorted(p for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+        for old in folders[: max(0, len(folders) - self.keep)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _private(path: Path):
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")
+
+
+class _Limited:
+    """A reader that stops after `limit` bytes."""
+
+    def __init__(self, raw, limit: int) -> None:
+        self.raw, self.left = raw, limit
+
+    def read(self, size: int = -1) -> bytes:
+        if self.left <= 0:
+            return b""
+        size = self.left if size < 0 else min(size, self.left)
+        data = self.raw.read(size)
+        self.left -= len(data)
+        return data

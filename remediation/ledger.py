@@ -1,0 +1,424 @@
+"""The restart ledger and the engine's memory, kept in the agent's SQLite store (tables `remediation_*`).
+
+    remediation_actions    every purge, restart (done or only planned in dry-run) and escalation:
+                           reason, finding, mode, timings, outcome, verification, evidence
+    remediation_decisions  each instance's decisions, one row whenever its verdict changes
+    remediation_cases      per (instance, finding): first/last seen, purge, restart, escalation
+    remediation_starts     every process start seen per instance (crash-loop counting)
+    remediation_escalations  instances handed to a person: no automatic action until cleared
+    remediation_control    the global pause (reason, who, until)
+
+All of it survives an agent restart; the budget itself lives in the coordinator.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from agent.store import Store
+from probes.linux.procfs import CLOCK_TICKS
+from remediation.model import Decision, RemediationRequest, RestartRecord
+from remediation.policy import CaseHistory
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS remediation_actions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, instance TEXT NOT NULL, action TEXT NOT NULL,
+    mode TEXT NOT NULL, request_kind TEXT, finding_id TEXT, reason TEXT NOT NULL,
+    deadline REAL, slot_at REAL, created_at REAL NOT NULL, started_at REAL, finished_at REAL,
+    outcome TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '', fleet TEXT, actuator TEXT,
+    old_pid INTEGER, old_start_time REAL, new_pid INTEGER, holder TEXT, token TEXT,
+    stages TEXT NOT NULL DEFAULT '[]', evidence TEXT NOT NULL DEFAULT '[]', data TEXT NOT NULL DEFAULT '{}');
+CREATE INDEX IF NOT EXISTS remediation_actions_instance ON remediation_actions (instance, id);
+CREATE INDEX IF NOT EXISTS remediation_actions_created ON remediation_actions (created_at);
+CREATE TABLE IF NOT EXISTS remediation_decisions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, instance TEXT NOT NULL, stage TEXT NOT NULL,
+    ok INTEGER NOT NULL, code TEXT NOT NULL, reason TEXT NOT NULL, retry_at REAL,
+    data TEXT NOT NULL DEFAULT '{}');
+CREATE INDEX IF NOT EXISTS remediation_decisions_instance ON remediation_decisions (instance, id);
+CREATE TABLE IF NOT EXISTS remediation_cases (
+    instance TEXT NOT NULL, finding_id TEXT NOT NULL, kind TEXT NOT NULL,
+    first_seen REAL NOT NULL, last_seen REAL NOT NULL, closed_at REAL,
+    purged_at REAL, purge_result TEXT, restarted_at REAL, restart_outcome TEXT, escalated_at REAL,
+    PRIMARY KEY (instance, finding_id));
+CREATE TABLE IF NOT EXISTS remediation_starts (
+    instance TEXT NOT NULL, start_time REAL NOT NULL, seen_at REAL NOT NULL,
+    PRIMARY KEY (instance, start_time));
+CREATE TABLE IF NOT EXISTS remediation_control (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS remediation_escalations (
+    instance TEXT PRIMARY KEY, at REAL NOT NULL, code TEXT NOT NULL, reason TEXT NOT NULL,
+    finding_id TEXT, action_id INTEGER);
+"""
+_JSON_COLUMNS = ("stages", "evidence", "data")
+_ACTION_COLUMNS = [
+    "id",
+    "instance",
+    "action",
+    "mode",
+    "request_kind",
+    "finding_id",
+    "reason",
+    "deadline",
+    "slot_at",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "outcome",
+    "detail",
+    "fleet",
+    "actuator",
+    "old_pid",
+    "old_start_time",
+    "new_pid",
+    "holder",
+    "token",
+    "stages",
+    "evidence",
+    "data",
+]
+_CASE_COLUMNS = [
+    "instance",
+    "finding_id",
+    "kind",
+    "first_seen",
+    "last_seen",
+    "purged_at",
+    "purge_result",
+    "restarted_at",
+    "restart_outcome",
+    "escalated_at",
+]
+START_TOLERANCE = 1.0 / CLOCK_TICKS + 1e-6
+FINISHED = ("succeeded", "failed", "interrupted", "dry-run", "purged", "escalated", "abandoned")
+
+
+class Ledger:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        store.ensure_schema(_SCHEMA)
+        self._last_decision: dict[str, tuple[str, str, bool]] = {}
+        for instance, stage, code, ok in store.query(
+            "SELECT instance, stage, code, ok FROM remediation_decisions WHERE id IN "
+            "(SELECT max(id) FROM remediation_decisions GROUP BY instance)"
+        ):
+            self._last_decision[instance] = (stage, code, bool(ok))
+
+    # ----------------------------------------------------------------------------- actions
+    def open_action(
+        self,
+        *,
+        instance: str,
+        action: str,
+        mode: str,
+        reason: str,
+        outcome: str,
+        now: float,
+        request: RemediationRequest | None = None,
+        **fields: Any,
+    ) -> int:
+        row: dict[str, Any] = {
+            "instance": instance,
+            "action": action,
+            "mode": mode,
+            "reason": reason,
+            "outcome": outcome,
+            "created_at": now,
+            "request_kind": request.kind if request else None,
+            "finding_id": request.finding_id if request else None,
+            "deadline": request.deadline if request else None,
+            **fields,
+        }
+        row = _encode(row)
+        with self.store.transaction() as db:
+            cur = db.execute(
+                f"INSERT INTO remediation_actions ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                tuple(row.values()),
+            )
+            return int(cur.lastrowid)
+
+    def update_action(self, action_id: int, **fields: Any) -> None:
+        if not fields:
+            return
+        row = _encode(fields)
+        with self.store.transaction() as db:
+            db.execute(
+                f"UPDATE remediation_actions SET {', '.join(f'{k} = ?' for k in row)} WHERE id = ?",
+                (*row.values(), action_id),
+            )
+
+    def actions(
+        self, *, instance: str | None = None, since: float | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """Newest first."""
+        where, args = [], []
+        if instance is not None:
+            where.append("instance = ?")
+            args.append(instance)
+        if since is not None:
+            where.append("created_at >= ?")
+            args.append(since)
+        sql = f"SELECT {', '.join(_ACTION_COLUMNS)} FROM remediation_actions"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id DESC LIMIT ?"
+        args.append(max(1, min(limit, 10_000)))
+        return [_decode(dict(zip(_ACTION_COLUMNS, row))) for row in self.store.query(sql, args)]
+
+    def action(self, action_id: int) -> dict[str, Any] | None:
+        rows = self.store.query(
+            f"SELECT {', '.join(_ACTION_COLUMNS)} FROM remediation_actions WHERE id = ?", (action_id,)
+        )
+        return _decode(dict(zip(_ACTION_COLUMNS, rows[0]))) if rows else None
+
+    def dry_run_restarts(self, since: float, holder: str) -> list[RestartRecord]:
+        """Restarts dry-run mode "did", so that its budget and plan advance as enforce mode's would."""
+        rows = self.store.query(
+            "SELECT instance, fleet, started_at, finished_at FROM remediation_actions "
+            "WHERE action = 'restart' AND outcome = 'dry-run' AND started_at >= ?",
+            (since,),
+        )
+        return [
+            RestartRecord(instance, fleet or "default", holder, started, finished, "dry-run")
+            for instance, fleet, started, finished in rows
+        ]
+
+    def interrupt_unfinished(self, now: float) -> list[dict[str, Any]]:
+        """Actions left running by an agent that stopped mid-restart: closed as `interrupted`."""
+        rows = self.store.query("SELECT id FROM remediation_actions WHERE outcome IN ('running', 'planned')")
+        for (action_id,) in rows:
+            self.update_action(
+                action_id,
+                outcome="interrupted",
+                finished_at=now,
+                detail="the agent stopped during this restart; its coordinator slot expires with its lease",
+            )
+        return [a for a in (self.action(r[0]) for r in rows) if a]
+
+    # ----------------------------------------------------------------------------- decisions
+    def record_decision(self, instance: str, decision: Decision, now: float) -> bool:
+        """Write the decision if the instance's verdict changed; True when written."""
+        key = (decision.stage, decision.code, decision.ok)
+        if self._last_decision.get(instance) == key:
+            return False
+        with self.store.transaction() as db:
+            db.execute(
+                "INSERT INTO remediation_decisions (ts, instance, stage, ok, code, reason, retry_at, data) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    now,
+                    instance,
+                    decision.stage,
+                    int(decision.ok),
+                    decision.code,
+                    decision.reason,
+                    decision.retry_at,
+                    json.dumps(dict(decision.data), default=str),
+                ),
+            )
+        self._last_decision[instance] = key
+        return True
+
+    def decisions(self, *, instance: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        sql = "SELECT id, ts, instance, stage, ok, code, reason, retry_at, data FROM remediation_decisions"
+        args: list[Any] = []
+        if instance is not None:
+            sql += " WHERE instance = ?"
+            args.append(instance)
+        sql += " ORDER BY id DESC LIMIT ?"
+        args.append(max(1, min(limit, 10_000)))
+        return [
+            {
+                "id": i,
+                "ts": ts,
+                "instance": inst,
+                "stage": stage,
+                "ok": bool(ok),
+                "code": code,
+                "reason": reason,
+                "retry_at": retry,
+                "data": json.loads(data),
+            }
+            for i, ts, inst, stage, ok, code, reason, retry, data in self.store.query(sql, args)
+        ]
+
+    # ----------------------------------------------------------------------------- cases
+    def touch_case(self, request: RemediationRequest, now: float, inherit_window: float) -> CaseHistory:
+        """The open case of this request, created (or reopened) if needed.
+
+        A new case of the same kind as a verified restart that ended less than `inherit_window`
+        ago inherits that restart: the finding came straight back, so the restart did not help.
+        """
+        existing = self.case(request.instance, request.finding_id)
+        with self.store.transaction() as db:
+            if existing is None:
+                inherited = db.execute(
+                    "SELECT restarted_at, restart_outcome FROM remediation_cases WHERE instance = ? AND kind = ? "
+                    "AND restarted_at IS NOT NULL AND restarted_at >= ? ORDER BY restarted_at DESC LIMIT 1",
+                    (request.instance, request.kind, now - inherit_window),
+                ).fetchone()
+                db.execute(
+                    "INSERT INTO remediation_cases (instance, finding_id, kind, first_seen, last_seen, "
+                    "restarted_at, restart_outcome) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        request.instance,
+                        request.finding_id,
+                        request.kind,
+                        request.requested_at or now,
+                        now,
+                        *(inherited or (None, None)),
+                    ),
+                )
+            else:
+                db.execute(
+                    "UPDATE remediation_cases SET last_seen = ?, closed_at = NULL WHERE instance = ? AND finding_id = ?",
+                    (now, request.instance, request.finding_id),
+                )
+        case = self.case(request.instance, request.finding_id)
+        assert case is not None
+        return case
+
+    def case(self, instance: str, finding_id: str) -> CaseHistory | None:
+        rows = self.store.query(
+            f"SELECT {', '.join(_CASE_COLUMNS)} FROM remediation_cases WHERE instance = ? AND finding_id = ?",
+            (instance, finding_id),
+        )
+        return CaseHistory(*rows[0]) if rows else None
+
+    def open_cases(self) -> list[CaseHistory]:
+        rows = self.store.query(
+            f"SELECT {', '.join(_CASE_COLUMNS)} FROM remediation_cases WHERE closed_at IS NULL ORDER BY instance"
+        )
+        return [CaseHistory(*row) for row in rows]
+
+    def update_case(self, instance: str, finding_id: str, **fields: Any) -> None:
+        with self.store.transaction() as db:
+            db.execute(
+                f"UPDATE remediation_cases SET {', '.join(f'{k} = ?' for k in fields)} "
+                "WHERE instance = ? AND finding_id = ?",
+                (*fields.values(), instance, finding_id),
+            )
+
+    def close_missing_cases(
+        self, seen: Iterable[tuple[str, str]], now: float, grace: float
+    ) -> list[CaseHistory]:
+        """Close open cases whose request has not come for `grace` seconds: the finding cleared."""
+        seen = set(seen)
+        closed = [
+            case
+            for case in self.open_cases()
+            if (case.instance, case.finding_id) not in seen and now - case.last_seen >= grace
+        ]
+        with self.store.transaction() as db:
+            db.executemany(
+                "UPDATE remediation_cases SET closed_at = ? WHERE instance = ? AND finding_id = ?",
+                [(now, c.instance, c.finding_id) for c in closed],
+            )
+        return closed
+
+    # ----------------------------------------------------------------------------- escalations
+    def escalate(
+        self, instance: str, code: str, reason: str, finding_id: str | None, action_id: int, now: float
+    ) -> None:
+        with self.store.transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO remediation_escalations VALUES (?, ?, ?, ?, ?, ?)",
+                (instance, now, code, reason, finding_id, action_id),
+            )
+            if finding_id is not None:
+                db.execute(
+                    "UPDATE remediation_cases SET escalated_at = ? WHERE instance = ? AND finding_id = ?",
+                    (now, instance, finding_id),
+                )
+
+    def escalation(self, instance: str) -> dict[str, Any] | None:
+        rows = self.store.query(
+            "SELECT instance, at, code, reason, finding_id, action_id FROM remediation_escalations WHERE instance = ?",
+            (instance,),
+        )
+        keys = ("instance", "at", "code", "reason", "finding_id", "action_id")
+        return dict(zip(keys, rows[0])) if rows else None
+
+    def escalations(self) -> list[dict[str, Any]]:
+        rows = self.store.query("SELECT instance FROM remediation_escalations ORDER BY instance")
+        return [e for e in (self.escalation(r[0]) for r in rows) if e]
+
+    def clear_escalation(self, instance: str, *, reset_history: bool) -> bool:
+        """Forget an instance's escalation; `reset_history` also forgets its restarts and crash-loop count."""
+        with self.store.transaction() as db:
+            cur = db.execute("DELETE FROM remediation_escalations WHERE instance = ?", (instance,))
+            if reset_history:
+                db.execute(
+                    "UPDATE remediation_cases SET escalated_at = NULL, restarted_at = NULL, restart_outcome = NULL "
+                    "WHERE instance = ? AND closed_at IS NULL",
+                    (instance,),
+                )
+                db.execute("DELETE FROM remediation_starts WHERE instance = ?", (instance,))
+            return cur.rowcount > 0
+
+    # ----------------------------------------------------------------------------- process starts
+    def record_start(self, instance: str, start_time: float, now: float) -> bool:
+        """Remember a process start of `instance`; False when already known (same start, to a clock tick)."""
+        known = self.store.query(
+            "SELECT 1 FROM remediation_starts WHERE instance = ? AND abs(start_time - ?) <= ?",
+            (instance, start_time, START_TOLERANCE),
+        )
+        if known:
+            return False
+        with self.store.transaction() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO remediation_starts VALUES (?, ?, ?)", (instance, start_time, now)
+            )
+        return True
+
+    def starts(self, instance: str, since: float) -> list[float]:
+        rows = self.store.query(
+            "SELECT start_time FROM remediation_starts WHERE instance = ? AND start_time >= ? ORDER BY start_time",
+            (instance, since),
+        )
+        return [r[0] for r in rows]
+
+    # ----------------------------------------------------------------------------- pause
+    def set_pause(self, reason: str, until: float, by: str | None, now: float) -> dict[str, Any]:
+        value = {"reason": reason, "until": until, "by": by, "since": now}
+        with self.store.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO remediation_control VALUES ('pause', ?)", (json.dumps(value),))
+        return value
+
+    def clear_pause(self) -> dict[str, Any] | None:
+        current = self.pause()
+        with self.store.transaction() as db:
+            db.execute("DELETE FROM remediation_control WHERE key = 'pause'")
+        return current
+
+    def pause(self) -> dict[str, Any] | None:
+        rows = self.store.query("SELECT value FROM remediation_control WHERE key = 'pause'")
+        return json.loads(rows[0][0]) if rows else None
+
+    # ----------------------------------------------------------------------------- retention
+    def prune(self, now: float, retention: float) -> None:
+        cutoff = now - retention
+        with self.store.transaction() as db:
+            db.execute("DELETE FROM remediation_decisions WHERE ts < ?", (cutoff,))
+            db.execute(
+                "DELETE FROM remediation_cases WHERE closed_at IS NOT NULL AND closed_at < ?", (cutoff,)
+            )
+            db.execute("DELETE FROM remediation_starts WHERE seen_at < ?", (cutoff,))
+            db.execute(
+                "DELETE FROM remediation_actions WHERE created_at < ? AND outcome IN "
+                f"({', '.join('?' * len(FINISHED))})",
+                (cutoff, *FINISHED),
+            )
+
+
+def _encode(row: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(row) - set(_ACTION_COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown action field(s): {', '.join(sorted(unknown))}")
+    return {k: (json.dumps(v, default=str) if k in _JSON_COLUMNS else v) for k, v in row.items()}
+
+
+def _decode(row: dict[str, Any]) -> dict[str, Any]:
+    for key in _JSON_COLUMNS:
+        row[key] = json.loads(row[key]) if row.get(key) else ([] if key != "data" else {})
+    return row

@@ -1,0 +1,181 @@
+"""The ladder: from a request and what happened to its case so far, what to do now, and why.
+
+    fragmentation  → purge the allocator (if the instance offers it) → wait `purge_settle`
+                     → restart only if the finding is still there
+    leak, oom-risk → restart, planned before the deadline
+    slow           → restart once the finding has held for `slow_confirm`
+    manual, external → restart as soon as the budget allows
+    any            → escalate (no more restarts; a person must look) when a restart failed or did
+                     not clear the finding within `clear_check`, or when the instance was restarted
+                     `crash_loop.max_restarts` times in `crash_loop.window` (the count resets once it
+                     has stayed up `crash_loop.reset_after`)
+
+Pure functions of their arguments; the engine keeps the cases in the ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from remediation.model import KIND_PRIORITY, Intent, RemediationRequest
+from remediation.text import at, span
+
+
+@dataclass(frozen=True, slots=True)
+class LadderSettings:
+    purge_settle: float = 120.0
+    slow_confirm: float = 120.0
+    clear_check: float = 600.0
+    crash_loop_restarts: int = 3
+    crash_loop_window: float = 3600.0
+    crash_loop_reset_after: float = 1800.0
+
+
+@dataclass(frozen=True, slots=True)
+class CaseHistory:
+    """What happened so far to one (instance, finding) case."""
+
+    instance: str
+    finding_id: str
+    kind: str
+    first_seen: float
+    last_seen: float
+    purged_at: float | None = None
+    purge_result: str | None = None
+    restarted_at: float | None = None  # when the last restart for this case ended
+    restart_outcome: str | None = None  # succeeded | failed | timed-out | ...
+    escalated_at: float | None = None
+
+
+def crash_loop_count(starts: Sequence[float], now: float, window: float, reset_after: float) -> int:
+    """Restarts in the current run of short-lived processes, within `window` before `now`.
+
+    `starts` are the start times of the instance's successive processes. A process that lived
+    `reset_after` or longer ends a run; so does the current one once it has been up that long.
+    """
+    ordered = sorted(s for s in starts if s <= now)
+    if len(ordered) < 2 or now - ordered[-1] >= reset_after:
+        return 0
+    count = 0
+    for i in range(len(ordered) - 1, 0, -1):
+        current, previous = ordered[i], ordered[i - 1]
+        if current <= now - window:
+            break
+        count += 1
+        if current - previous >= reset_after:
+            break
+    return count
+
+
+def primary_request(requests: Sequence[RemediationRequest]) -> RemediationRequest:
+    """The request that leads an instance's case: forced first, then earliest deadline, then kind."""
+    return min(
+        requests,
+        key=lambda r: (
+            not r.force,
+            r.deadline if r.deadline is not None else float("inf"),
+            KIND_PRIORITY.get(r.kind, 99),
+            r.finding_id,
+        ),
+    )
+
+
+def decide(
+    request: RemediationRequest,
+    case: CaseHistory,
+    starts: Sequence[float],
+    settings: LadderSettings,
+    now: float,
+    *,
+    can_purge: bool,
+) -> Intent:
+    """What the ladder wants for this request now."""
+    if request.force:
+        who = request.requested_by or "an operator"
+        return Intent("restart", "forced", f"restart forced by {who}: {request.reason}")
+    if case.escalated_at is not None:
+        return Intent(
+            "none",
+            "escalated",
+            f"escalated at {at(case.escalated_at)}; no automatic restart until a person clears it",
+        )
+    restarts = crash_loop_count(starts, now, settings.crash_loop_window, settings.crash_loop_reset_after)
+    if restarts >= settings.crash_loop_restarts:
+        return Intent(
+            "escalate",
+            "crash-loop",
+            f"{request.instance} was restarted {restarts} times within {span(settings.crash_loop_window)} "
+            f"without staying up {span(settings.crash_loop_reset_after)}: crash loop; medic stops "
+            "restarting it, a person must look",
+        )
+    if case.restarted_at is not None:
+        if case.restart_outcome not in (None, "succeeded"):
+            return Intent(
+                "escalate",
+                "restart-failed",
+                f"the restart at {at(case.restarted_at)} ended {case.restart_outcome}; medic will not "
+                "try again on its own",
+            )
+        settle_until = case.restarted_at + settings.clear_check
+        if now < settle_until:
+            return Intent(
+                "wait",
+                "checking-restart",
+                f"restarted at {at(case.restarted_at)}; checking that {request.kind} finding "
+                f"{request.finding_id} clears by {at(settle_until)}",
+            )
+        return Intent(
+            "escalate",
+            "restart-did-not-help",
+            f"the restart at {at(case.restarted_at)} did not clear {request.kind} finding "
+            f"{request.finding_id} (still reported {span(now - case.restarted_at)} later)",
+        )
+    kind = request.kind
+    if kind == "fragmentation":
+        return _fragmentation(request, case, settings, now, can_purge)
+    if kind in ("leak", "oom-risk"):
+        if request.deadline is None:
+            return Intent(
+                "restart", kind, f"{kind}: {request.reason}; no deadline given, restart when allowed"
+            )
+        return Intent("restart", kind, f"{kind}: {request.reason}", deadline=request.deadline)
+    if kind == "slow":
+        confirmed_at = case.first_seen + settings.slow_confirm
+        if now < confirmed_at:
+            return Intent(
+                "wait",
+                "confirming",
+                f"slow since {at(case.first_seen)}; restart if still slow at {at(confirmed_at)}",
+            )
+        return Intent("restart", "slow", f"slow for {span(now - case.first_seen)}: {request.reason}")
+    return Intent("restart", kind, f"{kind} request: {request.reason}")
+
+
+def _fragmentation(
+    request: RemediationRequest, case: CaseHistory, settings: LadderSettings, now: float, can_purge: bool
+) -> Intent:
+    if case.purged_at is None:
+        if can_purge:
+            return Intent(
+                "purge", "purge-first", f"fragmentation: {request.reason}; purging the allocator first"
+            )
+        return Intent(
+            "restart",
+            "no-purge",
+            f"fragmentation: {request.reason}; this instance offers no allocator purge (no hook), so restart",
+        )
+    settled_at = case.purged_at + settings.purge_settle
+    if now < settled_at:
+        return Intent(
+            "wait",
+            "purge-settling",
+            f"purged at {at(case.purged_at)} ({case.purge_result or 'no result'}); checking at "
+            f"{at(settled_at)} whether it helped",
+        )
+    return Intent(
+        "restart",
+        "purge-did-not-help",
+        f"the purge at {at(case.purged_at)} ({case.purge_result or 'no result'}) did not clear the "
+        f"fragmentation: {request.reason}",
+    )

@@ -1,0 +1,120 @@
+"""Remediation end to end in a real agent: a leaking managed instance is restarted before its limit in
+enforce mode, only planned in dry-run, and left alone while paused (then restarted after resume)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+from conftest import PYTHON, REPO, wait_until, workload_argv
+
+pytestmark = pytest.mark.slow
+LIMIT = 320 * 2**20
+DETECT = {
+    "interval": "0.5s",
+    "memory": {"window": "24s", "long_window": "48s", "warmup": "2s", "season": "6s", "horizon": "30m"},
+}
+
+
+def remediation(mode: str) -> dict:
+    return {
+        "mode": mode,
+        "interval": "0.5s",
+        "budget": {"max_concurrent": 1, "min_interval": "1s", "max_per_hour": None, "cooldown": "5s"},
+        "plan": {"safety_margin": "15s", "restart_duration": "3s", "deadline_granularity": "1s"},
+        "blockers": {"min_uptime": "1s"},
+        "verify": {"timeout": "10s", "stable_for": "1s"},
+        "ladder": {"clear_check": "2m"},
+    }
+
+
+def config(mode: str) -> dict:
+    return {
+        "agent": {"interval": "0.2s", "slow_interval": "2s", "flush_interval": "0.3s"},
+        "detect": DETECT,
+        "remediation": remediation(mode),
+        "instances": [
+            {
+                "name": "leaky",
+                "labels": {"fleet": "f"},
+                "match": {
+                    "command": workload_argv("leak", "--rate", "4Mi", "--every", "0.05s", "--cap", "300Mi")
+                },
+                "memory_limit": LIMIT,
+            },
+            {
+                "name": "stable",
+                "labels": {"fleet": "f"},
+                "match": {"command": workload_argv("stable", "--size", "16Mi")},
+                "memory_limit": LIMIT,
+            },
+        ],
+    }
+
+
+def medic(agent, *args: str, admin: bool = True) -> subprocess.CompletedProcess:
+    token = ["--token-file", str(agent.state_dir / "admin.token")] if admin else []
+    return subprocess.run(
+        [PYTHON, "-m", "agent.cli.main", *args, "--url", agent.url, *token],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def restarts(agent, name: str) -> list[dict]:
+    return [e for e in agent.events(kind="instance_restarted") if e["instance"] == name]
+
+
+def test_enforce_restarts_the_leak_before_its_limit(agent):
+    agent.start(config("enforce"))
+    first_pid = agent.instance("leaky")["pid"]
+    wait_until(lambda: restarts(agent, "leaky"), 120)
+    assert agent.instance("leaky")["pid"] != first_pid
+    peak = max(
+        v for _, v in agent.get("/api/v1/instances/leaky/series", metric="rss_bytes", since="10m")["points"]
+    )
+    assert peak < LIMIT
+    assert not restarts(agent, "stable")
+    actions = agent.get("/api/v1/actions")["actions"]
+    assert [a["instance"] for a in actions] == ["leaky"]
+    plan = medic(agent, "plan", admin=False)
+    assert plan.returncode == 0 and "mode: enforce" in plan.stdout
+
+
+def test_dry_run_only_plans(agent):
+    agent.start(config("dry-run"))
+    first_pid = agent.instance("leaky")["pid"]
+
+    def planned() -> bool:
+        step = agent.get("/api/v1/plan").get("step") or {}
+        return any(e["instance"] == "leaky" for e in (step.get("plan") or {}).get("entries", []))
+
+    wait_until(planned, 90)
+    wait_until(
+        lambda: any(
+            e["kind"].startswith("remediation_") and "dry-run" in e["message"] for e in agent.events()
+        ),
+        60,
+    )
+    assert agent.instance("leaky")["pid"] == first_pid
+    assert not restarts(agent, "leaky")
+
+
+def test_pause_holds_restarts_until_resume(agent):
+    agent.start(config("enforce"))
+    paused = medic(agent, "pause", "--for", "10m", "--reason", "investigating by hand")
+    assert paused.returncode == 0, paused.stderr
+    first_pid = agent.instance("leaky")["pid"]
+    wait_until(lambda: agent.get("/api/v1/findings", kind="leak", instance="leaky")["findings"], 90)
+    wait_until(
+        lambda: any("paused" in (d.get("reason") or "") for d in agent.get("/api/v1/decisions")["decisions"]),
+        60,
+    )
+    assert agent.instance("leaky")["pid"] == first_pid and not restarts(agent, "leaky")
+    assert "PAUSED" in medic(agent, "plan", admin=False).stdout
+    resumed = medic(agent, "resume")
+    assert resumed.returncode == 0 and "resumed" in resumed.stdout
+    wait_until(lambda: restarts(agent, "leaky"), 90)

@@ -1,0 +1,297 @@
+"""One contract, every coordinator backend: `local` (a SQLite file) and `etcd` (a real etcd started here).
+
+Each test gets a `make()` that builds a fresh client of the same backend and namespace, as a
+separate agent would; several clients in one test are several agents sharing one budget.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+import uuid
+
+import pytest
+from remediation_support import NEEDS_ETCD, etcd_server, free_port, silent_server
+
+from remediation.budget import BudgetLimits, BudgetState, admit
+from remediation.coordinator.base import EXPIRED, SlotRequest
+from remediation.coordinator.etcd import EtcdCoordinator
+from remediation.coordinator.local import LocalCoordinator
+from remediation.errors import CoordinatorUnavailable, LeaseLost
+from remediation.model import Decision, FleetEntry
+
+TTL = 2.0  # etcd's minimum
+EXPIRY_WAIT = TTL + 1.8  # etcd's leader checks expiry about once a second
+
+
+@pytest.fixture(scope="module")
+def etcd_url():
+    with etcd_server() as url:
+        yield url
+
+
+@pytest.fixture(params=["local", pytest.param("etcd", marks=[NEEDS_ETCD, pytest.mark.slow])])
+def make(request, tmp_path):
+    made = []
+    namespace = f"t{uuid.uuid4().hex[:8]}"
+    if request.param == "local":
+
+        def factory(**kwargs):
+            coordinator = LocalCoordinator(tmp_path / "coord.db", namespace=namespace, **kwargs)
+            made.append(coordinator)
+            return coordinator
+    else:
+        url = request.getfixturevalue("etcd_url")
+
+        def factory(**kwargs):
+            coordinator = EtcdCoordinator([url], namespace=namespace, **kwargs)
+            made.append(coordinator)
+            return coordinator
+
+    yield factory
+    for coordinator in made:
+        coordinator.close()
+
+
+def allow(records, now):
+    return Decision.allow("budget", "test: always")
+
+
+def refuse(records, now):
+    return Decision.block("budget", "test", "test: never", retry_at=now + 60)
+
+
+def one_at_a_time(records, now):
+    state = BudgetState(records, now=now)
+    return admit(
+        state, "f", "?", now, BudgetLimits(max_concurrent=1, min_interval=0, max_per_hour=None, cooldown=0)
+    )
+
+
+def slot(instance, holder="agent-a", ttl=TTL, fleet="f"):
+    return SlotRequest(instance=instance, fleet=fleet, holder=holder, ttl=ttl)
+
+
+def test_grant_is_listed_in_flight_then_released_with_outcome(make):
+    c = make()
+    result = c.acquire(slot("serving-1"), allow)
+    assert result.granted and result.decision.ok
+    grant = result.grant
+    assert grant.instance == "serving-1" and grant.holder == "agent-a"
+    (record,) = c.restarts(since=0)
+    assert record.in_flight and record.instance == "serving-1" and record.holder == "agent-a"
+    assert abs(record.started_at - time.time()) < 5
+
+    c.release(grant, "succeeded")
+    (record,) = c.restarts(since=0)
+    assert not record.in_flight and record.outcome == "succeeded"
+    assert record.finished_at >= record.started_at
+    c.release(grant, "failed")  # idempotent: the first outcome stays
+    assert c.restarts(since=0)[0].outcome == "succeeded"
+
+
+def test_refusal_passes_the_budget_reason_through_and_takes_nothing(make):
+    c = make()
+    result = c.acquire(slot("serving-1"), refuse)
+    assert not result.granted
+    assert result.decision.reason == "test: never" and result.decision.retry_at is not None
+    assert c.restarts(since=0) == []
+
+
+def test_admit_sees_the_other_agents_restarts(make):
+    a, b = make(), make()
+    seen = []
+
+    def spy(records, now):
+        seen.append([(r.instance, r.holder, r.in_flight) for r in records])
+        return Decision.allow("budget", "ok")
+
+    a.acquire(slot("serving-1", "agent-a"), allow)
+    b.acquire(slot("serving-2", "agent-b"), spy)
+    assert seen == [[("serving-1", "agent-a", True)]]
+
+
+def test_the_same_instance_cannot_be_restarted_twice_at_once(make):
+    a, b = make(), make()
+    assert a.acquire(slot("serving-1", "agent-a"), allow).granted
+    second = b.acquire(slot("serving-1", "agent-b"), allow)
+    assert not second.granted
+    assert second.decision.code == "in-flight" and "agent-a" in second.decision.reason
+
+
+def test_racing_agents_never_exceed_the_budget(make):
+    clients = [make() for _ in range(6)]
+    results = []
+    barrier = threading.Barrier(len(clients))
+
+    def race(i, c):
+        barrier.wait()
+        results.append(c.acquire(slot(f"serving-{i}", f"agent-{i}"), one_at_a_time))
+
+    threads = [threading.Thread(target=race, args=(i, c)) for i, c in enumerate(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    granted = [r for r in results if r.granted]
+    assert len(granted) == 1, [r.decision.reason for r in results]
+    assert all(r.decision.code == "max-concurrent" for r in results if not r.granted)
+    assert sum(r.in_flight for r in clients[0].restarts(since=0)) == 1
+
+
+def test_renew_keeps_the_slot_past_its_ttl(make):
+    c = make()
+    grant = c.acquire(slot("serving-1"), allow).grant
+    end = time.monotonic() + EXPIRY_WAIT
+    while time.monotonic() < end:
+        expires = c.renew(grant)
+        assert expires > time.time()
+        time.sleep(0.5)
+    (record,) = c.restarts(since=0)
+    assert record.in_flight
+
+
+def test_a_dead_holders_slot_frees_itself_after_the_ttl(make):
+    dead, alive = make(), make()
+    grant = dead.acquire(slot("serving-1", "agent-dead"), allow).grant
+    assert not alive.acquire(slot("serving-1", "agent-alive"), allow).granted
+    time.sleep(EXPIRY_WAIT)  # nobody renews
+    (record,) = alive.restarts(since=0)
+    assert not record.in_flight and record.outcome == EXPIRED
+    assert grant.started_at < record.finished_at <= grant.started_at + TTL + 3
+    again = alive.acquire(slot("serving-1", "agent-alive"), allow)
+    assert again.granted
+    with pytest.raises(LeaseLost):
+        dead.renew(grant)
+
+
+def test_released_slot_cannot_be_renewed(make):
+    c = make()
+    grant = c.acquire(slot("serving-1"), allow).grant
+    c.release(grant, "succeeded")
+    with pytest.raises(LeaseLost):
+        c.renew(grant)
+
+
+def test_restarts_since_keeps_in_flight_and_recent(make):
+    c = make()
+    old = c.acquire(slot("serving-1"), allow).grant
+    c.release(old, "succeeded")
+    time.sleep(0.05)
+    cut = time.time()
+    time.sleep(0.05)
+    c.acquire(slot("serving-2"), allow)
+    assert [r.instance for r in c.restarts(since=0)] == ["serving-1", "serving-2"]
+    assert [r.instance for r in c.restarts(since=cut)] == ["serving-2"]
+
+
+def test_finished_restarts_older_than_retention_are_forgotten(make):
+    c = make(retention=0.5)
+    grant = c.acquire(slot("serving-1"), allow).grant
+    c.release(grant, "succeeded")
+    time.sleep(0.7)
+    c.acquire(slot("serving-2"), allow)
+    assert [r.instance for r in c.restarts(since=0)] == ["serving-2"]
+
+
+def test_published_fleet_is_shared_replaced_and_expires(make):
+    a, b = make(), make()
+    now = time.time()
+    a.publish(
+        "agent-a", [FleetEntry("s1", "f", "agent-a", updated_at=now), FleetEntry("s2", "f", "agent-a")], 60
+    )
+    b.publish(
+        "agent-b",
+        [FleetEntry("s3", "f", "agent-b", wants_restart=True, kind="leak", deadline=now + 3600)],
+        TTL,
+    )
+    fleet = {e.instance: e for e in a.fleet()}
+    assert sorted(fleet) == ["s1", "s2", "s3"]
+    assert fleet["s3"].wants_restart and fleet["s3"].deadline == pytest.approx(now + 3600)
+    assert fleet["s1"].updated_at == pytest.approx(now)
+
+    a.publish("agent-a", [FleetEntry("s2", "f", "agent-a", ready=False)], 60)
+    fleet = {e.instance: e for e in b.fleet()}
+    assert sorted(fleet) == ["s2", "s3"] and fleet["s2"].ready is False
+
+    time.sleep(EXPIRY_WAIT)  # agent-b stopped publishing
+    assert [e.instance for e in a.fleet()] == ["s2"]
+
+
+def test_publish_refreshes_the_lease(make):
+    c = make()
+    end = time.monotonic() + EXPIRY_WAIT
+    while time.monotonic() < end:
+        c.publish("agent-a", [FleetEntry("s1", "f", "agent-a")], TTL)
+        time.sleep(0.5)
+    assert [e.instance for e in c.fleet()] == ["s1"]
+
+
+def test_namespaces_do_not_share_a_budget(make, request):
+    a = make()
+    a.acquire(slot("serving-1"), allow)
+    other = type(a)(
+        *(([a.path]) if isinstance(a, LocalCoordinator) else ([a.gateway.endpoints])),
+        namespace=f"other{uuid.uuid4().hex[:6]}",
+    )
+    try:
+        assert other.restarts(since=0) == []
+        assert other.acquire(slot("serving-1"), allow).granted
+    finally:
+        other.close()
+
+
+# ----------------------------------------------------------------------------- unreachable
+
+
+def test_local_lock_held_too_long_is_unavailable_not_a_restart(tmp_path):
+    c = LocalCoordinator(tmp_path / "coord.db", timeout=0.3)
+    blocker = sqlite3.connect(tmp_path / "coord.db", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        started = time.monotonic()
+        with pytest.raises(CoordinatorUnavailable, match="lock"):
+            c.acquire(slot("serving-1"), allow)
+        assert time.monotonic() - started < 3
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert c.acquire(slot("serving-1"), allow).granted
+    c.close()
+
+
+def test_local_unwritable_path_says_what_to_fix(tmp_path):
+    target = tmp_path / "file"
+    target.write_text("")
+    with pytest.raises(CoordinatorUnavailable, match=r"remediation\.coordinator\.local\.path"):
+        LocalCoordinator(target / "sub" / "coord.db")
+
+
+def test_etcd_down_is_unavailable_quickly():
+    c = EtcdCoordinator([f"http://127.0.0.1:{free_port()}"], timeout=0.5)
+    started = time.monotonic()
+    with pytest.raises(CoordinatorUnavailable, match="etcd unreachable"):
+        c.acquire(slot("serving-1"), allow)
+    with pytest.raises(CoordinatorUnavailable):
+        c.fleet()
+    assert time.monotonic() - started < 3
+    c.close()
+
+
+def test_etcd_hung_is_unavailable_after_the_timeout():
+    with silent_server() as url:
+        c = EtcdCoordinator([url], timeout=0.4)
+        started = time.monotonic()
+        with pytest.raises(CoordinatorUnavailable, match=r"no answer within 0\.4s"):
+            c.restarts(since=0)
+        assert 0.35 < time.monotonic() - started < 3
+        c.close()
+
+
+@NEEDS_ETCD
+@pytest.mark.slow
+def test_etcd_second_endpoint_is_used_when_the_first_is_down(etcd_url):
+    c = EtcdCoordinator([f"http://127.0.0.1:{free_port()}", etcd_url], namespace=f"t{uuid.uuid4().hex[:6]}")
+    assert c.acquire(slot("serving-1"), allow).granted
+    c.close()

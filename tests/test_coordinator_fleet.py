@@ -1,0 +1,167 @@
+"""Two remediation agents in two processes share one budget, through `local` and through a real etcd.
+
+`max_concurrent: 1` and six instances (three per agent), each asked to restart once: never more
+than one restart in flight (checked from both ledgers and from the new processes' start times),
+starts spaced by `min_interval`; and an agent killed while it holds the slot frees it after the TTL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+import uuid
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, REPO, wait_until
+from remediation_support import NEEDS_ETCD, etcd_server, silent_server
+
+from remediation.coordinator.etcd import EtcdCoordinator
+from remediation.coordinator.local import LocalCoordinator
+
+pytestmark = pytest.mark.slow
+SUPPORT = REPO / "tests" / "remediation_support.py"
+TTL = 3.0
+MIN_INTERVAL = 0.8
+CONFIG = {
+    "mode": "enforce",
+    "interval": "0.1s",
+    "budget": {
+        "max_concurrent": 1,
+        "min_interval": f"{MIN_INTERVAL}s",
+        "max_per_hour": None,
+        "cooldown": "1h",
+    },
+    "plan": {"safety_margin": "1s", "restart_duration": "1s", "deadline_granularity": "1s"},
+    "blockers": {"min_uptime": 0, "capacity": {"max_unavailable": 6}},
+    "verify": {"timeout": "10s", "stable_for": "0.3s"},
+    "coordinator": {"lease_ttl": f"{TTL}s", "fleet_ttl": "5s"},
+}
+
+
+@pytest.fixture(scope="module")
+def etcd_url():
+    with etcd_server() as url:
+        yield url
+
+
+@pytest.fixture(params=["local", pytest.param("etcd", marks=NEEDS_ETCD)])
+def backend(request, tmp_path):
+    """(coordinator argument for the agents, a client for the test to look with)."""
+    if request.param == "local":
+        path = tmp_path / "shared" / "coordinator.db"
+        client = LocalCoordinator(path)
+        yield f"local:{path}", client
+    else:
+        url = request.getfixturevalue("etcd_url")
+        namespace = f"t{uuid.uuid4().hex[:8]}"
+        client = EtcdCoordinator([url], namespace=namespace)  # the agents get the same namespace
+        yield f"etcd:{url}", client
+    client.close()
+
+
+def start_agent(spawn, tmp_path: Path, agent: str, coordinator: str, instances: list[str], config=None):
+    config = config or CONFIG
+    argv = [
+        PYTHON, str(SUPPORT), "agent", "--config", json.dumps(config), "--state", str(tmp_path / agent),
+        "--agent", agent, "--coordinator", coordinator, "--instances", ",".join(instances), "--duration", "60",
+    ]  # fmt: skip
+    log = open(tmp_path / f"{agent}.log", "wb")
+    return spawn(argv, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log, stderr=subprocess.STDOUT)
+
+
+def ledger(tmp_path: Path, agent: str, sql: str, args=()) -> list[tuple]:
+    db = sqlite3.connect(tmp_path / agent / "medic.db")
+    try:
+        return db.execute(sql, args).fetchall()
+    finally:
+        db.close()
+
+
+def namespaced(config: dict, namespace: str) -> dict:
+    return {**config, "coordinator": {**config["coordinator"], "namespace": namespace}}
+
+
+def test_two_agents_never_restart_two_instances_at_once(spawn, tmp_path, backend):
+    coordinator, client = backend
+    namespace = getattr(client, "namespace", "default")
+    config = namespaced(CONFIG, namespace)
+    a = start_agent(spawn, tmp_path, "agent-a", coordinator, ["a1", "a2", "a3"], config)
+    b = start_agent(spawn, tmp_path, "agent-b", coordinator, ["b1", "b2", "b3"], config)
+    for proc in (a, b):
+        assert proc.wait(timeout=90) == 0, (tmp_path / "agent-a.log").read_text()[-3000:]
+
+    actions = []
+    for agent in ("agent-a", "agent-b"):
+        actions += ledger(
+            tmp_path, agent, "SELECT instance, started_at, finished_at, outcome, holder FROM remediation_actions "
+            "WHERE action = 'restart'",
+        )  # fmt: skip
+    assert sorted(a[0] for a in actions) == ["a1", "a2", "a3", "b1", "b2", "b3"]
+    assert all(a[3] == "succeeded" for a in actions), actions
+    actions.sort(key=lambda a: a[1])
+    for first, second in pairwise(actions):
+        assert second[1] >= first[2], f"{second[0]} started while {first[0]} was in flight"
+        assert second[1] - first[1] >= MIN_INTERVAL - 0.01
+    assert {a[4] for a in actions} == {"agent-a", "agent-b"}  # both agents did their share
+
+    # the kernel's view: the replacement processes started one by one, in the same order, as far apart.
+    # (Kernel start times are boot time, a whole second, plus clock ticks: exact relative to each other,
+    # up to a second off the wall clock.)
+    new_starts = {}
+    for agent in ("agent-a", "agent-b"):
+        for instance, start in ledger(
+            tmp_path, agent, "SELECT instance, start_time FROM remediation_starts ORDER BY start_time"
+        ):
+            new_starts.setdefault(instance, []).append(start)
+    assert all(len(starts) == 2 for starts in new_starts.values()), new_starts
+    kernel = [new_starts[a[0]][1] for a in actions]
+    assert kernel == sorted(kernel)
+    assert all(b - a >= MIN_INTERVAL - 0.02 for a, b in pairwise(kernel)), kernel
+    for (instance, started, finished, _, _), start in zip(actions, kernel):
+        assert started - 1.05 <= start <= finished + 0.05, (instance, started, finished, start)
+
+    # and the coordinator agrees
+    records = client.restarts(since=0)
+    assert sorted(r.instance for r in records) == ["a1", "a2", "a3", "b1", "b2", "b3"]
+    assert not any(r.in_flight for r in records)
+
+
+def test_a_killed_agent_frees_its_slot_after_the_lease_ttl(spawn, tmp_path, backend):
+    coordinator, client = backend
+    namespace = getattr(client, "namespace", "default")
+    with silent_server() as hung:
+        holding = namespaced({**CONFIG, "drain": {"http": hung + "/drain", "timeout": "60s"}}, namespace)
+        a = start_agent(spawn, tmp_path, "agent-a", coordinator, ["a1"], holding)
+        wait_until(lambda: any(r.in_flight and r.holder == "agent-a" for r in client.restarts(since=0)), 20)
+        b = start_agent(spawn, tmp_path, "agent-b", coordinator, ["b1"], namespaced(CONFIG, namespace))
+
+        def blocked_by_a():
+            try:
+                rows = ledger(tmp_path, "agent-b", "SELECT code, reason FROM remediation_decisions")
+            except sqlite3.Error:
+                return False
+            # the plan (or, at the lock, the budget) holds b1 back because a1 is in flight
+            return any(code in ("scheduled", "max-concurrent") and "(a1)" in reason for code, reason in rows)
+
+        wait_until(blocked_by_a, 20)
+        killed_at = time.time()
+        os.killpg(a.pid, signal.SIGKILL)
+        a.wait()
+        assert b.wait(timeout=60) == 0, (tmp_path / "agent-b.log").read_text()[-3000:]
+
+    ((started, outcome),) = ledger(
+        tmp_path, "agent-b", "SELECT started_at, outcome FROM remediation_actions WHERE action = 'restart'"
+    )
+    assert outcome == "succeeded"
+    (expired,) = [r for r in client.restarts(since=0) if r.instance == "a1"]
+    assert expired.outcome == "lease-expired"
+    # a1's slot outlived its killed holder until its lease ran out (TTL after the last renewal) ...
+    assert killed_at < expired.finished_at <= killed_at + TTL + 0.5
+    # ... b1 did not start before that, and started soon after (etcd notices expiry up to ~1 s late)
+    assert expired.finished_at - 0.05 <= started <= expired.finished_at + 3.0, (started, expired.finished_at)

@@ -1,0 +1,544 @@
+"""The engine end to end on real processes: leaking children launched with the agent's own ManagedProcess,
+a tiny real detector (RSS slope → time to OOM), the real store, ledger and local coordinator.
+
+Enforce restarts a leaking instance before its limit; dry-run only records; a pause holds everything;
+crash loops and restarts that do not help are escalated; a stale finding, a down coordinator or an
+excluded instance never lead to a restart; the budget survives an agent restart.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+from conftest import workload_argv
+from remediation_support import free_port
+
+from agent.discovery import by_pid
+from agent.eventlog import EventLog
+from agent.store import Store
+from agent.supervisor import ManagedProcess
+from probes.linux.procfs import read_cmdline, read_statm
+from remediation.config import RemediationSection
+from remediation.coordinator.etcd import EtcdCoordinator
+from remediation.coordinator.local import LocalCoordinator
+from remediation.engine import Engine, EngineHooks
+from remediation.model import Decision, InstanceView, RemediationRequest
+
+pytestmark = pytest.mark.slow
+MiB = 2**20
+BASE = {
+    "mode": "enforce",
+    "interval": "0.2s",
+    "budget": {"max_concurrent": 1, "min_interval": "1s", "max_per_hour": None, "cooldown": "30s"},
+    "plan": {"safety_margin": "2s", "restart_duration": "1s", "deadline_granularity": "1s"},
+    "ladder": {
+        "purge_settle": "0.5s",
+        "slow_confirm": "0.5s",
+        "clear_check": "1.5s",
+        "crash_loop": {"max_restarts": 3, "window": "1m", "reset_after": "20s"},
+    },
+    "blockers": {"min_uptime": 0},
+    "verify": {"timeout": "10s", "stable_for": "0.3s"},
+    "coordinator": {"lease_ttl": "3s"},
+}
+
+
+def config(**overrides) -> RemediationSection:
+    data = copy.deepcopy(BASE)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return RemediationSection.model_validate(data)
+
+
+class Fleet:
+    """Real managed children plus a tiny leak detector: what the agent's runtime will inject."""
+
+    def __init__(self, argvs: dict[str, list[str]], limit: int = 200 * MiB, fleet: str = "test") -> None:
+        self.managed = {name: ManagedProcess(name, argv, stop_timeout=2) for name, argv in argvs.items()}
+        self.limit = limit
+        self.fleet = fleet
+        self.samples: dict[tuple[str, float], list[tuple[float, int]]] = {}
+        self.peak: dict[str, int] = dict.fromkeys(argvs, 0)
+        self.restarts: list[tuple[str, float]] = []
+        for process in self.managed.values():
+            process.launch()
+        time.sleep(0.3)
+
+    def locate(self, name: str):
+        pid = self.managed[name].pid
+        return by_pid(pid) if pid else None
+
+    def restart(self, name: str, timeout: float) -> int:
+        process = self.managed[name]
+        process.stop(timeout)
+        process.stopping = False
+        self.restarts.append((name, time.time()))
+        return process.launch()
+
+    def relaunch_exited(self) -> None:
+        """What the tracker does for managed children that died on their own."""
+        for process in self.managed.values():
+            if process.proc is not None and process.proc.poll() is not None and not process.stopping:
+                process.launch()
+
+    def views(self) -> list[InstanceView]:
+        out = []
+        for name in self.managed:
+            identity = self.locate(name)
+            try:
+                cmdline = tuple(read_cmdline(identity.pid)) if identity else ()
+            except Exception:
+                cmdline = ()
+            out.append(
+                InstanceView(
+                    name,
+                    identity.pid if identity else None,
+                    identity.start_time if identity else None,
+                    cmdline,
+                    {"fleet": self.fleet},
+                    ready=identity is not None,
+                    managed=True,
+                )
+            )
+        return out
+
+    def detect(self, now: float) -> list[RemediationRequest]:
+        """oom-risk for every process whose RSS grows: deadline = when it reaches the limit."""
+        found = []
+        for view in self.views():
+            if view.pid is None:
+                continue
+            try:
+                rss = read_statm(view.pid).rss_bytes
+            except Exception:
+                continue
+            self.peak[view.name] = max(self.peak[view.name], rss)
+            series = self.samples.setdefault((view.name, view.start_time), [])
+            series.append((now, rss))
+            old = [s for s in series if now - s[0] >= 0.8]
+            if not old:
+                continue
+            t0, r0 = old[-1]
+            slope = (rss - r0) / (now - t0)
+            if slope > MiB:
+                found.append(
+                    RemediationRequest(
+                        view.name,
+                        "oom-risk",
+                        f"leak-{view.name}-{view.start_time:.2f}",
+                        f"RSS grows {slope / MiB:.0f} MiB/s",
+                        deadline=now + (self.limit - rss) / slope,
+                        start_time=view.start_time,
+                        evidence={"slope_bytes_per_s": slope, "rss_bytes": rss},
+                    )
+                )
+        return found
+
+    def close(self) -> None:
+        for process in self.managed.values():
+            process.stopping = True
+            process.stop(1)
+
+
+@pytest.fixture
+def made(tmp_path):
+    """Build engines and fleets; everything is stopped at teardown."""
+    engines, fleets, stores = [], [], []
+
+    class Maker:
+        def store(self, name="state"):
+            store = Store(tmp_path / name)
+            stores.append(store)
+            return store
+
+        def fleet(self, argvs, **kw):
+            fleet = Fleet(argvs, **kw)
+            fleets.append(fleet)
+            return fleet
+
+        def engine(self, cfg, fleet=None, store=None, coordinator=None, hooks=None, background=False, **kw):
+            store = store or self.store()
+            coordinator = coordinator or LocalCoordinator(tmp_path / "shared" / "coordinator.db", timeout=1)
+            hooks = hooks or EngineHooks(
+                locate=fleet.locate if fleet else None, managed_restart=fleet.restart if fleet else None
+            )
+            engine = Engine(
+                cfg, store=store, events=EventLog(store), coordinator=coordinator, agent_id="agent-a",
+                hooks=hooks, state_dir=store.dir, background=background, **kw,
+            )  # fmt: skip
+            engines.append(engine)
+            return engine
+
+    yield Maker()
+    for engine in engines:
+        engine.close(timeout=5)
+    for fleet in fleets:
+        fleet.close()
+    for store in stores:
+        store.close()
+
+
+def leaker(rate="16Mi"):
+    return workload_argv("leak", "--rate", rate, "--every", "0.05s", "--cap", "400Mi")
+
+
+def run(engine: Engine, fleet: Fleet, seconds: float, until=None, requests=None, interval=0.2):
+    """Step the engine like the runtime would, on real time; returns the last report."""
+    end = time.monotonic() + seconds
+    report = None
+    while time.monotonic() < end:
+        fleet.relaunch_exited()
+        now = time.time()
+        reqs = fleet.detect(now) if requests is None else requests(now)
+        report = engine.step(now, reqs, fleet.views())
+        if until is not None and until(report):
+            return report
+        time.sleep(interval)
+    return report
+
+
+def kinds(store: Store) -> list[str]:
+    return [e.kind for e in reversed(store.events(limit=1000))]
+
+
+# ----------------------------------------------------------------------------- enforce, dry-run, pause
+
+
+def test_enforce_restarts_a_leaking_instance_before_its_limit_with_evidence(made):
+    fleet = made.fleet({"leaky": leaker()}, limit=140 * MiB)
+    store = made.store()
+    captured = []
+
+    def smaps(view, timeout):
+        captured.append(view.pid)
+        return Path(f"/proc/{view.pid}/smaps_rollup").read_text()
+
+    hooks = EngineHooks(locate=fleet.locate, managed_restart=fleet.restart, captures={"smaps_rollup": smaps})
+    engine = made.engine(config(), fleet, store=store, hooks=hooks)
+    old_pid = fleet.locate("leaky").pid
+    run(
+        engine,
+        fleet,
+        25,
+        until=lambda r: engine.ledger.actions() and engine.ledger.actions()[0]["finished_at"],
+    )
+    (action,) = engine.ledger.actions()
+    assert action["action"] == "restart" and action["mode"] == "enforce", action
+    assert action["outcome"] == "succeeded", action
+    assert action["old_pid"] == old_pid and action["new_pid"] == fleet.locate("leaky").pid != old_pid
+    assert action["finding_id"].startswith("leak-leaky-") and action["request_kind"] == "oom-risk"
+    assert action["started_at"] <= action["deadline"]
+    assert fleet.peak["leaky"] < fleet.limit  # restarted before it reached its limit
+    assert [s["stage"] for s in action["stages"]] == ["evidence", "act", "verify"]
+    names = {e["name"]: e for e in action["evidence"]}
+    assert captured == [old_pid] and "Rss:" in Path(names["smaps_rollup"]["path"]).read_text()
+    assert json.loads(Path(names["finding"]["path"]).read_text())["rss_bytes"] > 0
+    assert {"remediation_restart_started", "remediation_restart_succeeded"} <= set(kinds(store))
+    (record,) = engine.coordinator.restarts(since=0)
+    assert record.outcome == "succeeded" and record.instance == "leaky"
+
+
+def test_dry_run_records_what_it_would_do_and_touches_nothing(made):
+    fleet = made.fleet({"leaky": leaker()}, limit=140 * MiB)
+    store = made.store()
+    engine = made.engine(config(mode="dry-run"), fleet, store=store)
+    old_pid = fleet.locate("leaky").pid
+    report = run(engine, fleet, 15, until=lambda r: engine.ledger.actions())
+    (action,) = engine.ledger.actions()
+    assert (
+        action["mode"] == "dry-run"
+        and action["outcome"] == "dry-run"
+        and "nothing was restarted" in action["detail"]
+    )
+    assert report.decisions["leaky"].code == "dry-run"
+    assert fleet.locate("leaky").pid == old_pid and fleet.restarts == []
+    assert "remediation_dry_run" in kinds(store)
+    assert engine.coordinator.restarts(since=0) == []  # dry-run never takes a real slot
+    # the next steps see its own would-be restart in the budget: no second one within the cooldown
+    later = run(engine, fleet, 1.0)
+    assert len(engine.ledger.actions()) == 1
+    assert later.decisions["leaky"].stage in ("budget", "plan"), later.decisions["leaky"]
+
+
+def test_paused_means_untouched_until_resumed(made):
+    fleet = made.fleet({"leaky": leaker()}, limit=140 * MiB)
+    store = made.store()
+    engine = made.engine(config(), fleet, store=store)
+    with pytest.raises(ValueError, match="reason"):
+        engine.pause("  ", time.time() + 60)
+    engine.pause("investigating INC-42", time.time() + 60, by="alice")
+    old_pid = fleet.locate("leaky").pid
+    report = run(engine, fleet, 4)
+    assert report.decisions["leaky"].stage == "pause" and "INC-42" in report.decisions["leaky"].reason
+    assert "alice" in report.decisions["leaky"].reason
+    assert fleet.locate("leaky").pid == old_pid and engine.ledger.actions() == []
+    engine.resume(by="alice")
+    run(engine, fleet, 20, until=lambda r: engine.ledger.actions())
+    assert engine.ledger.actions()[0]["action"] == "restart"
+    assert {"remediation_paused", "remediation_resumed"} <= set(kinds(store))
+
+
+def test_a_pause_expires_by_itself(made):
+    fleet = made.fleet({"flat": workload_argv("stable", "--size", "8Mi")})
+    engine = made.engine(config(), fleet)
+    engine.pause("short", time.time() + 0.5)
+    assert engine.paused(time.time()) is not None
+    time.sleep(0.6)
+    assert engine.paused(time.time()) is None
+
+
+# ----------------------------------------------------------------------------- escalation
+
+
+def test_a_crash_looping_instance_is_escalated_not_restarted_forever(made):
+    """It dies 0.4 s after each start (an OOM at start-up, say); every process gets its own finding."""
+    fleet = made.fleet({"crashy": [workload_argv("stable")[0], "-c", "import time; time.sleep(0.4)"]})
+    store = made.store()
+    escalated = []
+    hooks = EngineHooks(
+        locate=fleet.locate,
+        managed_restart=fleet.restart,
+        on_escalate=lambda v, r, i: escalated.append(i.code),
+    )
+    engine = made.engine(config(ladder={"clear_check": "30s"}), fleet, store=store, hooks=hooks)
+
+    def findings(now):
+        view = fleet.views()[0]
+        if view.start_time is None:
+            return []
+        return [
+            RemediationRequest(
+                "crashy",
+                "oom-risk",
+                f"OOM-{view.start_time:.2f}",
+                "OOM in 1s",
+                deadline=now + 1,
+                start_time=view.start_time,
+            )
+        ]
+
+    report = run(engine, fleet, 15, requests=findings, until=lambda r: escalated, interval=0.15)
+    assert escalated == ["crash-loop"], report.decisions
+    actions = engine.ledger.actions()
+    assert actions[0]["action"] == "escalate" and "crash loop" in actions[0]["reason"]
+    assert "remediation_escalated" in kinds(store)
+    critical = [e for e in store.events(limit=100) if e.kind == "remediation_escalated"]
+    assert critical[0].severity == "critical"
+    # escalated: no more restarts, one escalation
+    restarts_before = len(fleet.restarts)
+    report = run(engine, fleet, 1.5, requests=findings, interval=0.15)
+    assert len(fleet.restarts) == restarts_before
+    assert sum(1 for a in engine.ledger.actions() if a["action"] == "escalate") == 1
+    # a person clears it: the crash-loop count starts again
+    engine.clear_escalation("crashy", by="bob")
+    assert engine.ledger.starts("crashy", 0) == []
+
+
+def test_a_restart_that_does_not_fix_the_leak_is_escalated(made):
+    fleet = made.fleet({"leaky": leaker("24Mi")}, limit=300 * MiB)
+    store = made.store()
+    engine = made.engine(config(), fleet, store=store)
+    report = run(
+        engine, fleet, 30, until=lambda r: any(a["action"] == "escalate" for a in engine.ledger.actions())
+    )
+    actions = engine.ledger.actions()
+    escalations = [a for a in actions if a["action"] == "escalate"]
+    assert escalations, report.decisions
+    assert escalations[0]["detail"] == "restart-did-not-help" and "did not clear" in escalations[0]["reason"]
+    restarts = [a for a in actions if a["action"] == "restart"]
+    assert len(restarts) == 1 and restarts[0]["outcome"] == "succeeded"
+
+
+# ----------------------------------------------------------------------------- never restart the healthy
+
+
+def test_a_stale_finding_never_restarts_the_new_process(made):
+    fleet = made.fleet({"svc": workload_argv("stable", "--size", "8Mi")})
+    engine = made.engine(config(), fleet)
+    view = fleet.views()[0]
+    stale = RemediationRequest(
+        "svc", "leak", "L1", "old process leaked", deadline=time.time(), start_time=view.start_time - 50
+    )
+    report = run(engine, fleet, 1.0, requests=lambda now: [stale])
+    assert report.decisions["svc"].code == "stale" and "fresh finding" in report.decisions["svc"].reason
+    assert engine.ledger.actions() == [] and fleet.restarts == []
+
+
+def test_no_restart_when_the_coordinator_is_down(made):
+    fleet = made.fleet({"svc": workload_argv("stable", "--size", "8Mi")})
+    store = made.store()
+    down = EtcdCoordinator([f"http://127.0.0.1:{free_port()}"], timeout=0.3)
+    engine = made.engine(config(), fleet, store=store, coordinator=down)
+    request = RemediationRequest("svc", "manual", "M1", "on-call asked")
+    report = run(engine, fleet, 1.0, requests=lambda now: [request])
+    decision = report.decisions["svc"]
+    assert decision.stage == "lock" and decision.code == "coordinator-unavailable"
+    assert "etcd unreachable" in decision.reason and report.coordinator_error
+    assert fleet.restarts == [] and engine.ledger.actions() == []
+    events = [e for e in store.events(limit=100) if e.kind == "remediation_coordinator_unavailable"]
+    assert len(events) == 1 and events[0].severity == "error"  # said once, not every step
+
+
+def test_excluded_and_unknown_instances_and_bad_requests(made):
+    fleet = made.fleet({"svc": workload_argv("stable", "--size", "8Mi")})
+    store = made.store()
+    engine = made.engine(config(exclude=["svc"]), fleet, store=store)
+    requests = [
+        RemediationRequest("svc", "manual", "M1", "please"),
+        RemediationRequest("ghost", "manual", "M2", "no such instance"),
+        RemediationRequest("svc", "reboot", "M3", "bad kind"),  # type: ignore[arg-type]
+    ]
+    report = run(engine, fleet, 0.8, requests=lambda now: requests)
+    assert report.decisions["svc"].code == "excluded" and fleet.restarts == []
+    rejected = [e.message for e in store.events(limit=100) if e.kind == "remediation_request_rejected"]
+    assert len(rejected) == 2  # once each, not every step
+    assert any("ghost" in m for m in rejected) and any("unknown request kind" in m for m in rejected)
+
+
+# ----------------------------------------------------------------------------- ladder, budget, failures
+
+
+def test_fragmentation_is_purged_first_then_restarted_if_it_persists(made):
+    fleet = made.fleet({"svc": workload_argv("stable", "--size", "8Mi")})
+    purges = []
+
+    def purge(view, timeout):
+        purges.append(view.pid)
+        return Decision.allow(
+            "purge", "jemalloc arenas purged: 1.3 GB returned", released_bytes=1_300_000_000
+        )
+
+    hooks = EngineHooks(locate=fleet.locate, managed_restart=fleet.restart, purge=purge)
+    engine = made.engine(config(), fleet, hooks=hooks)
+    frag = RemediationRequest("svc", "fragmentation", "FR1", "resident 2.1 GB vs 0.6 GB allocated")
+    report = engine.step(time.time(), [frag], fleet.views())
+    assert report.decisions["svc"].code == "purged" and len(purges) == 1
+    report = engine.step(time.time(), [frag], fleet.views())
+    assert report.intents["svc"].code == "purge-settling" and len(purges) == 1
+    time.sleep(0.6)
+    run(engine, fleet, 10, requests=lambda now: [frag], until=lambda r: fleet.restarts)
+    assert len(purges) == 1 and len(fleet.restarts) == 1
+    purge_action = next(a for a in engine.ledger.actions() if a["action"] == "purge")
+    assert purge_action["outcome"] == "purged" and purge_action["data"]["released_bytes"] == 1_300_000_000
+
+
+def test_one_restart_at_a_time_and_spaced(made):
+    fleet = made.fleet({f"s{i}": workload_argv("stable", "--size", "4Mi") for i in range(3)})
+    engine = made.engine(config(budget={"min_interval": "1.5s"}), fleet, background=True)
+    for i in range(3):  # one-shot requests, as the API's restart endpoint submits them
+        assert engine.submit(RemediationRequest(f"s{i}", "manual", f"M{i}", "roll")).ok
+    done = lambda r: len([a for a in engine.ledger.actions() if a["finished_at"]]) == 3  # noqa: E731
+    run(engine, fleet, 20, requests=lambda now: [], until=done)
+    actions = sorted(engine.ledger.actions(), key=lambda a: a["started_at"])
+    assert [a["outcome"] for a in actions] == ["succeeded"] * 3
+    for first, second in pairwise(actions):
+        assert second["started_at"] >= first["finished_at"]  # never two in flight
+        assert second["started_at"] - first["started_at"] >= 1.5  # spacing
+
+
+def test_a_failing_actuator_is_recorded_and_escalated(made):
+    fleet = made.fleet({"svc": workload_argv("stable", "--size", "4Mi")})
+    cfg = config(actuator={"type": "exec", "command": ["false"]})
+    engine = made.engine(cfg, fleet)
+    request = RemediationRequest("svc", "manual", "M1", "please")
+    run(engine, fleet, 5, requests=lambda now: [request], until=lambda r: len(engine.ledger.actions()) >= 2)
+    actions = engine.ledger.actions()
+    assert actions[-1]["outcome"] == "failed" and "exited with status 1" in actions[-1]["detail"]
+    assert actions[0]["action"] == "escalate" and actions[0]["detail"] == "restart-failed"
+
+
+def test_forced_manual_request_skips_plan_and_budget_but_not_pause(made):
+    fleet = made.fleet({"svc": workload_argv("stable", "--size", "4Mi")})
+    engine = made.engine(config(budget={"cooldown": "1h"}, blockers={"min_uptime": "1h"}), fleet)
+    plain = RemediationRequest("svc", "manual", "M1", "please")
+    report = engine.step(time.time(), [plain], fleet.views())
+    assert report.decisions["svc"].code == "min-uptime"
+    forced = RemediationRequest("svc", "manual", "M2", "INC-7: stuck", force=True, requested_by="alice")
+    engine.pause("maintenance", time.time() + 60)
+    assert engine.submit(forced).ok
+    report = engine.step(time.time(), [], fleet.views())
+    assert report.decisions["svc"].code == "paused" and fleet.restarts == []
+    engine.resume()
+    report = engine.step(time.time(), [], fleet.views())
+    assert report.decisions["svc"].code == "started", report.decisions["svc"]
+    assert len(fleet.restarts) == 1
+    assert engine.ledger.actions()[0]["reason"].startswith("restart forced by alice")
+    report = engine.step(time.time(), [], fleet.views())  # the one-shot request is done
+    assert "svc" not in report.decisions
+
+
+def test_budget_and_ledger_survive_an_agent_restart(made, tmp_path):
+    fleet = made.fleet(
+        {"a": workload_argv("stable", "--size", "4Mi"), "b": workload_argv("stable", "--size", "4Mi")}
+    )
+    store = made.store()
+    cfg = config(budget={"min_interval": "1h"})
+    first = made.engine(cfg, fleet, store=store)
+    report = first.step(time.time(), [RemediationRequest("a", "manual", "M1", "x")], fleet.views())
+    assert report.decisions["a"].code == "started"
+    first.close()
+    # a new agent process: new engine, same state dir, same shared coordinator file
+    second = made.engine(cfg, fleet, store=store)
+    report = second.step(time.time(), [RemediationRequest("b", "manual", "M2", "y")], fleet.views())
+    decision = report.decisions["b"]
+    assert not decision.ok and decision.code in ("scheduled", "min-interval"), decision
+    assert "min_interval is 1h" in decision.reason and "(a)" in decision.reason
+    assert second.ledger.actions()[0]["outcome"] == "succeeded"
+
+
+def test_an_agent_killed_mid_restart_leaves_an_interrupted_action(made):
+    fleet = made.fleet({"a": workload_argv("stable", "--size", "4Mi")})
+    store = made.store()
+    engine = made.engine(config(), fleet, store=store)
+    action_id = engine.ledger.open_action(
+        instance="a", action="restart", mode="enforce", reason="x", outcome="running", now=time.time()
+    )
+    restarted = made.engine(config(), fleet, store=store)
+    assert restarted.ledger.action(action_id)["outcome"] == "interrupted"
+    assert "remediation_interrupted" in kinds(store)
+
+
+def test_mode_off_does_nothing_and_snapshot_is_json(made):
+    fleet = made.fleet({"svc": workload_argv("stable", "--size", "4Mi")})
+    engine = made.engine(config(mode="off"), fleet)
+    report = engine.step(time.time(), [RemediationRequest("svc", "manual", "M1", "x")], fleet.views())
+    assert report.decisions == {} and fleet.restarts == []
+    enforce = made.engine(config(), fleet)
+    enforce.step(
+        time.time(),
+        [RemediationRequest("svc", "leak", "L1", "x", deadline=time.time() + 3600)],
+        fleet.views(),
+    )
+    snapshot = json.loads(json.dumps(enforce.snapshot()))
+    assert snapshot["mode"] == "enforce" and snapshot["coordinator"]["ok"]
+    assert snapshot["step"]["plan"]["entries"][0]["instance"] == "svc"
+    assert snapshot["step"]["decisions"]["svc"]["code"] == "scheduled"
+
+
+def test_a_failing_hook_on_one_instance_does_not_stop_the_others(made):
+    fleet = made.fleet(
+        {"a": workload_argv("stable", "--size", "4Mi"), "b": workload_argv("stable", "--size", "4Mi")}
+    )
+
+    def can_purge(view):
+        if view.name == "a":
+            raise RuntimeError("hook socket vanished")
+        return True
+
+    purge = lambda view, timeout: Decision.allow("purge", "purged 10 MB")  # noqa: E731
+    hooks = EngineHooks(locate=fleet.locate, managed_restart=fleet.restart, purge=purge, can_purge=can_purge)
+    engine = made.engine(config(), fleet, hooks=hooks)
+    requests = [
+        RemediationRequest(n, "fragmentation", f"FR-{n}", "rss far above allocated") for n in ("a", "b")
+    ]
+    report = engine.step(time.time(), requests, fleet.views())
+    assert report.decisions["a"].code == "error" and "hook socket vanished" in report.decisions["a"].reason
+    assert report.decisions["b"].code == "purged"
