@@ -25,6 +25,9 @@ PROBES: dict[str, ProbeEntry] = {
     "allocator": ProbeEntry("probes.allocator", "AllocatorProbe", True, "allocator figures via the hook"),
     "latency": ProbeEntry("probes.latency", "LatencyProbe", True, "quantiles from the instance's /metrics"),
     "canary": ProbeEntry("probes.canary", "CanaryProbe", True, "an active request on a schedule, timed"),
+    "jvm": ProbeEntry("probes.jvm", "JvmProbe", True, "JVM heap, NMT and class histograms via jcmd, slow"),
+    "pyhist": ProbeEntry("probes.pyhist", "PythonHistogramProbe", True, "Python type histograms (hook)"),
+    "heapprof": ProbeEntry("probes.heapprof", "HeapProfileProbe", True, "jemalloc/gperftools heap profiles"),
 }
 
 

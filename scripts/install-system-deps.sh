@@ -9,6 +9,8 @@ PACKAGES=(
   libgoogle-perftools4 libtcmalloc-minimal4 google-perftools libgoogle-perftools-dev  # tcmalloc, heap profiler
   util-linux                                      # setpriv, for the permission tests
   prometheus prometheus-alertmanager              # promtool, rules tests, the alerting end-to-end test
+  etcd-server tzdata                              # the etcd coordinator; time windows in a time zone
+  openjdk-17-jdk-headless                         # javac, java and jcmd for the JVM histogram tests
 )
 
 missing=()
