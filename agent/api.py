@@ -102,7 +102,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
         return state
 
     if ctx.remediation is not None:
-        app.include_router(remediation_routes(ctx.remediation, admin, instance_or_404))  # plan, restart, pause
+        app.include_router(
+            remediation_routes(ctx.remediation, admin, instance_or_404)
+        )  # plan, restart, pause
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:

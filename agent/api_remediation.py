@@ -51,7 +51,10 @@ def remediation_routes(remediation: Remediation, admin: list, instance_or_404) -
         since: float | None = Query(None, description="unix time"),
         limit: int = Query(100, ge=1, le=10_000),
     ) -> dict[str, Any]:
-        return {"now": time.time(), "actions": engine.ledger.actions(instance=instance, since=since, limit=limit)}
+        return {
+            "now": time.time(),
+            "actions": engine.ledger.actions(instance=instance, since=since, limit=limit),
+        }
 
     @router.get("/decisions")
     def decisions(instance: str | None = None, limit: int = Query(100, ge=1, le=10_000)) -> dict[str, Any]:
@@ -61,7 +64,12 @@ def remediation_routes(remediation: Remediation, admin: list, instance_or_404) -
     def restart(name: str, body: RestartRequest) -> dict[str, Any]:
         instance_or_404(name)
         request = RemediationRequest(
-            name, "manual", f"manual-{name}-{int(time.time())}", body.reason, force=body.force, requested_by=body.by
+            name,
+            "manual",
+            f"manual-{name}-{int(time.time())}",
+            body.reason,
+            force=body.force,
+            requested_by=body.by,
         )
         decision = engine.submit(request)
         if not decision.ok:

@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from agent.attribution import attribution_for
 from agent.collector import KEEPALIVE
 from agent.detect import DetectParams, Finding, InstanceSeries, Observation, Transition, evaluate, update
 from agent.detect.model import ACTIVE, ALLOCATED, JVM_HEAP_AFTER_GC, LIMIT_METRICS, RESIDENT, RSS, START_TIME
@@ -25,6 +26,7 @@ from agent.detect.slow import SlowParams, evaluate_slow, slo_from_settings
 from agent.detect.slow import history as slow_history
 from agent.eventlog import EventLog
 from agent.store import Store
+from agent.suspects import suspects_for
 from agent.tracker import Tracker
 
 log = logging.getLogger("medic.detection")
@@ -89,6 +91,7 @@ class Detection:
             transitions += changes
             self.slow_tick = slow_tick
         self.active = keep
+        self._explain(transitions, now)
         self._persist(self.active, transitions)
         for change in transitions:
             self._record(change)
@@ -135,6 +138,28 @@ class Detection:
         before = [value for ts, value in stored.points if ts <= since]
         first = before[-1] if before else starts[0]
         return first, [start for start in starts if start > first]
+
+    def _explain(self, transitions: list[Transition], now: float) -> None:
+        """Name what grows on every leak that opens or changes: the suspects (classes, types, allocation
+        sites) and the memory layer the growth is in. Failures here never hold back the finding."""
+        by_id = {f.id: f for f in self.active}
+        for change in transitions:
+            finding = change.finding
+            if finding.kind != "leak" or change.change == "resolved":
+                continue
+            since = max(finding.lifetime_start, now - self.params.long_window)
+            try:
+                suspects = [
+                    s.to_dict() for s in suspects_for(self.store, finding.instance, since, now, limit=5)
+                ]
+                attribution = attribution_for(self.store, finding.instance, since, now).to_dict()
+            except Exception:  # a bad snapshot must not stop detection
+                log.exception("cannot explain the leak of %s", finding.instance)
+                continue
+            for target in (finding, by_id.get(finding.id)):
+                if target is not None:
+                    target.evidence["suspects"] = suspects
+                    target.evidence["attribution"] = attribution
 
     # ------------------------------------------------------------------------------ queries
     def findings(

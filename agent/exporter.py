@@ -97,13 +97,19 @@ class FindingCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         findings = GaugeMetricFamily(
-            "medic_findings", "Open findings by instance, kind and severity.", labels=["name", "kind", "severity"]
+            "medic_findings",
+            "Open findings by instance, kind and severity.",
+            labels=["name", "kind", "severity"],
         )
         slope = GaugeMetricFamily(
-            "medic_leak_slope_bytes_per_second", "Growth of the leaking series, open leak findings.", labels=["name"]
+            "medic_leak_slope_bytes_per_second",
+            "Growth of the leaking series, open leak findings.",
+            labels=["name"],
         )
         ttoom = GaugeMetricFamily(
-            "medic_time_to_oom_seconds", "Projected time to the memory limit (open leak/oom-risk).", labels=["name"]
+            "medic_time_to_oom_seconds",
+            "Projected time to the memory limit (open leak/oom-risk).",
+            labels=["name"],
         )
         counts: dict[tuple[str, str, str], int] = {}
         soonest: dict[str, float] = {}

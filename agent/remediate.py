@@ -31,14 +31,21 @@ REMEDIABLE = ("leak", "oom-risk", "fragmentation", "slow", "external")
 
 class Remediation:
     def __init__(
-        self, config: RemediationSection, tracker: Tracker, store: Store, events: EventLog, detection: Detection
+        self,
+        config: RemediationSection,
+        tracker: Tracker,
+        store: Store,
+        events: EventLog,
+        detection: Detection,
     ) -> None:
         self.tracker = tracker
         self.detection = detection
         self.events = events
         hooks = EngineHooks(
             locate=tracker_locator(tracker),
-            managed_restart=lambda name, timeout: tracker.restart_managed(name, timeout, "restarted by remediation"),
+            managed_restart=lambda name, timeout: tracker.restart_managed(
+                name, timeout, "restarted by remediation"
+            ),
             purge=self._purge,
             can_purge=self._can_purge,
             captures={"smaps_rollup": self._smaps_rollup, "series": self._series_window},

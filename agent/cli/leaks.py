@@ -28,6 +28,16 @@ def _rate(bytes_per_second: float | None) -> str:
     return f"{format_bytes(per_hour)}/h"
 
 
+def _suspect(evidence: dict) -> str:
+    """The top suspect of a leak: what grows, and how much of the growth it explains."""
+    suspects = evidence.get("suspects") or []
+    if not suspects:
+        return "-"
+    top = suspects[0]
+    share = top.get("share")
+    return f"{top.get('name')}" + (f" ({100 * share:.0f}%)" if isinstance(share, (int, float)) else "")
+
+
 def run(args: argparse.Namespace) -> int:
     params = {"state": "all" if args.all else "open"}
     if args.name:
@@ -57,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{100 * conf:.1f}%" if isinstance(conf, (int, float)) else "-",
                 format_duration(now - f["opened_at"]) + " ago" if f.get("opened_at") else "-",
                 f["state"],
+                _suspect(ev),
                 f["summary"],
             ]
         )
