@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         "CONFIDENCE",
         "SINCE",
         "STATE",
+        "SUSPECT",
         "SUMMARY",
     ]
     print(render(headers, rows, numeric={3, 4, 5, 6}))
