@@ -8,10 +8,10 @@
 Checked: Alertmanager's webhook payloads field by field (a user's alert on medic's metrics, a
 medic rule, and medic's own pushed alert); the user's alert becoming an `external` finding through
 medic's receiver while medic's own alerts are ignored there; re-posting; and the silences held
-during a remediation. The remediation engine is not wired into the agent yet, so the restart
-events (`remediation_restart_started` / `_succeeded`) are written into the agent's event log by the
-test, in the engine's names, around a real managed restart (SIGTERM to the child, relaunched by
-medic); the agent's router reads them from the store like any other event.
+during a remediation, driven here by restart events (`remediation_restart_started` / `_succeeded`)
+written into the agent's event log around a real managed restart, so that two overlapping actions
+and their idempotence can be checked; `test_alertmanager_remediation.py` shows the same silences
+around a restart made by the remediation engine itself.
 """
 
 from __future__ import annotations
