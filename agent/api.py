@@ -26,6 +26,7 @@ from agent.errors import ProbeError
 from agent.eventlog import EventLog
 from agent.exporter import Telemetry
 from agent.notify.config import NotifySection
+from agent.notify.external import external_findings
 from agent.purging import purge_instance
 from agent.receiver import create_router as create_integrations_router
 from agent.records import ProbeTarget
@@ -189,8 +190,10 @@ def create_app(ctx: ApiContext) -> FastAPI:
     ) -> dict[str, Any]:
         if instance is not None:
             instance_or_404(instance)
-        found = ctx.detection.findings(instance=instance, kind=kind, state=state, limit=limit)
-        return {"now": time.time(), "findings": found}
+        found = [] if kind == "external" else ctx.detection.findings(instance, kind, state, limit)
+        if kind in (None, "external") and state != "pending":
+            found += external_findings(ctx.store, state=None if state == "all" else state, instance=instance)
+        return {"now": time.time(), "findings": found[:limit]}
 
     @app.get("/api/v1/events")
     def events(

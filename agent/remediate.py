@@ -16,6 +16,7 @@ from typing import Any
 from agent.detection import Detection
 from agent.errors import ProbeError
 from agent.eventlog import EventLog
+from agent.notify.external import external_findings
 from agent.records import ProbeTarget
 from agent.store import Store
 from agent.tracker import Tracker
@@ -67,8 +68,19 @@ class Remediation:
         self.engine.step(now, self.requests(), views)
 
     def requests(self) -> list[RemediationRequest]:
-        """One request per open finding that remediation may act on."""
-        out = []
+        """One request per open finding that remediation may act on, the detectors' and the external
+        ones (firing Alertmanager alerts mapped to an instance): all go through the same policy and budget."""
+        out = [
+            RemediationRequest(
+                found["instance"],
+                "external",
+                found["id"],
+                found["summary"],
+                evidence=dict(found["evidence"]),
+                requested_at=found["opened_at"],
+            )
+            for found in external_findings(self.detection.store, state="open")
+        ]
         for finding in self.detection.open_findings():
             if finding.kind not in REMEDIABLE:
                 continue

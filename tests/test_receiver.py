@@ -76,6 +76,7 @@ class Receiver:
         detection = Detection(
             tracker, self.store, self.events, config.detect.memory_params(), config.detect.slow_params()
         )
+        self.tracker, self.detection = tracker, detection
         ctx = ApiContext(
             tracker, self.store, self.telemetry, self.events, TOKEN, detection=detection, notify=config.notify
         )
@@ -155,6 +156,25 @@ def test_firing_alert_opens_an_external_finding_once(receiver):
     assert r.post(again).json()["results"][0]["result"] == "opened"
     metrics = r.telemetry.registry.get_sample_value
     assert metrics("medic_receiver_alerts_total", {"result": "duplicate"}) == 4
+
+
+def test_external_findings_are_listed_and_become_remediation_requests(receiver):
+    from agent.remediate import Remediation
+    from remediation.config import RemediationSection
+
+    r = receiver()
+    assert r.post(PAYLOAD).status_code == 200
+    listed = r.client.get("/api/v1/findings", params={"kind": "external"}).json()["findings"]
+    assert listed and {f["kind"] for f in listed} == {"external"}
+    assert r.client.get("/api/v1/findings").json()["findings"] == listed  # open findings of every kind
+    remediation = Remediation(RemediationSection(), r.tracker, r.store, r.events, r.detection)
+    try:
+        requests = remediation.requests()
+    finally:
+        remediation.close()
+    assert sorted((q.instance, q.kind, q.finding_id) for q in requests) == sorted(
+        (f["instance"], "external", f["id"]) for f in listed
+    )
 
 
 def test_labels_map_alerts_to_instances_in_order(receiver):
