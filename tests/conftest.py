@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -83,6 +84,13 @@ def wait_ready(proc: subprocess.Popen, timeout: float = 10.0) -> None:
     line = proc.stdout.readline()
     if not line.startswith("ready") or time.monotonic() > deadline:
         raise AssertionError(f"workload did not become ready: {line!r}, exit={proc.poll()}")
+
+
+def free_port() -> int:
+    """A free TCP port on loopback (for servers started by tests)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.05) -> object:

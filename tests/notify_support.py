@@ -20,13 +20,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from conftest import free_port as free_port
 from conftest import wait_until
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -23,17 +23,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import free_port as free_port
 
 ETCD = shutil.which("etcd")
 NEEDS_ETCD = pytest.mark.skipif(
     ETCD is None, reason="etcd binary not found: apt-get install -y etcd-server (etcd 3.4+)"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager
