@@ -25,7 +25,7 @@ from agent.detect.slow import INPUT_METRICS as SLOW_METRICS
 from agent.detect.slow import SlowParams, evaluate_slow, slo_from_settings
 from agent.detect.slow import history as slow_history
 from agent.eventlog import EventLog
-from agent.store import Store
+from agent.store import Store, where_clause
 from agent.suspects import suspects_for
 from agent.tracker import Tracker
 
@@ -169,19 +169,16 @@ class Detection:
         state: str | None = "open",
         limit: int = 500,
     ) -> list[dict[str, Any]]:
-        where, args = [], []
-        for column, value in (("instance", instance), ("kind", kind)):
-            if value:
-                where.append(f"{column} = ?")
-                args.append(value)
-        if state and state != "all":
-            where.append("state = ?")
-            args.append(state)
-        sql = "SELECT data FROM findings"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY updated_at DESC LIMIT ?"
-        rows = self.store.query(sql, [*args, limit])
+        where, args = where_clause(
+            [
+                ("instance = ?", instance or None),
+                ("kind = ?", kind or None),
+                ("state = ?", None if state == "all" else state or None),
+            ]
+        )
+        rows = self.store.query(
+            f"SELECT data FROM findings{where} ORDER BY updated_at DESC LIMIT ?", [*args, limit]
+        )
         return [_public(json.loads(row[0])) for row in rows]
 
     def open_findings(self) -> list[Finding]:

@@ -51,6 +51,15 @@ CREATE TABLE IF NOT EXISTS instances (
 Aggregate = Literal["mean", "min", "max"]
 
 
+def where_clause(conditions: Iterable[tuple[str, Any]]) -> tuple[str, list[Any]]:
+    """` WHERE a AND b` and its arguments from `(sql with one ?, value)` pairs; pairs whose value is
+    None are left out, so optional filters read as one list."""
+    kept = [(sql, value) for sql, value in conditions if value is not None]
+    if not kept:
+        return "", []
+    return " WHERE " + " AND ".join(sql for sql, _ in kept), [value for _, value in kept]
+
+
 @dataclass(frozen=True, slots=True)
 class SeriesResult:
     """Points `(ts, value)` of one series, the bucket width used and where they came from."""
@@ -314,25 +323,13 @@ class Store:
         limit: int = 100,
     ) -> list[Event]:
         """Newest events first, or oldest first after `after_id` (for tailing)."""
-        where, args = [], []
-        if since is not None:
-            where.append("ts >= ?")
-            args.append(since)
-        if after_id is not None:
-            where.append("id > ?")
-            args.append(after_id)
-        if instance is not None:
-            where.append("instance = ?")
-            args.append(instance)
+        where, args = where_clause([("ts >= ?", since), ("id > ?", after_id), ("instance = ?", instance)])
         kinds = list(kinds or [])
         if kinds:
-            where.append(f"kind IN ({','.join('?' * len(kinds))})")
+            where += (" AND " if where else " WHERE ") + f"kind IN ({','.join('?' * len(kinds))})"
             args.extend(kinds)
         order = "ASC" if after_id is not None else "DESC"
-        sql = "SELECT id, ts, instance, kind, severity, message, data FROM events"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += f" ORDER BY id {order} LIMIT ?"
+        sql = f"SELECT id, ts, instance, kind, severity, message, data FROM events{where} ORDER BY id {order} LIMIT ?"
         args.append(max(1, min(limit, 10_000)))
         return [
             Event(kind=k, message=m, instance=i, severity=s, data=json.loads(d), ts=ts, id=eid)

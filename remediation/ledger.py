@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from agent.store import Store
+from agent.store import Store, where_clause
 from probes.linux.procfs import CLOCK_TICKS
 from remediation.model import Decision, RemediationRequest, RestartRecord
 from remediation.policy import CaseHistory
@@ -151,17 +151,8 @@ class Ledger:
         self, *, instance: str | None = None, since: float | None = None, limit: int = 100
     ) -> list[dict[str, Any]]:
         """Newest first."""
-        where, args = [], []
-        if instance is not None:
-            where.append("instance = ?")
-            args.append(instance)
-        if since is not None:
-            where.append("created_at >= ?")
-            args.append(since)
-        sql = f"SELECT {', '.join(_ACTION_COLUMNS)} FROM remediation_actions"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY id DESC LIMIT ?"
+        where, args = where_clause([("instance = ?", instance), ("created_at >= ?", since)])
+        sql = f"SELECT {', '.join(_ACTION_COLUMNS)} FROM remediation_actions{where} ORDER BY id DESC LIMIT ?"
         args.append(max(1, min(limit, 10_000)))
         return [_decode(dict(zip(_ACTION_COLUMNS, row))) for row in self.store.query(sql, args)]
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.eventlog import EventLog
-from agent.store import Store
+from agent.store import Store, where_clause
 
 KIND = "external"
 _SCHEMA = """
@@ -155,12 +155,6 @@ def external_findings(
     store: Store, *, state: str | None = "open", instance: str | None = None
 ) -> list[dict[str, Any]]:
     ensure_external_schema(store)
-    where, args = [], []
-    if state:
-        where.append("state=?")
-        args.append(state)
-    if instance:
-        where.append("instance=?")
-        args.append(instance)
-    sql = f"SELECT {_COLUMNS} FROM external_findings" + (" WHERE " + " AND ".join(where) if where else "")
+    where, args = where_clause([("state = ?", state or None), ("instance = ?", instance or None)])
+    sql = f"SELECT {_COLUMNS} FROM external_findings{where}"
     return [finding_dict(row) for row in store.query(sql + " ORDER BY opened_at DESC", args)]
