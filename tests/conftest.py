@@ -135,7 +135,8 @@ class AgentRunner:
             self.wait_started()
         return self.proc
 
-    def wait_started(self, timeout: float = 15.0) -> None:
+    def wait_started(self, timeout: float = 60.0) -> None:
+        """Wait for agent.json and /healthz; generous: a cold first start compiles and imports everything."""
         import json
 
         info = self.state_dir / "agent.json"
