@@ -22,10 +22,12 @@ import json
 import math
 import operator
 import zlib
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import compress
 from operator import itemgetter, le
 from pathlib import Path
 from typing import Any
@@ -48,8 +50,9 @@ PROMETHEUS_NAMES = {
 MEDIC_PREFIX = "medic_"  # medic's own /metrics names map back by dropping the prefix
 LABEL_FALLBACKS = ("instance", "pod", "name", "job")
 _call = getattr(operator, "call", lambda function, arg: function(arg))  # operator.call is 3.11+
-CHUNK = 20_000  # JSON Lines are parsed this many lines at a time (one json.loads call each)
+CHUNK_CHARS = 1 << 21  # JSON Lines are parsed about this many characters at a time (one json.loads each)
 MAX_KEPT_PROBLEMS = 1000
+_NUMBERS = {int, float}  # JSON numbers (a bool is not one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +68,14 @@ class Problem:
 
 @dataclass(slots=True)
 class ImportResult:
-    """Series per instance, plus the problems met (the first `MAX_KEPT_PROBLEMS` of `problem_count`)."""
+    """Series per instance, plus the problems met (the first `MAX_KEPT_PROBLEMS` of `problem_count`).
 
-    series: dict[str, dict[str, Points]] = field(default_factory=dict)
+    Each series is kept as two arrays of doubles (times, values) while reading: compact, and
+    turned into points one series at a time, so a series' numbers sit side by side in memory
+    (the detectors read them many times over, and run a quarter faster than on numbers
+    scattered among the decoded records)."""
+
+    columns: dict[str, dict[str, tuple[array, array]]] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     problem_count: int = 0
     points: int = 0
@@ -79,11 +87,29 @@ class ImportResult:
         if len(self.problems) < MAX_KEPT_PROBLEMS:
             self.problems.append(problem)
 
+    def column(self, instance: str, metric: str) -> tuple[array, array]:
+        """The (times, values) arrays of one series, created empty on first use."""
+        metrics = self.columns.setdefault(instance, {})
+        found = metrics.get(metric)
+        if found is None:
+            found = metrics[metric] = (array("d"), array("d"))
+        return found
+
+    @property
+    def series(self) -> dict[str, dict[str, Points]]:
+        """Points per metric per instance, in the order read."""
+        return {
+            name: {metric: list(zip(times, values)) for metric, (times, values) in metrics.items()}
+            for name, metrics in self.columns.items()
+        }
+
     def instances(self, memory_limit: float | None = None) -> list[InstanceSeries]:
         """One `InstanceSeries` per instance, points sorted by time."""
         out = []
-        for name in sorted(self.series):
-            metrics = {metric: _sorted(points) for metric, points in self.series[name].items()}
+        for name in sorted(self.columns):
+            metrics = {
+                metric: _sorted(times, values) for metric, (times, values) in self.columns[name].items()
+            }
             out.append(InstanceSeries(name, metrics, memory_limit=memory_limit))
         return out
 
@@ -145,8 +171,11 @@ def read_text(
     if not head:
         result.add_problem(Problem(source, None, "the file is empty"), strict)
         return result
-    if head == "{" and _looks_like_prometheus(text):
-        _read_prometheus(text, source, result, strict, label)
+    doc = _whole_document(text) if head == "{" else None
+    if isinstance(doc, dict) and "data" in doc:
+        _read_prometheus_doc(doc, source, result, strict, label)
+    elif doc is None and head == "{" and _looks_like_prometheus(text):
+        _read_prometheus(text, source, result, strict, label)  # says where the document is broken
     else:
         _read_jsonl(text, source, result, strict)
     return result
@@ -157,22 +186,32 @@ def read_text(
 
 
 def _read_jsonl(text: str, source: str, result: ImportResult, strict: bool) -> None:
-    lines = text.split("\n")
-    for first in range(0, len(lines), CHUNK):
-        chunk = lines[first : first + CHUNK]
-        while chunk and not chunk[-1].strip():
-            chunk.pop()  # the newline that ends the file
-        if not chunk:
-            continue
-        try:  # one parse for the whole chunk; a blank or bad line anywhere makes it fail
-            records = json.loads("[" + ",".join(chunk) + "]")
-        except (ValueError, RecursionError):
-            records = None
-        if records is not None and len(records) == len(chunk) and _add_fast(records, result):
-            continue
-        for i, line in enumerate(chunk):
-            if line and not line.isspace():
-                _add_line(line, first + i + 1, source, result, strict)
+    """Parse about `CHUNK_CHARS` of whole lines at a time with one `json.loads` (the lines joined
+    into one JSON array); a chunk that does not parse cleanly is read again line by line, so
+    each bad line is reported with its number and the good ones are kept."""
+    size = len(text)
+    start, line_no = 0, 1
+    while start < size:
+        end = text.find("\n", start + CHUNK_CHARS)
+        end = size if end < 0 else end + 1
+        chunk = text[start:end]
+        body = chunk.rstrip()  # the newline that ends the chunk (and the file)
+        if body and not _add_chunk(body, result):
+            for i, line in enumerate(body.split("\n")):
+                if line and not line.isspace():
+                    _add_line(line, line_no + i, source, result, strict)
+        line_no += chunk.count("\n")
+        start = end
+
+
+def _add_chunk(body: str, result: ImportResult) -> bool:
+    """Add a chunk of lines in one parse; False (nothing added) if any line is blank, malformed
+    or irregular."""
+    try:
+        records = json.loads("[" + body.replace("\n", ",") + "]")
+    except (ValueError, RecursionError):
+        return False
+    return len(records) == body.count("\n") + 1 and _add_fast(records, result)
 
 
 def _add_fast(records: list[Any], result: ImportResult) -> bool:
@@ -186,22 +225,25 @@ def _add_fast(records: list[Any], result: ImportResult) -> bool:
         metrics = list(map(itemgetter("metric"), records))
     except KeyError:
         return False
-    if not set(map(type, times)) <= {int, float} or not set(map(type, values)) <= {int, float}:
+    if not set(map(type, times)) <= _NUMBERS or not set(map(type, values)) <= _NUMBERS:
         return False
     if set(map(type, instances)) != {str} or set(map(type, metrics)) != {str}:
+        return False
+    try:  # floats, as the agent stores them: the same arithmetic online and offline
+        times, values = list(map(float, times)), list(map(float, values))
+    except OverflowError:
         return False
     if not all(map(math.isfinite, times)) or not all(map(math.isfinite, values)):
         return False
     if not all(instances) or not all(metrics):
         return False
     keys = list(zip(instances, metrics, strict=True))
-    groups: dict[tuple[str, str], list[tuple[float, float]]] = {key: [] for key in set(keys)}
-    appenders = {key: points.append for key, points in groups.items()}
-    # append each point to its group without a Python-level loop (a third of the reading time)
-    deque(map(_call, map(appenders.__getitem__, keys), zip(times, values, strict=True)), maxlen=0)
-    series = result.series
-    for (instance, metric), points in groups.items():
-        series.setdefault(instance, {}).setdefault(metric, []).extend(points)
+    columns = {key: result.column(*key) for key in set(keys)}
+    # append each number to its series without a Python-level loop (a third of the reading time)
+    append_time = {key: times_values[0].append for key, times_values in columns.items()}
+    append_value = {key: times_values[1].append for key, times_values in columns.items()}
+    deque(map(_call, map(append_time.__getitem__, keys), times), maxlen=0)
+    deque(map(_call, map(append_value.__getitem__, keys), values), maxlen=0)
     result.points += len(records)
     return True
 
@@ -233,7 +275,9 @@ def _add_line(line: str, lineno: int, source: str, result: ImportResult, strict:
     if ts_problem or value_problem:
         result.add_problem(Problem(source, lineno, ts_problem or value_problem), strict)
         return
-    result.series.setdefault(instance, {}).setdefault(metric, []).append((ts, value))
+    times, values = result.column(instance, metric)
+    times.append(ts)
+    values.append(value)
     result.points += 1
 
 
@@ -268,6 +312,15 @@ def _looks_like_prometheus(text: str) -> bool:
     return isinstance(first, dict) and "data" in first
 
 
+def _whole_document(text: str) -> Any:
+    """The text as one JSON document, or None when it is not one. JSON Lines fail fast: the
+    decoder stops at the end of the first line ("Extra data")."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
 def _read_prometheus(text: str, source: str, result: ImportResult, strict: bool, label: str | None) -> None:
     try:
         doc = json.loads(text)
@@ -278,6 +331,12 @@ def _read_prometheus(text: str, source: str, result: ImportResult, strict: bool,
             f"{source}:{line or 1}: not valid JSON ({msg}); expected a Prometheus query_range export "
             "or JSON Lines"
         ) from None
+    _read_prometheus_doc(doc, source, result, strict, label)
+
+
+def _read_prometheus_doc(
+    doc: Any, source: str, result: ImportResult, strict: bool, label: str | None
+) -> None:
     data = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(data, dict):
         raise SeriesFormatError(f"{source}: no 'data' object; expected a Prometheus query_range export")
@@ -333,9 +392,12 @@ def _add_values(
         return
     fast = _values_fast(values)
     if fast is not None:
-        if fast:
-            result.series.setdefault(instance, {}).setdefault(metric, []).extend(fast)
-            result.points += len(fast)
+        times, numbers = fast
+        if times:
+            column = result.column(instance, metric)
+            column[0].extend(times)
+            column[1].extend(numbers)
+            result.points += len(times)
         return
     points: list[tuple[float, float]] = []
     bad = 0
@@ -353,16 +415,23 @@ def _add_values(
         result.add_problem(
             Problem(source, None, f"{where}: skipped {bad} malformed [ts, value] pairs"), strict
         )
+    _extend(result, instance, metric, points)
+
+
+def _extend(result: ImportResult, instance: str, metric: str, points: list[tuple[float, float]]) -> None:
     if points:
-        result.series.setdefault(instance, {}).setdefault(metric, []).extend(points)
+        times, values = result.column(instance, metric)
+        times.extend(map(itemgetter(0), points))
+        values.extend(map(itemgetter(1), points))
         result.points += len(points)
 
 
-def _values_fast(values: list) -> list[tuple[float, float]] | None:
-    """The finite points of a well-formed `values` list in bulk (NaN and ±Inf are gaps), or
-    None when any pair is irregular (then each pair is checked and reported on its own)."""
+def _values_fast(values: list) -> tuple[list[float], list[float]] | None:
+    """(times, values) of the finite points of a well-formed `values` list, in bulk (NaN and
+    ±Inf are gaps), or None when any pair is irregular (then each pair is checked and reported
+    on its own)."""
     if not values:
-        return []
+        return [], []
     if set(map(type, values)) != {list} or set(map(len, values)) != {2}:
         return None
     raw_times = list(map(itemgetter(0), values))
@@ -376,8 +445,9 @@ def _values_fast(values: list) -> list[tuple[float, float]] | None:
     if not all(map(math.isfinite, raw_times)):
         return None
     if all(map(math.isfinite, numbers)):
-        return list(zip(map(float, raw_times), numbers, strict=True))
-    return [(float(t), v) for t, v in zip(raw_times, numbers, strict=True) if math.isfinite(v)]
+        return raw_times, numbers
+    kept = list(compress(range(len(numbers)), map(math.isfinite, numbers)))
+    return list(map(raw_times.__getitem__, kept)), list(map(numbers.__getitem__, kept))
 
 
 def _is_nan_or_inf(raw: Any) -> bool:
@@ -432,8 +502,9 @@ def _read_text(path: Path) -> str:
         ) from None
 
 
-def _sorted(points: Points) -> Points:
-    times = list(map(itemgetter(0), points))
+def _sorted(times: array, values: array) -> Points:
+    """The points of one series in time order (a stable sort keeps equal times as read)."""
+    points = list(zip(times, values))
     if all(map(le, times[:-1], times[1:])):
         return points
     return sorted(points, key=itemgetter(0))

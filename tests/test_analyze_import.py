@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agent import series_import
 from agent.errors import MedicError, SeriesFormatError
 from agent.series_import import read_files, read_text
 
@@ -41,6 +42,46 @@ def test_malformed_lines_are_reported_with_their_line_number_and_the_rest_is_rea
     assert "not a JSON object" in lines[2] and "missing instance, metric, value" in lines[4]
     assert "value must be a number" in lines[5]
     assert str(result.problems[0]).startswith("rec.jsonl:2: ")
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("good"), st.integers(0, 10**6), st.sampled_from(["a", "b"])),
+            st.tuples(
+                st.just("bad"),
+                st.sampled_from(
+                    [
+                        "{oops",
+                        "",
+                        "  ",
+                        '{"ts": 1}',
+                        "[1, 2]",
+                        '{"ts": 1, "instance": "a", "metric": "m", "value": true}',
+                    ]
+                ),
+                st.just(""),
+            ),
+        ),
+        max_size=60,
+    ),
+    st.integers(1, 200),
+)
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_chunked_reading_keeps_every_good_line_and_every_bad_line_number(monkeypatch, rows, chunk_chars):
+    """Lines are parsed a chunk at a time: wherever the chunks fall, the same points are read
+    and each bad line is reported with its own number."""
+    monkeypatch.setattr(series_import, "CHUNK_CHARS", chunk_chars)
+    lines = [_line(ts, name, value=float(ts)) if kind == "good" else ts for kind, ts, name in rows]
+    result = read_text("\n".join(lines) + "\n", "f.jsonl")
+    good = [(ts, name) for kind, ts, name in rows if kind == "good"]
+    assert result.points == len(good)
+    read = sorted((ts, name) for name, metrics in result.series.items() for ts, _ in metrics["rss_bytes"])
+    assert read == sorted((float(ts), name) for ts, name in good)
+    reported = sorted(p.line for p in result.problems if p.line is not None)  # not "the file is empty"
+    assert reported == sorted(
+        i for i, (kind, _, _) in enumerate(rows, 1) if kind == "bad" and lines[i - 1].strip()
+    )
 
 
 def test_strict_stops_at_the_first_bad_line_and_says_how_to_go_on():

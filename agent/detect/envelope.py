@@ -9,7 +9,6 @@ process lifetime has its own, so a leak is judged within one lifetime.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import compress, pairwise, repeat
 from operator import gt, itemgetter, sub
@@ -18,17 +17,31 @@ from agent.detect.model import RSS, START_TIME, InstanceSeries, Points
 from agent.detect.params import DetectParams
 
 
-def _buckets(times: list[float], width: float) -> Iterator[tuple[int, int, int]]:
-    """(bucket index, first, end) of each non-empty bucket of the sorted `times`."""
+def _buckets(times: list[float], width: float) -> tuple[list[int], list[int], list[int]]:
+    """(bucket indices, firsts, ends) of the non-empty buckets of the sorted `times`: sample i is
+    in bucket `int(times[i] // width)`. One bisection per bucket, not a step per sample."""
     n = len(times)
+    idx: list[int] = []
+    firsts: list[int] = []
     i = 0
     while i < n:
         b = int(times[i] // width)
         j = bisect_left(times, (b + 1) * width, i + 1)
-        while j < n and int(times[j] // width) == b:  # guard against rounding at the boundary
+        while j < n and int(times[j] // width) == b:  # where rounding puts the cut on the wrong side
             j += 1
-        yield b, i, j
+        while j > i + 1 and int(times[j - 1] // width) != b:
+            j -= 1
+        idx.append(b)
+        firsts.append(i)
         i = j
+    return idx, firsts, [*firsts[1:], n]
+
+
+def _floors_and_peaks(
+    values: list[float], firsts: list[int], ends: list[int]
+) -> tuple[list[float], list[float]]:
+    chunks = list(map(values.__getitem__, map(slice, firsts, ends)))
+    return list(map(min, chunks)), list(map(max, chunks))
 
 
 @dataclass(slots=True)
@@ -48,15 +61,9 @@ class Bucketed:
 def bucketize(points: Points, width: float) -> Bucketed:
     times = list(map(itemgetter(0), points))
     values = list(map(itemgetter(1), points))
-    out = Bucketed(times, values, [], [], [], [], [])
-    for b, i, j in _buckets(times, width):
-        chunk = values[i:j]
-        out.idx.append(b)
-        out.first.append(i)
-        out.end.append(j)
-        out.lo.append(min(chunk))
-        out.hi.append(max(chunk))
-    return out
+    idx, firsts, ends = _buckets(times, width)
+    lo, hi = _floors_and_peaks(values, firsts, ends)
+    return Bucketed(times, values, idx, firsts, ends, lo, hi)
 
 
 def infer_restarts(
@@ -151,14 +158,8 @@ def build_envelope(
     for life, _start in enumerate(starts):
         first = bisect_left(times, starts[life]) if life else 0
         end = bisect_left(times, starts[life + 1]) if life + 1 < len(starts) else len(times)
-        idx: list[int] = []
-        lo: list[float] = []
-        hi: list[float] = []
-        for b, i, j in _buckets(times[first:end], width):
-            chunk = values[first + i : first + j]
-            idx.append(b)
-            lo.append(min(chunk))
-            hi.append(max(chunk))
+        idx, firsts, ends = _buckets(times[first:end], width)
+        lo, hi = _floors_and_peaks(values[first:end], firsts, ends)
         env.idx.append(idx)
         env.lo.append(lo)
         env.hi.append(hi)

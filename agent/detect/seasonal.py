@@ -17,11 +17,12 @@ from __future__ import annotations
 import itertools
 import math
 from bisect import bisect_left
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import repeat
 from operator import sub
 
-from agent.detect.trend import median
+from agent.detect.trend import median, medians
 
 MIN_DAYS = 3
 MIN_COVERAGE = 0.8  # a day counts when this fraction of its slots has data
@@ -62,21 +63,32 @@ def learn_profile(
         return None
     drift = _drift(per_day, days)
     ramp = [drift * ((slot + 0.5) / slots - 0.5) for slot in range(slots)]
+    # every day complete (the common case): no NaN to step around, so no Python-level filtering
+    complete = not any(map(math.isnan, itertools.chain.from_iterable(per_day.values())))
     rows = []  # per day: value - the day's level - the drift's share at that time (NaN: no data)
     for day in days:
         found = per_day[day]
-        level = median([v for v in found if v == v])
+        level = median(found if complete else _present(found))
         rows.append(list(map(sub, map(sub, found, repeat(level, slots)), ramp)))
-    values = [median(present) if (present := [v for v in column if v == v]) else 0.0 for column in zip(*rows)]
+    if complete:
+        values = medians(zip(*rows), len(rows))
+    else:
+        values = [median(present) if (present := _present(column)) else 0.0 for column in zip(*rows)]
     centre = median(values)
     values = [v - centre for v in values]
     # noise of one day's value, from day-to-day differences of the same slot (unbiased by the fit)
-    pairs = [d for r1, r2 in itertools.pairwise(rows) for d in map(abs, map(sub, r2, r1)) if d == d]
+    diffs = itertools.chain.from_iterable(map(abs, map(sub, r2, r1)) for r1, r2 in itertools.pairwise(rows))
+    pairs = list(diffs) if complete else _present(diffs)
     noise = 1.4826 * median(pairs) / math.sqrt(2.0) if pairs else 0.0
     amplitude = max(values) - min(values)
     if amplitude <= SIGNIFICANT * noise / math.sqrt(len(days)):
         return Profile((0.0,) * slots, 0.0, noise, len(days))
     return Profile(tuple(values), amplitude, noise, len(days))
+
+
+def _present(values: Iterable[float]) -> list[float]:
+    """`values` without NaN (a slot with no data)."""
+    return [v for v in values if v == v]
 
 
 def _day_values(idx: list[int], lows: list[float], day: int, slots: int) -> list[float] | None:

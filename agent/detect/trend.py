@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right, insort
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import repeat
-from operator import itemgetter, mul, sub, truediv
+from operator import add, itemgetter, mul, sub, truediv
 
 STEP_SIGMAS = 6.0  # a bucket-to-bucket change this many robust sigmas off the typical one is a step
 MAX_STEPS = 2  # more jumps than this in one window are growth, not reloads
@@ -59,6 +60,17 @@ def median(values: list[float]) -> float:
     n = len(ordered)
     mid = n // 2
     return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def medians(rows: Iterable[Iterable[float]], size: int) -> list[float]:
+    """`median` of each of several rows of `size` values each, without a Python call per row."""
+    ordered = list(map(sorted, rows))
+    mid = size // 2
+    if size % 2:
+        return list(map(itemgetter(mid), ordered))
+    return list(
+        map(mul, repeat(0.5), map(add, map(itemgetter(mid - 1), ordered), map(itemgetter(mid), ordered)))
+    )
 
 
 def _median_sorted(ordered: list[float]) -> float:
@@ -169,10 +181,26 @@ def _pair_getters(n: int) -> tuple[itemgetter, itemgetter]:
     return itemgetter(*first), itemgetter(*second)
 
 
+@lru_cache(maxsize=256)
+def _even_gaps(n: int, step: float) -> list[float]:
+    """x_j - x_i of every pair of n points spaced `step` apart, in `_pair_getters` order."""
+    xs = [i * step for i in range(n)]
+    first, second = _pair_getters(n)
+    return list(map(sub, second(xs), first(xs)))
+
+
 def _pair_slopes(xs: list[float], ys: list[float]) -> list[float]:
-    """Sorted slopes of every pair of points (n ≥ 3)."""
-    first, second = _pair_getters(len(xs))
-    return sorted(map(truediv, map(sub, second(ys), first(ys)), map(sub, second(xs), first(xs))))
+    """Sorted slopes of every pair of points (n ≥ 3). Evenly spaced points (a window without
+    gaps, the common case) reuse their pairs' x distances."""
+    n = len(xs)
+    first, second = _pair_getters(n)
+    gaps = list(map(sub, xs[1:], xs[:-1]))
+    step = gaps[0]
+    if min(gaps) == max(gaps) and xs[-1] - xs[0] == (n - 1) * step:
+        dx = _even_gaps(n, step)
+    else:
+        dx = list(map(sub, second(xs), first(xs)))
+    return sorted(map(truediv, map(sub, second(ys), first(ys)), dx))
 
 
 def theil_sen(xs: list[float], ys: list[float]) -> float:
@@ -194,10 +222,10 @@ def trend(xs: list[float], ys: list[float], steps: Steps, z: float) -> Trend:
     n = len(xs)
     clean = steps.clean
     slope = _median_sorted(_pair_slopes(xs, clean))
-    x_mid, y_mid = median(xs), median(clean)
+    x_mid, y_mid = _median_sorted(xs), median(clean)
     residuals = [y - y_mid - slope * (x - x_mid) for x, y in zip(xs, clean, strict=True)]
     noise = 1.4826 * median(list(map(abs, residuals)))
-    energy = sum(r * r for r in residuals)
+    energy = sum(map(mul, residuals, residuals))
     rho = sum(map(mul, residuals[1:], residuals[:-1])) / energy if energy > 0 else 0.0
     rho = min(max(rho, 0.0), MAX_RHO)
     z_eff = z / math.sqrt((1 + rho) / (1 - rho))
