@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent import __version__
+from agent.api_dashboard import dashboard_routes
 from agent.api_histograms import histogram_routes
 from agent.api_remediation import remediation_routes
 from agent.auth import TokenGuard
@@ -94,6 +95,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     admin = [Depends(TokenGuard(ctx.token))]
     app.include_router(create_integrations_router(ctx))  # Alertmanager receiver, outbox (agent/receiver.py)
     app.include_router(histogram_routes(ctx))  # histograms, heap diffs, suspects, attribution
+    app.include_router(dashboard_routes())  # the web dashboard at / (agent/api_dashboard.py)
 
     def instance_or_404(name: str) -> Any:
         state = ctx.tracker.get(name)

@@ -11,6 +11,7 @@ PACKAGES=(
   prometheus prometheus-alertmanager              # promtool, rules tests, the alerting end-to-end test
   etcd-server tzdata                              # the etcd coordinator; time windows in a time zone
   openjdk-17-jdk-headless                         # javac, java and jcmd for the JVM histogram tests
+  chromium fonts-dejavu-core                      # the dashboard rendered in a real headless browser
 )
 
 missing=()

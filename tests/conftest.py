@@ -115,6 +115,7 @@ class AgentRunner:
         self.proc: subprocess.Popen | None = None
         self.url = ""
         self.log = tmp_path / "agent.log"
+        self._children: set = set()
 
     def start(
         self, config: dict, *extra_args: str, prefix: list[str] | None = None, wait: bool = True
@@ -161,6 +162,7 @@ class AgentRunner:
     def get(self, path: str, **params):
         import httpx
 
+        self._note_children()
         response = httpx.get(f"{self.url}{path}", params=params, timeout=5)
         response.raise_for_status()
         return response.json() if "json" in response.headers.get("content-type", "") else response.text
@@ -173,14 +175,48 @@ class AgentRunner:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
         assert self.proc is not None
+        self._note_children()
         self.proc.send_signal(sig)
         return self.proc.wait(timeout=timeout)
 
+    def _note_children(self) -> None:
+        """Remember the agent's children: managed instances run in sessions of their own, so
+        killing the agent's process group at teardown would leave them running."""
+        import psutil
+
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            self._children.update(psutil.Process(self.proc.pid).children(recursive=True))
+        except psutil.Error:
+            pass
+
+    def close(self) -> None:
+        """Stop the agent the way an operator would (it stops what it launched), then kill any
+        child of it that is still running."""
+        import psutil
+
+        self._note_children()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for child in self._children:
+            try:
+                child.kill()  # psutil checks the start time: a reused pid is left alone
+            except psutil.Error:
+                pass
+
 
 @pytest.fixture
-def agent(spawn: SpawnFn, tmp_path: Path) -> AgentRunner:
-    """Start real agents with `agent.start(config_dict)`; they are killed and reaped at teardown."""
-    return AgentRunner(spawn, tmp_path)
+def agent(spawn: SpawnFn, tmp_path: Path) -> Iterator[AgentRunner]:
+    """Start real agents with `agent.start(config_dict)`; at teardown they are stopped, their
+    children killed, and everything reaped."""
+    runner = AgentRunner(spawn, tmp_path)
+    yield runner
+    runner.close()
 
 
 def workload_argv(mode: str, *args: str) -> list[str]:
