@@ -1,6 +1,8 @@
 """`medic hook`: the allocator hooks on the target side.
 
 medic hook path                       the LD_PRELOAD shim's path, for native targets
+medic hook install DIR [--allocator jemalloc]   copy the shim (and allocator) into DIR, e.g. a volume
+                                      shared with a target container; prints the target's LD_PRELOAD
 medic hook env [--python] [--allocator jemalloc]   the environment a target needs
 medic hook install-pth [--dir DIR]    autostart the in-process hook in every Python of this environment
                                       (only acts when MEDIC_HOOK_SOCKET is set)
@@ -11,6 +13,7 @@ medic hook clean                      remove sockets of processes that are gone
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 from typing import Any
@@ -26,6 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="hook_command", metavar="ACTION", required=True)
     path = sub.add_parser("path", help="print the path of the built LD_PRELOAD shim")
     path.add_argument("--json", action="store_true")
+    install = sub.add_parser(
+        "install", help="copy the shim (and an allocator) into DIR for another container"
+    )
+    install.add_argument("dir", help="directory the target can read, e.g. a shared volume")
+    install.add_argument("--allocator", choices=["glibc", "jemalloc", "tcmalloc"], default="glibc")
+    install.add_argument("--json", action="store_true")
     env = sub.add_parser("env", help="print the environment variables a target needs for a hook")
     env.add_argument("--python", action="store_true", help="a Python target (in-process hook, no shim)")
     env.add_argument("--allocator", choices=["glibc", "jemalloc", "tcmalloc"], default="glibc")
@@ -48,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     return {
         "path": _path,
+        "install": _install,
         "env": _env,
         "install-pth": _install_pth,
         "call": _call,
@@ -61,6 +71,73 @@ def _path(args: argparse.Namespace) -> int:
     path = shim_path()
     print(json.dumps({"path": path}) if args.json else path)
     return 0
+
+
+def _install(args: argparse.Namespace) -> int:
+    installed = install_hook(args.dir, args.allocator)
+    if args.json:
+        print(json.dumps(installed))
+    else:
+        print(f"LD_PRELOAD={':'.join(installed['preload'])}")
+    return 0
+
+
+LIBRARY_DIRS = ("/usr/lib/{arch}", "/lib/{arch}", "/usr/local/lib", "/usr/lib", "/lib")
+INSTALLED_SHIM = "libmedic_shim.so"
+
+
+def find_library(soname: str) -> str:
+    """The path of a system library by its soname (`libjemalloc.so.2`); `UsageError` naming the package."""
+    import sysconfig
+
+    arch = sysconfig.get_config_var("MULTIARCH") or "x86_64-linux-gnu"
+    for directory in LIBRARY_DIRS:
+        path = os.path.join(directory.format(arch=arch), soname)
+        if os.path.isfile(path):
+            return os.path.realpath(path)
+    raise UsageError(
+        f"{soname} is not installed here: install it (Debian: apt-get install libjemalloc2 or "
+        "libgoogle-perftools4) or give the target its own copy"
+    )
+
+
+def install_hook(directory: str, allocator: str = "glibc") -> dict[str, Any]:
+    """Copy the shim (and the allocator library, if any) into `directory` for a target in another
+    container or mount namespace; returns the files and the target's LD_PRELOAD list.
+
+    Each file is written beside its final name and renamed into place, so a target that starts
+    meanwhile loads the old copy or the new one, never half a file. Mode 0755: the target may run
+    as another user.
+    """
+    import shutil
+    import tempfile
+
+    from native_hooks import shim_path
+    from native_hooks.workloads import PRELOADS
+
+    sources = [(find_library(PRELOADS[allocator]), PRELOADS[allocator])] if PRELOADS.get(allocator) else []
+    sources.append((shim_path(), INSTALLED_SHIM))
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        installed = []
+        for source, name in sources:
+            fd, staging = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
+            try:
+                with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
+                    shutil.copyfileobj(src, out)
+                os.chmod(staging, 0o755)
+                os.replace(staging, os.path.join(directory, name))
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(staging)
+                raise
+            installed.append(os.path.join(os.path.abspath(directory), name))
+    except OSError as exc:
+        raise UsageError(
+            f"cannot install the hook into {directory}: {exc.strerror or exc}; "
+            "give a writable directory (e.g. a volume shared with the target)"
+        ) from None
+    return {"dir": os.path.abspath(directory), "preload": installed}
 
 
 def target_environment(python: bool, allocator: str, socket: str) -> dict[str, str]:

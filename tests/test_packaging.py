@@ -1,0 +1,411 @@
+"""Packaging: the Dockerfile and its build context, the Kubernetes manifests, the systemd unit, and
+`medic hook install`. No Docker daemon here, so the image is checked by parsing the Dockerfile and by
+running its builder step (pip install of exactly the files it copies) into a real virtualenv."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, wait_until
+
+from agent.cli.hook import INSTALLED_SHIM, find_library, install_hook
+from agent.config import load_config, parse_config
+from agent.errors import UsageError
+from agent.units import parse_size
+
+MANIFEST = REPO / "deploy/kubernetes/sidecar.yaml"
+UNIT = REPO / "deploy/systemd/medic@.service"
+
+
+# ----------------------------------------------------------------------------- Dockerfile parsing
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(KEYWORD, arguments) per instruction, continuation lines joined and comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for line in text.splitlines():
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        keyword, _, rest = (pending + line).strip().partition(" ")
+        out.append((keyword.upper(), rest.strip()))
+        pending = ""
+    return out
+
+
+def stages(instructions: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+    result: list[list[tuple[str, str]]] = []
+    for keyword, args in instructions:
+        if keyword == "FROM":
+            result.append([])
+        if result:
+            result[-1].append((keyword, args))
+    return result
+
+
+def dockerignore_excludes(patterns: list[str], path: str) -> bool:
+    """Docker's rule: the last pattern matching the path or one of its parent directories wins."""
+    excluded = False
+    parts = path.split("/")
+    for raw in patterns:
+        negate = raw.startswith("!")
+        pattern = raw[1:] if negate else raw
+        regex = re.escape(pattern.strip("/")).replace(r"\*\*/", "(.*/)?").replace(r"\*\*", ".*")
+        regex = regex.replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+        if any(re.fullmatch(regex, "/".join(parts[:n])) for n in range(1, len(parts) + 1)):
+            excluded = not negate
+    return excluded
+
+
+def read_dockerignore() -> list[str]:
+    lines = (REPO / ".dockerignore").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def tracked_files(under: str) -> list[str]:
+    done = subprocess.run(["git", "ls-files", under], cwd=REPO, capture_output=True, text=True, check=True)
+    return [line for line in done.stdout.splitlines() if (REPO / line).is_file()]
+
+
+def copy_sources() -> list[tuple[str, str]]:
+    """(source, destination) of every COPY from the build context (not `--from` another stage)."""
+    pairs = []
+    for keyword, args in dockerfile_instructions((REPO / "Dockerfile").read_text()):
+        if keyword != "COPY" or args.startswith("--from"):
+            continue
+        words = args.split()
+        pairs += [(source, words[-1]) for source in words[:-1]]
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def docker() -> list[list[tuple[str, str]]]:
+    return stages(dockerfile_instructions((REPO / "Dockerfile").read_text()))
+
+
+def test_the_dockerignore_matcher_follows_dockers_rules() -> None:
+    patterns = ["**/*.so", "docs", "build", "!build/keep.txt"]
+    assert dockerignore_excludes(patterns, "native_hooks/libmedic_shim.so")
+    assert dockerignore_excludes(patterns, "libx.so")
+    assert dockerignore_excludes(patterns, "docs/deploy.md")
+    assert not dockerignore_excludes(patterns, "native_hooks/shim.c")
+    assert not dockerignore_excludes(patterns, "build/keep.txt")
+    assert not dockerignore_excludes(patterns, "docsx/a.md")
+
+
+def test_every_copy_source_exists_and_is_in_the_build_context() -> None:
+    patterns = read_dockerignore()
+    pairs = copy_sources()
+    assert {"agent/", "native_hooks/", "setup.py", "deploy/container/medic.yaml"} <= {s for s, _ in pairs}
+    for source, _ in pairs:
+        assert (REPO / source).exists(), f"COPY {source}: not in the repository"
+        files = tracked_files(source) if (REPO / source).is_dir() else [source]
+        assert files, f"COPY {source}: no tracked files"
+        kept = [f for f in files if not dockerignore_excludes(patterns, f)]
+        assert kept, f"COPY {source}: everything is excluded by .dockerignore"
+        if (REPO / source).is_dir():
+            dropped = [f for f in files if f not in kept]
+            assert not dropped, f".dockerignore drops tracked files the image needs: {dropped}"
+    assert dockerignore_excludes(patterns, "native_hooks/libmedic_shim.cpython-311-x86_64-linux-gnu.so")
+
+
+def test_two_stages_on_debian_12_python_and_no_compiler_in_the_image(docker) -> None:
+    builder, final = docker
+    base = re.search(r"ARG PYTHON_IMAGE=(\S+)", (REPO / "Dockerfile").read_text())
+    assert base and base.group(1) == "python:3.11-slim-bookworm"
+    assert builder[0] == ("FROM", "${PYTHON_IMAGE} AS builder") and final[0] == ("FROM", "${PYTHON_IMAGE}")
+    builder_runs = " ".join(a for k, a in builder if k == "RUN")
+    final_runs = " ".join(a for k, a in final if k == "RUN")
+    assert "gcc" in builder_runs and "gcc" not in final_runs
+    assert "medic hook path" in builder_runs  # the build fails when the shim was not compiled
+    assert "libjemalloc2" in final_runs
+
+
+def test_the_image_runs_medic_as_a_non_root_user_in_exec_form(docker) -> None:
+    final = dict(docker[1])
+    user = final["USER"].split(":")
+    assert user[0].isdigit() and int(user[0]) != 0, "the user must be numeric (runAsNonRoot) and not root"
+    assert f"--uid {user[0]}" in final["RUN"]
+    assert json.loads(final["ENTRYPOINT"]) == ["medic"]
+    assert json.loads(final["CMD"]) == ["run", "--config", "/etc/medic/medic.yaml"]
+    options, _, command = final["HEALTHCHECK"].partition("CMD ")
+    probe = json.loads(command)
+    assert isinstance(probe, list) and "/healthz" in " ".join(probe)
+    assert "--timeout=" in options
+    volumes = json.loads(final["VOLUME"])
+    default = load_config(REPO / "deploy/container/medic.yaml")
+    assert str(default.agent.state_dir) in volumes
+    assert f"MEDIC_URL=http://127.0.0.1:{default.agent.port}" in final["ENV"]
+    assert final["EXPOSE"] == str(default.agent.port)
+
+
+# ----------------------------------------------------------------------------- Kubernetes manifests
+@pytest.fixture(scope="module")
+def manifests() -> dict[str, dict]:
+    docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+    kinds = [d["kind"] for d in docs]
+    assert len(kinds) == len(set(kinds)), kinds
+    return {d["kind"]: d for d in docs}
+
+
+def _pod(manifests: dict[str, dict]) -> dict:
+    return manifests["Deployment"]["spec"]["template"]["spec"]
+
+
+def _containers(pod: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in pod.get("initContainers", []) + pod["containers"]}
+
+
+def _medic_config(manifests: dict[str, dict]):
+    return parse_config(manifests["ConfigMap"]["data"]["medic.yaml"], source="ConfigMap")
+
+
+def test_the_configmap_config_passes_medic_config_check(manifests, tmp_path: Path) -> None:
+    path = tmp_path / "medic.yaml"
+    path.write_text(manifests["ConfigMap"]["data"]["medic.yaml"])
+    done = subprocess.run(
+        [sys.executable, "-m", "agent.cli.main", "config", "check", "--json", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    effective = json.loads(done.stdout)
+    assert effective["remediation"]["coordinator"]["backend"] in ("etcd", "local")
+    bad = tmp_path / "bad.yaml"  # the same check does fail: the kubernetes backend is refused
+    bad.write_text(path.read_text().replace("backend: etcd", "backend: kubernetes"))
+    done = subprocess.run(
+        [sys.executable, "-m", "agent.cli.main", "config", "check", str(bad)], cwd=REPO, capture_output=True
+    )
+    assert done.returncode == 2 and b"not implemented" in done.stderr
+
+
+def test_every_container_has_resources_probes_and_a_restricted_security_context(manifests) -> None:
+    pod = _pod(manifests)
+    assert pod["shareProcessNamespace"] is True
+    for name, container in _containers(pod).items():
+        resources = container.get("resources", {})
+        assert resources.get("requests", {}).get("memory"), f"{name}: no memory request"
+        assert resources.get("limits", {}).get("memory"), f"{name}: no memory limit"
+        security = container["securityContext"]
+        assert security["allowPrivilegeEscalation"] is False and security["capabilities"]["drop"] == ["ALL"]
+        assert not security["capabilities"].get("add"), f"{name}: same uid as the target needs no capability"
+    for container in pod["containers"]:
+        ports = {p["name"] for p in container.get("ports", [])}
+        for probe in ("readinessProbe", "livenessProbe"):
+            get = container[probe]["httpGet"]
+            assert get["port"] in ports, f"{container['name']}.{probe}: port {get['port']} not declared"
+    medic = _containers(pod)["medic"]
+    assert medic["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_volumes_env_and_secrets_referenced_exist(manifests) -> None:
+    pod = _pod(manifests)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    secret = manifests["Secret"]
+    for name, container in _containers(pod).items():
+        for mount in container.get("volumeMounts", []):
+            assert mount["name"] in volumes, f"{name}: volume {mount['name']} is not declared"
+        for env in container.get("env", []):
+            ref = env.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["stringData"]
+    assert volumes["medic-config"]["configMap"]["name"] == manifests["ConfigMap"]["metadata"]["name"]
+    config = _medic_config(manifests)
+    medic_env = {e["name"] for e in _containers(pod)["medic"].get("env", [])}
+    for sink in config.notify.sinks:
+        for key in ("secret_env", "url_env"):
+            if getattr(sink, key, None):
+                assert getattr(sink, key) in medic_env, f"{sink.type}.{key} is not set in the medic container"
+    if config.notify.receiver.secret_env:
+        assert config.notify.receiver.secret_env in medic_env
+
+
+def test_the_config_matches_the_server_container(manifests) -> None:
+    pod = _pod(manifests)
+    containers = _containers(pod)
+    server, medic = containers["server"], containers["medic"]
+    config = _medic_config(manifests)
+    (instance,) = config.instances
+    assert re.search(instance.match.cmdline, " ".join(server["args"])), "the cmdline regex misses the server"
+    assert instance.memory_limit == parse_size(server["resources"]["limits"]["memory"])
+    server_env = {e["name"]: e.get("value") for e in server["env"]}
+    assert server_env["MEDIC_HOOK_SOCKET"] == instance.hook.socket
+    socket_dir = os.path.dirname(instance.hook.socket)
+    for container in (server, medic):
+        assert any(
+            m["mountPath"] == socket_dir and m["name"] == "medic-run" for m in container["volumeMounts"]
+        )
+    installer = containers["medic-hook-install"]
+    hook_dir = installer["args"][2]
+    preload = server_env["LD_PRELOAD"].split(":")
+    assert preload == [f"{hook_dir}/libjemalloc.so.2", f"{hook_dir}/{INSTALLED_SHIM}"]
+    assert {"name": "medic-hook", "mountPath": hook_dir, "readOnly": True} in server["volumeMounts"]
+    server_port = {p["containerPort"] for p in server["ports"]}
+    assert int(re.search(r":(\d+)/", instance.latency.prometheus.url).group(1)) in server_port
+    token = containers["medic-admin-token"]["command"][-1]
+    assert token == f"{config.agent.state_dir}/admin.token"
+
+
+def test_ports_images_and_user_are_consistent(manifests, docker) -> None:
+    pod = _pod(manifests)
+    containers = _containers(pod)
+    config = _medic_config(manifests)
+    medic_port = {p["name"]: p["containerPort"] for p in containers["medic"]["ports"]}["metrics"]
+    assert medic_port == config.agent.port
+    annotations = manifests["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+    assert (
+        annotations["prometheus.io/port"]
+        == str(medic_port)
+        == manifests["Service"]["metadata"]["annotations"]["prometheus.io/port"]
+    )
+    assert manifests["Service"]["spec"]["ports"][0]["targetPort"] == "metrics"
+    version = re.search(r'^version = "(.+)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)
+    medic_images = {c["image"] for n, c in containers.items() if n.startswith("medic")}
+    assert medic_images == {f"sidecar-medic:{version}"}
+    image_user = dict(docker[1])["USER"].split(":")[0]
+    assert str(pod["securityContext"]["runAsUser"]) == image_user and pod["securityContext"]["runAsNonRoot"]
+
+
+# ----------------------------------------------------------------------------- medic hook install
+def test_hook_install_copies_the_shim_and_allocator_readable_by_others(tmp_path: Path) -> None:
+    out = tmp_path / "hook"
+    installed = install_hook(str(out), "jemalloc")
+    assert installed["preload"] == [str(out / "libjemalloc.so.2"), str(out / INSTALLED_SHIM)]
+    for path in installed["preload"]:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o755
+    assert sorted(os.listdir(out)) == ["libjemalloc.so.2", INSTALLED_SHIM]  # no staging files left
+    again = install_hook(str(out), "glibc")  # replaces in place
+    assert again["preload"] == [str(out / INSTALLED_SHIM)]
+
+
+def test_hook_install_errors_say_what_to_do(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(UsageError, match="writable directory"):
+        install_hook(str(blocker / "sub"))
+    with pytest.raises(UsageError, match="apt-get install"):
+        find_library("libnot-a-real-allocator.so.9")
+    done = subprocess.run(
+        [sys.executable, "-m", "agent.cli.main", "hook", "install", str(blocker)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "medic: error: cannot install the hook" in done.stderr
+
+
+@pytest.mark.native
+def test_a_target_loads_the_installed_copy_and_answers(tmp_path: Path, spawn) -> None:
+    """The copy works on its own: the target preloads it from the install directory and serves its hook."""
+    from native_hooks.client import HookClient
+
+    installed = install_hook(str(tmp_path / "hook"), "jemalloc")
+    sockets = tmp_path / "run"
+    env = {
+        **os.environ,
+        "LD_PRELOAD": ":".join(installed["preload"]),
+        "MEDIC_HOOK_SOCKET": f"{sockets}/hook.%p.sock",
+    }
+    target = spawn([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    path = sockets / f"hook.{target.pid}.sock"
+    wait_until(path.exists, timeout=10)
+    with HookClient(str(path), 5.0) as client:
+        reply = client.request("stats")
+    assert reply["ok"] and reply["allocator"] == "jemalloc"
+    maps = Path(f"/proc/{target.pid}/maps").read_text()
+    assert str(tmp_path / "hook" / INSTALLED_SHIM) in maps
+
+
+# ----------------------------------------------------------------------------- the image's builder step
+@pytest.fixture(scope="module")
+def installed_medic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """`pip install` of exactly the files the Dockerfile copies (minus .dockerignore) into a virtualenv:
+    the builder stage, without Docker. Its dependencies come from this interpreter (system site)."""
+    root = tmp_path_factory.mktemp("image")
+    context = root / "src"
+    patterns = read_dockerignore()
+    for source, _ in copy_sources():
+        if source.startswith("deploy/"):
+            continue  # copied into the final stage, not part of the Python package
+        files = tracked_files(source) if (REPO / source).is_dir() else [source]
+        for name in files:
+            if not dockerignore_excludes(patterns, name):
+                (context / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / name, context / name)
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    done = subprocess.run(
+        [str(venv / "bin/pip"), "install", "-q", "--no-deps", str(context)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    yield venv / "bin/medic"
+
+
+@pytest.mark.slow
+@pytest.mark.native
+def test_the_builder_step_compiles_the_shim_into_the_package(installed_medic: Path, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [str(installed_medic), "hook", "path"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    shim = Path(done.stdout.strip())
+    assert shim.is_file() and str(installed_medic.parent.parent) in str(shim)
+    done = subprocess.run(
+        [str(installed_medic), "config", "check", "-q", str(REPO / "deploy/container/medic.yaml")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+# ----------------------------------------------------------------------------- systemd
+def _verify(unit_text: str, directory: Path) -> subprocess.CompletedProcess:
+    directory.mkdir()
+    unit = directory / "medic@ranker.service"
+    unit.write_text(unit_text)
+    return subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+
+
+def _unit_settings(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+
+
+def test_the_unit_is_consistent_with_the_agent() -> None:
+    settings = _unit_settings(UNIT.read_text())
+    assert settings["StateDirectoryMode"] == "0700" and settings["NoNewPrivileges"] == "yes"
+    assert settings["ProtectSystem"] == "strict" and settings["Restart"] == "on-failure"
+    assert "medic/%i" in settings["StateDirectory"].split()
+    assert "--state-dir /var/lib/medic/%i" in settings["ExecStart"]
+    # the agent's own stop: managed children's stop_timeout (5 s default) + uvicorn's 2 s + flush
+    assert int(settings["TimeoutStopSec"].rstrip("s")) >= 15
+    assert set(settings["CapabilityBoundingSet"].split()) == {
+        "CAP_SYS_PTRACE",
+        "CAP_KILL",
+        "CAP_DAC_OVERRIDE",
+        "CAP_DAC_READ_SEARCH",
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.native
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_systemd_analyze_verifies_the_unit_with_a_real_medic(installed_medic: Path, tmp_path: Path) -> None:
+    text = UNIT.read_text().replace("/opt/medic/bin/medic", str(installed_medic))
+    done = _verify(text, tmp_path / "good")
+    assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+    broken = text.replace("NoNewPrivileges=yes", "NoNewPrivilegez=yes")  # the check can fail
+    done = _verify(broken, tmp_path / "bad")
+    assert "Unknown key" in done.stderr
