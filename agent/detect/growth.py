@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from functools import lru_cache
+from itertools import repeat
 from operator import mul, sub
 from typing import Any
 
@@ -242,7 +244,7 @@ def _daily_fit(prep: Prepared, metric: str, life: int, tick: float) -> Fit | Non
         z=z_eff,
         confidence=normal_cdf(z_eff),
         autocorrelation=rho,
-        noise=1.4826 * median([abs(d - centre) for d in diffs]) / math.sqrt(2.0),
+        noise=1.4826 * median(list(map(abs, map(sub, diffs, repeat(centre, m))))) / math.sqrt(2.0),
         steps=steps.count,
         level=median(lo[-4:]),
     )
@@ -251,14 +253,20 @@ def _daily_fit(prep: Prepared, metric: str, life: int, tick: float) -> Fit | Non
     return fit
 
 
+@lru_cache(maxsize=64)
+def _centred_positions(n: int) -> tuple[list[float], float]:
+    """Positions 0..n-1 centred on their mean, and the sum of their squares."""
+    xs = [i - (n - 1) / 2 for i in range(n)]
+    return xs, sum(map(mul, xs, xs))
+
+
 def _detrended(values: list[float]) -> list[float]:
     """Residuals of `values` around their least-squares line (against their position)."""
     n = len(values)
-    xs = [i - (n - 1) / 2 for i in range(n)]
+    xs, sxx = _centred_positions(n)
     y_mean = sum(values) / n
-    sxx = sum(map(mul, xs, xs))
     slope = sum(map(mul, xs, values)) / sxx if sxx else 0.0
-    return [v - y_mean - slope * x for x, v in zip(xs, values, strict=True)]
+    return list(map(sub, map(sub, values, repeat(y_mean, n)), map(mul, repeat(slope, n), xs)))
 
 
 def at_record(prep: Prepared, metric: str, life: int, tick: float) -> bool:
