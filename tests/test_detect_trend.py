@@ -8,7 +8,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.detect.trend import mann_kendall, might_rise, remove_steps, theil_sen, trend
+from agent.detect.trend import mann_kendall, might_rise, remove_steps, theil_sen, thirds_rise, trend
 
 
 def _fit(ys: list[float], floor: float = 1.0):
@@ -96,6 +96,9 @@ def test_mann_kendall_counts_rising_minus_falling_pairs():
     st.floats(min_value=0.0, max_value=1e5),
 )
 def test_the_cheap_gate_never_hides_a_window_that_has_risen(ys, floor):
-    """`might_rise` is a necessary condition: when it says no, removing steps finds no rise."""
-    if not might_rise(ys, floor):
+    """`might_rise` is a necessary condition: when it says no, removing steps finds no rise;
+    and passing the raw rise along changes nothing."""
+    raw = thirds_rise(ys)
+    if not might_rise(ys, floor, raw):
         assert not remove_steps(ys, floor).risen
+    assert remove_steps(ys, floor, raw) == remove_steps(ys, floor)

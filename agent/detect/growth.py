@@ -29,6 +29,7 @@ from agent.detect.trend import (
     might_rise,
     normal_cdf,
     remove_steps,
+    thirds_rise,
     trend,
 )
 
@@ -50,6 +51,7 @@ class Fit:
     profile_known: bool
     floor: float  # smallest level shift removed as a step
     _rising: bool | None = None
+    _raw_rise: float | None = None
     _steps: Steps | None = None
     _z: float | None = None
     _trend: Trend | None = None
@@ -58,13 +60,14 @@ class Fit:
     def rising(self) -> bool:
         """Whether the window has visibly risen once steps are removed (else it is not growing)."""
         if self._rising is None:
-            self._rising = might_rise(self.ys, self.floor) and self.steps.risen
+            self._raw_rise = thirds_rise(self.ys)
+            self._rising = might_rise(self.ys, self.floor, self._raw_rise) and self.steps.risen
         return self._rising
 
     @property
     def steps(self) -> Steps:
         if self._steps is None:
-            self._steps = remove_steps(self.ys, self.floor)
+            self._steps = remove_steps(self.ys, self.floor, self._raw_rise)
         return self._steps
 
     @property

@@ -31,7 +31,7 @@ STEP_PERSISTENCE = 0.8  # (at least this fraction of them: a long batch returns,
 MAX_RHO = 0.9  # cap of the residual autocorrelation used to correct Mann-Kendall
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made tens of thousands of times per replay, and never changed
 class Trend:
     n: int
     span: float  # seconds between the first and the last point
@@ -83,7 +83,7 @@ def normal_cdf(z: float) -> float:
     return 0.5 * math.erfc(-z / math.sqrt(2.0))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen, like Trend
 class Steps:
     """A sequence with its level shifts removed, and whether it has visibly risen."""
 
@@ -97,11 +97,18 @@ class Steps:
         return self.rise > self.noise
 
 
-def remove_steps(ys: list[float], floor: float) -> Steps:
+def thirds_rise(ys: list[float]) -> float:
+    """Median of the last third of `ys` minus the median of its first third."""
+    k = max(2, len(ys) // 3)
+    return _median_sorted(sorted(ys[-k:])) - _median_sorted(sorted(ys[:k]))
+
+
+def remove_steps(ys: list[float], floor: float, raw_rise: float | None = None) -> Steps:
     """`ys` with isolated level shifts subtracted.
 
     A change counts as a shift when it is farther than `STEP_SIGMAS` robust sigmas and `floor`
     from the median change; if more than `MAX_STEPS` do, the series is left as it is.
+    `raw_rise` is `thirds_rise(ys)` when already known.
     """
     n = len(ys)
     diffs = list(map(sub, ys[1:], ys[:-1]))
@@ -122,8 +129,7 @@ def remove_steps(ys: list[float], floor: float) -> Steps:
                 if i in jumps:
                     shift += diffs[i] - typical
                 clean[i + 1] = ys[i + 1] - shift
-    k = max(2, n // 3)
-    rise = _median_sorted(sorted(clean[-k:])) - _median_sorted(sorted(clean[:k]))
+    rise = raw_rise if raw_rise is not None and clean is ys else thirds_rise(clean)
     return Steps(clean, count, spread / math.sqrt(2.0), rise)
 
 
@@ -148,15 +154,15 @@ def _is_step(ys: list[float], diffs: list[float], i: int, candidates: list[int],
     return held >= STEP_PERSISTENCE * (len(before) + len(after))
 
 
-def might_rise(ys: list[float], floor: float) -> bool:
-    """A cheap necessary condition for `remove_steps(ys, floor).risen`.
+def might_rise(ys: list[float], floor: float, raw_rise: float) -> bool:
+    """A cheap necessary condition for `remove_steps(ys, floor).risen`, given `raw_rise =
+    thirds_rise(ys)`.
 
     If the raw rise is not positive and no change falls more than `floor` below the median
     change (no downward step whose removal could lift the end), removing steps only lowers
     the end of the window, so the window has not risen.
     """
-    k = max(2, len(ys) // 3)
-    if _median_sorted(sorted(ys[-k:])) - _median_sorted(sorted(ys[:k])) > 0:
+    if raw_rise > 0:
         return True
     diffs = list(map(sub, ys[1:], ys[:-1]))
     return min(diffs) < _median_sorted(sorted(diffs)) - floor
