@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: help install system-deps run test lint format bench clean
+.PHONY: help install system-deps run demo test lint format bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -21,6 +21,10 @@ system-deps:  ## install the Debian packages the tests need (root or sudo)
 
 run: install  ## run the agent on its built-in demo (API on http://127.0.0.1:9464)
 	$(BIN)/medic run
+
+demo: install  ## real onnxruntime servers (healthy, leaking, slow) and medic restarting them, narrated
+	$(BIN)/pip install -q -e '.[demo]'
+	$(BIN)/medic demo
 
 test: system-deps install lint  ## install everything and run the whole test suite
 	$(BIN)/python -m pytest

@@ -274,3 +274,18 @@ def test_inputs_are_catalog_metrics_and_history_covers_every_window():
     assert set(INPUT_METRICS) - set(CATALOG) <= {"process_start_time_seconds"}
     assert history(PARAMS, {"a": Slo(window=3600.0), "b": None}) >= 3600.0 + PARAMS.stale
     assert history() >= DEFAULT_SLOW.trend_window
+
+
+def test_the_lifetime_is_the_recorded_process_start_not_the_first_sample_loaded():
+    """The agent loads only the slow detector's history: a process up for longer than that must
+    keep its own start time (remediation compares it with the instance's), and a later sample
+    of the same start time must not look like a restart."""
+    started = T0 - 86_400.0  # a day before the history window
+    start_times = [(T0 + t, started) for t in _times(30, 1800)]
+    long_lived = series("a", noisy(0.3), process_start_time_seconds=start_times)
+    early = evaluate_slow([long_lived], T0 + 900, PARAMS, slos={"a": SLO})[0]
+    late = evaluate_slow([long_lived], T0 + 1800, PARAMS, slos={"a": SLO})[0]
+    assert early.lifetime_start == late.lifetime_start == started
+    active, _ = update([], [early], PARAMS)
+    active, changes = update(active, [late], PARAMS)
+    assert not [c for c in changes if c.change == "resolved"] and active[0].state == "open"

@@ -17,6 +17,7 @@ from agent.errors import MedicError
 # subcommand -> module; the order is the order of `medic --help`
 COMMANDS: dict[str, str] = {
     "run": "agent.cli.run",
+    "demo": "agent.cli.demo",
     "status": "agent.cli.status",
     "events": "agent.cli.events",
     "leaks": "agent.cli.leaks",

@@ -11,7 +11,6 @@ import math
 from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from itertools import pairwise
 from typing import Any
 
 from agent.detect.model import START_TIME, InstanceSeries, Points, State
@@ -140,14 +139,14 @@ class LatencyView:
 
 
 def lifetime_start(series: InstanceSeries, tick: float) -> float:
-    """When the process judged at `tick` started: its last restart, else a start-time change, else the first sample."""
+    """When the process judged at `tick` started: its last restart, else its recorded start time, else the first sample."""
     before = [r for r in series.restarts or [] if r <= tick]
     if before:
         return max(before)
     starts = series.series.get(START_TIME) or []
-    changed = [ts for (_, a), (ts, b) in pairwise(starts) if abs(b - a) > 1.0 and ts <= tick]
-    if changed:
-        return changed[-1]
+    current = [value for ts, value in starts if ts <= tick and math.isfinite(value)]
+    if current:  # the process's own start: steady as the window slides, and what remediation compares
+        return current[-1]
     first = series.first_ts()
     return first if first is not None else tick
 
