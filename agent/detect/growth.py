@@ -185,7 +185,11 @@ def _fit(prep: Prepared, metric: str, life: int, tick: float, scale: str, part: 
     if seasonal:
         table = profile.values
         size = len(table)
-        ys = [y - table[b % size] for b, y in zip(idx, lo, strict=True)]
+        n, start = len(idx), idx[0] % size
+        if idx[-1] - idx[0] == n - 1:  # no gap: the profile's values from `start` on, wrapping round
+            ys = list(map(sub, lo, (table * (n // size + 2))[start : start + n]))
+        else:
+            ys = [y - table[b % size] for b, y in zip(idx, lo, strict=True)]
         offset = table[idx[-1] % size]
     return Fit(metric, scale, width, idx, ys, offset, seasonal, profile is not None, STEP_FLOOR * abs(lo[-1]))
 
