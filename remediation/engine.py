@@ -21,7 +21,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +127,7 @@ class Engine:
         self._coordinator_error: str | None = None
         self._problems: tuple[str, ...] = ()
         self._pruned_at = -math.inf
+        self._stepped_at: float | None = None
         self.last: StepReport | None = None
         for action in self.ledger.interrupt_unfinished(clock()):
             events.emit(
@@ -248,7 +249,8 @@ class Engine:
                 report.decisions[name] = Decision.block("policy", intent.code, intent.reason)
         wanted = {n: i for n, i in report.intents.items() if i.action == "restart"}
         fleet, history = self._shared_view(now, views, primary, wanted, report)
-        report.plan = planner.plan(fleet, history, self.limits, self.plan_settings, now, self.windows)
+        settings = replace(self.plan_settings, step=self._step_length(now))
+        report.plan = planner.plan(fleet, history, self.limits, settings, now, self.windows)
         self._report_plan_problems(report.plan)
         for name in sorted(wanted, key=lambda n: _slot(report.plan, n)):
             report.decisions[name] = self._guard(
@@ -260,6 +262,15 @@ class Engine:
             self.ledger.prune(now, self.config.retention)
             self._pruned_at = now
         return report
+
+    def _step_length(self, now: float) -> float:
+        """How long after its latest safe start this step may be the first to reach a slot: the time
+        since the previous step (the runtime adds jitter), at least `interval`, at most twice it."""
+        interval = self.config.interval
+        previous, self._stepped_at = self._stepped_at, now
+        if previous is None or now <= previous:
+            return interval
+        return min(max(now - previous, interval), 2 * interval)
 
     def _guard(self, name: str, fn: Callable[..., Decision], *args: Any) -> Decision:
         """One instance's unexpected failure becomes its decision; the other instances carry on."""
@@ -282,7 +293,10 @@ class Engine:
             assert case is not None  # the intake just touched it
             loop = self.ladder
             starts = self.ledger.starts(view.name, now - loop.crash_loop_window - loop.crash_loop_reset_after)
-            return policy.decide(request, case, starts, loop, now, can_purge=self.actions.can_purge(view))
+            can_purge = self.actions.can_purge(view)
+            return policy.decide(
+                request, case, starts, loop, now, can_purge=can_purge, plan=self.plan_settings
+            )
         except Exception as exc:
             log.exception("the ladder failed for %s", view.name)
             return Intent("none", "error", f"internal error, nothing done: {exc}")
@@ -392,6 +406,8 @@ class Engine:
                     request.finding_id,
                     restarted_at=execution.finished_at,
                     restart_outcome=execution.outcome,
+                    restart_deadline=request.deadline,
+                    restart_finding=request.finding_id,
                 )
             self.intake.done(execution.instance, request.finding_id)
 

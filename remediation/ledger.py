@@ -20,7 +20,7 @@ from typing import Any
 from agent.store import Store, where_clause
 from probes.linux.procfs import CLOCK_TICKS
 from remediation.model import Decision, RemediationRequest, RestartRecord
-from remediation.policy import CaseHistory
+from remediation.policy import CaseHistory, related_kinds
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS remediation_actions (
@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS remediation_cases (
     instance TEXT NOT NULL, finding_id TEXT NOT NULL, kind TEXT NOT NULL,
     first_seen REAL NOT NULL, last_seen REAL NOT NULL, closed_at REAL,
     purged_at REAL, purge_result TEXT, restarted_at REAL, restart_outcome TEXT, escalated_at REAL,
+    restart_deadline REAL, restart_finding TEXT,
     PRIMARY KEY (instance, finding_id));
 CREATE TABLE IF NOT EXISTS remediation_starts (
     instance TEXT NOT NULL, start_time REAL NOT NULL, seen_at REAL NOT NULL,
@@ -88,6 +89,13 @@ _CASE_COLUMNS = [
     "restarted_at",
     "restart_outcome",
     "escalated_at",
+    "restart_deadline",
+    "restart_finding",
+]
+# columns added since the first release: (table, column, type), added to older state dirs on open
+_ADDED_COLUMNS = [
+    ("remediation_cases", "restart_deadline", "REAL"),
+    ("remediation_cases", "restart_finding", "TEXT"),
 ]
 START_TOLERANCE = 1.0 / CLOCK_TICKS + 1e-6
 FINISHED = ("succeeded", "failed", "interrupted", "dry-run", "purged", "escalated", "abandoned")
@@ -97,12 +105,21 @@ class Ledger:
     def __init__(self, store: Store) -> None:
         self.store = store
         store.ensure_schema(_SCHEMA)
+        self._add_columns()
         self._last_decision: dict[str, tuple[str, str, bool]] = {}
         for instance, stage, code, ok in store.query(
             "SELECT instance, stage, code, ok FROM remediation_decisions WHERE id IN "
             "(SELECT max(id) FROM remediation_decisions GROUP BY instance)"
         ):
             self._last_decision[instance] = (stage, code, bool(ok))
+
+    def _add_columns(self) -> None:
+        """A state dir written by an older medic lacks the newer columns: add them (NULL in old rows)."""
+        for table, column, kind in _ADDED_COLUMNS:
+            present = {row[1] for row in self.store.query(f"PRAGMA table_info({table})")}
+            if column not in present:
+                with self.store.transaction() as db:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     # ----------------------------------------------------------------------------- actions
     def open_action(
@@ -237,27 +254,32 @@ class Ledger:
     def touch_case(self, request: RemediationRequest, now: float, inherit_window: float) -> CaseHistory:
         """The open case of this request, created (or reopened) if needed.
 
-        A new case of the same kind as a verified restart that ended less than `inherit_window`
-        ago inherits that restart: the finding came straight back, so the restart did not help.
+        A new case of the same kind (leak and oom-risk count as one) as a restart that ended less
+        than `inherit_window` ago inherits that restart, its deadline and its finding: the finding
+        came back on the new process, and the ladder decides whether that means the restart did
+        not help (`policy.decide`).
         """
         existing = self.case(request.instance, request.finding_id)
+        kinds = related_kinds(request.kind)
         with self.store.transaction() as db:
             if existing is None:
                 inherited = db.execute(
-                    "SELECT restarted_at, restart_outcome FROM remediation_cases WHERE instance = ? AND kind = ? "
+                    "SELECT restarted_at, restart_outcome, restart_deadline, restart_finding "
+                    f"FROM remediation_cases WHERE instance = ? AND kind IN ({', '.join('?' * len(kinds))}) "
                     "AND restarted_at IS NOT NULL AND restarted_at >= ? ORDER BY restarted_at DESC LIMIT 1",
-                    (request.instance, request.kind, now - inherit_window),
+                    (request.instance, *kinds, now - inherit_window),
                 ).fetchone()
                 db.execute(
                     "INSERT INTO remediation_cases (instance, finding_id, kind, first_seen, last_seen, "
-                    "restarted_at, restart_outcome) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "restarted_at, restart_outcome, restart_deadline, restart_finding) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         request.instance,
                         request.finding_id,
                         request.kind,
                         request.requested_at or now,
                         now,
-                        *(inherited or (None, None)),
+                        *(inherited or (None, None, None, None)),
                     ),
                 )
             else:
@@ -340,8 +362,8 @@ class Ledger:
             cur = db.execute("DELETE FROM remediation_escalations WHERE instance = ?", (instance,))
             if reset_history:
                 db.execute(
-                    "UPDATE remediation_cases SET escalated_at = NULL, restarted_at = NULL, restart_outcome = NULL "
-                    "WHERE instance = ? AND closed_at IS NULL",
+                    "UPDATE remediation_cases SET escalated_at = NULL, restarted_at = NULL, restart_outcome = NULL, "
+                    "restart_deadline = NULL, restart_finding = NULL WHERE instance = ? AND closed_at IS NULL",
                     (instance,),
                 )
                 db.execute("DELETE FROM remediation_starts WHERE instance = ?", (instance,))

@@ -10,9 +10,12 @@ For each fleet:
 3. Forward pass, earliest slot first, through the real budget (`budget.earliest_start`) and the time
    windows: a slot the past, the restart history, a cooldown or a window pushes later is moved; if
    it then misses its latest start the entry is `late` and the plan says so (restarts still go in
-   deadline order, as early as allowed). An entry whose earliest slot would end after its projected
-   OOM itself is `hopeless`: its slot is left to instances that can still be saved (deadline order
-   under overload otherwise spends every slot on instances that die anyway, and the next ones too).
+   deadline order, as early as allowed). Late means the deadline itself cannot be met: judged
+   against the exact deadline (not the rounded one), and a start up to one engine `step` after it
+   is on time (the step that first reaches a slot comes up to one step after it). An entry whose
+   earliest slot would end after its projected OOM itself is `hopeless`: its slot is left to
+   instances that can still be saved (deadline order under overload otherwise spends every slot on
+   instances that die anyway, and the next ones too).
 4. Requests without a deadline (slow, manual, external) take the earliest slots that do not push a
    deadline-driven slot; their order among themselves is by request time, then by a hash of the
    name: deterministic, so every agent derives the same plan from the same shared view.
@@ -37,6 +40,7 @@ class PlanSettings:
     safety_margin: float = 3600.0  # finish this long before the projected OOM
     restart_duration: float = 300.0  # how long a restart holds a slot (restart + verify + warm-up)
     deadline_granularity: float = 300.0  # deadlines are rounded down to this (stable slots)
+    step: float = 0.0  # the engine's step: a start up to this long after the latest safe start is on time
 
 
 def stable_hash(name: str) -> int:
@@ -48,6 +52,11 @@ def latest_start(deadline: float, settings: PlanSettings) -> float:
     granularity = settings.deadline_granularity
     rounded = math.floor(deadline / granularity) * granularity if granularity > 0 else deadline
     return rounded - settings.safety_margin - settings.restart_duration
+
+
+def on_time_until(deadline: float, settings: PlanSettings) -> float:
+    """The last start that still meets `deadline`: its exact latest safe start, plus one engine step."""
+    return deadline - settings.safety_margin - settings.restart_duration + settings.step
 
 
 def plan(
@@ -144,7 +153,7 @@ def _plan_fleet(
         hopeless = slot + settings.restart_duration > entry.deadline  # type: ignore[operator]
         planned = _entry(entry, slot, latest[entry.instance], previous, pushed, settings, explain, hopeless)
         out.append(planned)
-        if planned.late and explain:
+        if (planned.late or hopeless) and explain:
             problems.append(_late_problem(planned, fleet, len(timed), gap, settings))
         if not hopeless:
             previous = entry.instance
@@ -201,7 +210,8 @@ def _entry(
     explain: bool = True,
     hopeless: bool = False,
 ) -> PlanEntry:
-    late = latest is not None and slot > latest
+    due = None if latest is None or entry.deadline is None else on_time_until(entry.deadline, settings)
+    late = due is not None and slot > due
     if not explain:
         reason = ""
     elif latest is None:
@@ -221,7 +231,7 @@ def _entry(
                 "instances that can still be saved (this one will be OOM-killed and restart by itself)"
             )
         elif late:
-            reason += f"; LATE by {span(slot - latest)}"  # type: ignore[operator]
+            reason += f"; LATE by {span(slot - due + settings.step)}"  # type: ignore[operator]
         if why:
             reason += f" ({why})"
     return PlanEntry(

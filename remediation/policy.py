@@ -2,13 +2,17 @@
 
     fragmentation  → purge the allocator (if the instance offers it) → wait `purge_settle`
                      → restart only if the finding is still there
-    leak, oom-risk → restart, planned before the deadline
+    leak, oom-risk → restart, planned before the deadline; found again on the process a restart
+                     started: planned again by its new deadline (a restart buys time, it does not
+                     fix the code), unless the restart bought no time (below)
     slow           → restart once the finding has held for `slow_confirm`
     manual, external → restart as soon as the budget allows
     any            → escalate (no more restarts; a person must look) when a restart failed or did
                      not clear the finding within `clear_check`, or when the instance was restarted
                      `crash_loop.max_restarts` times in `crash_loop.window` (the count resets once it
-                     has stayed up `crash_loop.reset_after`)
+                     has stayed up `crash_loop.reset_after`); a returning leak instead escalates
+                     when its new latest safe start is not after the OOM projected when it was
+                     restarted: the next restart would be due before the old process would have died
 
 Pure functions of their arguments; the engine keeps the cases in the ledger.
 """
@@ -19,7 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from remediation.model import KIND_PRIORITY, Intent, RemediationRequest
+from remediation.planner import PlanSettings, latest_start
 from remediation.text import at, span
+
+OOM_KINDS = ("leak", "oom-risk")  # one restart answers both: they share the restart's history
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +53,18 @@ class CaseHistory:
     restarted_at: float | None = None  # when the last restart for this case ended
     restart_outcome: str | None = None  # succeeded | failed | timed-out | ...
     escalated_at: float | None = None
+    restart_deadline: float | None = None  # the projected OOM that restart was made against
+    restart_finding: str | None = None  # the finding it was made for: another one means inherited
+
+    @property
+    def after_restart(self) -> bool:
+        """This finding was first seen on a process that a restart (for an earlier finding) started."""
+        return self.restart_finding is not None and self.restart_finding != self.finding_id
+
+
+def related_kinds(kind: str) -> tuple[str, ...]:
+    """The kinds whose restart a new finding of `kind` inherits (a leak restart also answers an OOM risk)."""
+    return OOM_KINDS if kind in OOM_KINDS else (kind,)
 
 
 def crash_loop_count(starts: Sequence[float], now: float, window: float, reset_after: float) -> int:
@@ -89,8 +108,9 @@ def decide(
     now: float,
     *,
     can_purge: bool,
+    plan: PlanSettings | None = None,
 ) -> Intent:
-    """What the ladder wants for this request now."""
+    """What the ladder wants for this request now (`plan` gives a returning leak's latest safe start)."""
     if request.force:
         who = request.requested_by or "an operator"
         return Intent("restart", "forced", f"restart forced by {who}: {request.reason}")
@@ -117,6 +137,8 @@ def decide(
                 f"the restart at {at(case.restarted_at)} ended {case.restart_outcome}; medic will not "
                 "try again on its own",
             )
+        if request.kind in OOM_KINDS and request.deadline is not None and case.after_restart:
+            return _leak_returned(request, case, plan or PlanSettings())
         settle_until = case.restarted_at + settings.clear_check
         if now < settle_until:
             return Intent(
@@ -150,6 +172,31 @@ def decide(
             )
         return Intent("restart", "slow", f"slow for {span(now - case.first_seen)}: {request.reason}")
     return Intent("restart", kind, f"{kind} request: {request.reason}")
+
+
+def _leak_returned(request: RemediationRequest, case: CaseHistory, plan: PlanSettings) -> Intent:
+    """A leak found again on the new process: expected, so planned again by its deadline, unless the
+    restart bought no time (memory back at the old level at once: another restart cannot help)."""
+    assert request.deadline is not None and case.restarted_at is not None
+    latest = latest_start(request.deadline, plan)
+    before = case.restart_deadline
+    if before is not None and latest <= before:
+        return Intent(
+            "escalate",
+            "restart-did-not-help",
+            f"the restart at {at(case.restarted_at)} bought no time: {request.kind} finding "
+            f"{request.finding_id} on the new process projects the OOM at {at(request.deadline)} (it was "
+            f"{at(before)} before the restart), so another restart would be due by {at(latest)}, before the "
+            "old process would have run out; a person must look",
+        )
+    gained = "" if before is None else f", {span(request.deadline - before)} later than before it"
+    return Intent(
+        "restart",
+        "leak-returned",
+        f"{request.kind} again after the restart at {at(case.restarted_at)} (a restart buys time, it does "
+        f"not fix the leak; OOM now projected {at(request.deadline)}{gained}): {request.reason}",
+        deadline=request.deadline,
+    )
 
 
 def _fragmentation(

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from remediation.budget import HOUR, BudgetLimits, BudgetState, admit
 from remediation.model import FleetEntry, RestartRecord
-from remediation.planner import PlanSettings, latest_start, plan
+from remediation.planner import PlanSettings, latest_start, on_time_until, plan
 from remediation.windows import TimeWindow, Windows
 
 T0 = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
@@ -198,6 +198,58 @@ def test_explain_false_keeps_the_schedule_and_drops_the_text():
     assert all(e.reason == "" for e in without.entries) and without.problems == ()
 
 
+# The engine steps every `step` seconds: the step that first reaches a slot at the latest safe start
+# comes up to one step after it. (now - latest start, step, late?)
+ON_TIME_WITHIN_ONE_STEP = [
+    (0.0, 1.0, False),  # exactly on its latest safe start
+    (0.4, 1.0, False),  # the step after it, a fraction of a second late: on time
+    (1.0, 1.0, False),
+    (1.5, 1.0, True),  # more than one step late: the engine missed it
+    (0.4, 0.0, True),  # a caller that does not step (step 0) keeps the strict check
+    (-30.0, 0.0, False),
+]
+
+
+@pytest.mark.parametrize("after_latest, step, late", ON_TIME_WITHIN_ONE_STEP)
+def test_a_slot_reached_within_one_engine_step_after_the_latest_safe_start_is_on_time(
+    after_latest, step, late
+):
+    stepped = PlanSettings(safety_margin=30, restart_duration=10, deadline_granularity=1, step=step)
+    entry = leak("s1", 1)
+    now = latest_start(entry.deadline, stepped) + after_latest
+    p = plan([entry], [], LIMITS, stepped, now)
+    (planned,) = p.entries
+    assert planned.slot_at == max(now, planned.latest_start)  # the restart starts at this step either way
+    assert planned.late == late and p.feasible == (not late)
+    assert bool(p.problems) == late, p.problems
+    assert ("LATE by" in planned.reason) == late
+
+
+def test_lateness_is_judged_against_the_exact_deadline_not_the_rounded_one():
+    """Deadlines are rounded down (5 min here) to keep slots stable; a slot pushed past the rounded latest
+    start but not past the exact one still meets the deadline: no warning. One more second: late."""
+    deadline = T0 + 2 * HOUR + 90  # rounded down by 4m50s (T0 is 200 s past a 5-min boundary)
+    exact = deadline - SETTINGS.safety_margin - SETTINGS.restart_duration
+    assert exact - latest_start(deadline, SETTINGS) == 290
+    entry = FleetEntry("s1", "ranker", "a", wants_restart=True, kind="leak", deadline=deadline)
+    for pushed_to, late in ((exact - 100, False), (exact, False), (exact + 1, True)):
+        history = [
+            RestartRecord("other", "ranker", "a", pushed_to - 600, pushed_to - 600 + 300)
+        ]  # min_interval
+        p = plan([entry], history, LIMITS, SETTINGS, T0)
+        (planned,) = p.entries
+        assert planned.slot_at == pytest.approx(pushed_to) and planned.slot_at > planned.latest_start
+        assert planned.late == late and bool(p.problems) == late
+
+
+def test_the_step_allowance_does_not_hide_a_deadline_that_cannot_be_met():
+    """Two instances due at the same time, one restart at a time spaced 10 min: the second is late by
+    minutes, far more than one step, and the plan still says so."""
+    stepped = PlanSettings(safety_margin=3600, restart_duration=300, deadline_granularity=300, step=10)
+    p = plan([leak("s1", 1.2), leak("s2", 1.2)], [], LIMITS, stepped, T0)
+    assert not p.feasible and len(p.problems) == 1 and "cannot be restarted before" in p.problems[0]
+
+
 # ----------------------------------------------------------------------------- properties
 
 entry_lists = st.lists(
@@ -229,7 +281,7 @@ def test_property_every_plan_keeps_the_budget(raw, c, gap, hourly):
         assert e.slot_at >= T0
         assert admit(state, "f", e.instance, e.slot_at, limits).ok
         state.add(RestartRecord(e.instance, "f", "a", e.slot_at, e.slot_at + SETTINGS.restart_duration))
-        assert e.late == (e.slot_at > e.latest_start)
+        assert e.late == (e.slot_at > on_time_until(e.deadline, SETTINGS))
 
 
 @settings(max_examples=150, deadline=None)

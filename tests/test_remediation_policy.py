@@ -7,13 +7,25 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from remediation.model import RemediationRequest
-from remediation.policy import CaseHistory, LadderSettings, crash_loop_count, decide, primary_request
+from remediation.planner import PlanSettings, latest_start
+from remediation.policy import (
+    CaseHistory,
+    LadderSettings,
+    crash_loop_count,
+    decide,
+    primary_request,
+    related_kinds,
+)
 
 T0 = 1_700_000_000.0
 LADDER = LadderSettings(
     purge_settle=120, slow_confirm=300, clear_check=600, crash_loop_restarts=3, crash_loop_window=3600,
     crash_loop_reset_after=1800,
 )  # fmt: skip
+
+
+PLAN = PlanSettings(safety_margin=3600, restart_duration=300, deadline_granularity=300)
+HOUR = 3600.0
 
 
 def request(kind="leak", deadline=None, **kw):
@@ -98,6 +110,100 @@ def test_ladder_table(req, history, starts, offset, can_purge, action, code):
     assert intent.reason
     if action == "restart" and req.kind in ("leak", "oom-risk"):
         assert intent.deadline == req.deadline
+
+
+def restarted(kind="leak", deadline=None, finding="F0", outcome="succeeded", at=T0, **kw):
+    """The case of finding F1, first seen on the process that the restart for `finding` started."""
+    return case(
+        kind, at + 30, restarted_at=at, restart_outcome=outcome, restart_deadline=deadline,
+        restart_finding=finding, **kw,
+    )  # fmt: skip
+
+
+# The old process (finding F0) was restarted at T0 for an OOM projected at T0 + 1h10m (its latest safe
+# start, with the 1 h margin and 5 min restart). F1 is the same kind of finding on the new process.
+BEFORE = T0 + HOUR + 600
+AFTER_RESTART_TABLE = [
+    # (request, case, now offset, action, code)
+    # a leak that comes back is planned again by its new deadline, at once: never held
+    (request("leak", T0 + 30 * HOUR), restarted(deadline=BEFORE), 40, "restart", "leak-returned"),
+    (request("oom-risk", T0 + 3 * HOUR), restarted("oom-risk", BEFORE), 40, "restart", "leak-returned"),
+    (request("oom-risk", T0 + 3 * HOUR), restarted(deadline=BEFORE), 40, "restart", "leak-returned"),
+    # its new latest safe start (deadline - 1h05m) just after the old projected OOM: it bought time
+    (request("leak", BEFORE + 3900 + 300), restarted(deadline=BEFORE), 40, "restart", "leak-returned"),
+    # the restart had no deadline to compare with: planned by the new one
+    (request("leak", T0 + 5 * HOUR), restarted(), 40, "restart", "leak-returned"),
+    # memory back at the old level at once: the OOM is as close as before; the next restart would be
+    # due before the old process would have run out: the restart bought no time
+    (request("leak", BEFORE + 60), restarted(deadline=BEFORE), 40, "escalate", "restart-did-not-help"),
+    (request("leak", BEFORE + 3900), restarted(deadline=BEFORE), 40, "escalate", "restart-did-not-help"),
+    (request("oom-risk", BEFORE - 600), restarted(deadline=BEFORE), 40, "escalate", "restart-did-not-help"),
+    # the restart itself failed: escalated whatever the kind
+    (request("leak", T0 + 30 * HOUR), restarted(outcome="failed"), 40, "escalate", "restart-failed"),
+    # a returning leak without a deadline cannot be planned: checked like any other finding
+    (request("leak"), restarted(deadline=BEFORE), 300, "wait", "checking-restart"),
+    (request("leak"), restarted(deadline=BEFORE), 700, "escalate", "restart-did-not-help"),
+    # the same leak finding still reported after its own restart (same process): did not help
+    (request("leak", T0 + 30 * HOUR), restarted(finding="F1"), 300, "wait", "checking-restart"),
+    (request("leak", T0 + 30 * HOUR), restarted(finding="F1"), 700, "escalate", "restart-did-not-help"),
+    # slowness, fragmentation, alerts that persist after the restart: checked for `clear_check`, then
+    # escalated (a restart that does not clear them did not help)
+    (request("slow"), restarted("slow"), 300, "wait", "checking-restart"),
+    (request("slow"), restarted("slow"), 700, "escalate", "restart-did-not-help"),
+    (request("fragmentation"), restarted("fragmentation"), 300, "wait", "checking-restart"),
+    (request("fragmentation"), restarted("fragmentation"), 700, "escalate", "restart-did-not-help"),
+    (request("external"), restarted("external"), 700, "escalate", "restart-did-not-help"),
+]
+
+
+@pytest.mark.parametrize("req, history, offset, action, code", AFTER_RESTART_TABLE)
+def test_ladder_after_a_restart_table(req, history, offset, action, code):
+    intent = decide(req, history, [T0 - 5 * HOUR, T0], LADDER, T0 + offset, can_purge=True, plan=PLAN)
+    assert (intent.action, intent.code) == (action, code), intent.reason
+    if action == "restart":
+        assert intent.deadline == req.deadline
+
+
+def test_a_returning_leak_says_why():
+    planned = decide(
+        request("leak", T0 + 3 * HOUR), restarted(deadline=BEFORE), [], LADDER, T0 + 40,
+        can_purge=True, plan=PLAN,
+    )  # fmt: skip
+    assert "a restart buys time" in planned.reason and "1h50m later than before" in planned.reason
+    escalated = decide(
+        request("leak", BEFORE + 60),
+        restarted(deadline=BEFORE),
+        [],
+        LADDER,
+        T0 + 40,
+        can_purge=True,
+        plan=PLAN,
+    )
+    assert "bought no time" in escalated.reason and "F1" in escalated.reason
+    assert "a person must look" in escalated.reason
+
+
+@given(
+    kind=st.sampled_from(["leak", "oom-risk"]),
+    deadline=st.floats(-2 * HOUR, 60 * HOUR),
+    before=st.one_of(st.none(), st.floats(0, 48 * HOUR)),
+    since_restart=st.floats(0, 2 * HOUR),
+)
+def test_property_a_returning_leak_with_a_deadline_is_never_held(kind, deadline, before, since_restart):
+    """Planned by its deadline or escalated, at once: never waiting past its latest safe start."""
+    req = request(kind, T0 + deadline)
+    history = restarted(kind, None if before is None else T0 + before)
+    intent = decide(req, history, [T0 - 5 * HOUR, T0], LADDER, T0 + since_restart, can_purge=True, plan=PLAN)
+    bought_time = before is None or latest_start(T0 + deadline, PLAN) > T0 + before
+    expected = ("restart", "leak-returned") if bought_time else ("escalate", "restart-did-not-help")
+    assert (intent.action, intent.code) == expected, intent.reason
+    if bought_time:
+        assert intent.deadline == req.deadline
+
+
+def test_leak_and_oom_risk_share_their_restart_history():
+    assert set(related_kinds("leak")) == set(related_kinds("oom-risk")) == {"leak", "oom-risk"}
+    assert related_kinds("slow") == ("slow",) and related_kinds("fragmentation") == ("fragmentation",)
 
 
 def test_reasons_say_what_happens_next():
