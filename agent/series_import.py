@@ -227,17 +227,19 @@ def _add_fast(records: list[Any], result: ImportResult) -> bool:
         return False
     if not set(map(type, times)) <= _NUMBERS or not set(map(type, values)) <= _NUMBERS:
         return False
-    if set(map(type, instances)) != {str} or set(map(type, metrics)) != {str}:
-        return False
     try:  # a huge integer does not fit the arrays of doubles the series are kept in
         if not all(map(math.isfinite, times)) or not all(map(math.isfinite, values)):
             return False
     except OverflowError:
         return False
-    if not all(instances) or not all(metrics):
+    try:
+        keys = list(zip(instances, metrics, strict=True))
+        distinct = list(set(keys))
+    except TypeError:  # an unhashable instance or metric (a list, an object)
         return False
-    keys = list(zip(instances, metrics, strict=True))
-    distinct = list(set(keys))
+    # names are checked once per distinct series, not once per record
+    if not all(type(i) is str and type(m) is str and i and m for i, m in distinct):
+        return False
     series_of = list(map({key: i for i, key in enumerate(distinct)}.__getitem__, keys))
     columns = [result.column(*key) for key in distinct]
     # append each number to its series without a Python-level loop (a third of the reading time)
