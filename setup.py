@@ -1,4 +1,5 @@
-"""Builds the LD_PRELOAD shim (`native_hooks/libmedic_shim*.so`) with the system C compiler.
+"""Builds the LD_PRELOAD shim (`native_hooks/libmedic_shim*.so`) and the trend test's kernels
+(`agent/detect/_kernels*.so`, a CPython extension) with the system C compiler.
 
 Everything else about the package lives in pyproject.toml. The shim is a plain shared library (no
 Python symbols, links only libdl and libpthread) built as an extension so that every install path
@@ -17,6 +18,12 @@ setup(
             sources=["native_hooks/shim.c"],
             libraries=["dl", "pthread"],
             extra_compile_args=["-O2", "-fvisibility=hidden", "-Wall", "-Wextra", "-std=gnu11"],
-        )
+        ),
+        # the trend test's O(n^2) kernels; agent.detect.trend falls back to Python without them
+        Extension(
+            "agent.detect._kernels",
+            sources=["agent/detect/_kernels.c"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-std=gnu11", "-ffp-contract=off"],
+        ),
     ],
 )

@@ -23,6 +23,11 @@ from functools import lru_cache
 from itertools import repeat
 from operator import add, itemgetter, mul, sub, truediv
 
+try:  # the O(n²) kernels in C, built with the package; the Python twins below are the reference
+    from agent.detect import _kernels
+except ImportError:  # a source tree that was not built: same results, slower
+    _kernels = None
+
 STEP_SIGMAS = 6.0  # a bucket-to-bucket change this many robust sigmas off the typical one is a step
 MAX_STEPS = 2  # more jumps than this in one window are growth, not reloads
 STEP_NEIGHBOURS = 3  # a step must stand out from this many changes on each side
@@ -170,14 +175,28 @@ def might_rise(ys: list[float], floor: float, raw_rise: float) -> bool:
 
 def mann_kendall(ys: list[float]) -> tuple[int, float]:
     """Mann-Kendall S (later-minus-earlier pairs that rise, minus those that fall) and its z."""
+    s = _kernels.mk_score(ys) if _kernels is not None else None
+    if s is None:
+        s = mk_score(ys)
+    n = len(ys)
+    var = n * (n - 1) * (2 * n + 5) / 18.0
+    return s, ((s - math.copysign(1, s)) / math.sqrt(var) if s else 0.0)
+
+
+def mk_score(ys: list[float]) -> int:
+    """Mann-Kendall S in Python (`_kernels.mk_score` in C)."""
     seen: list[float] = []
     s = 0
     for count, y in enumerate(ys):
         s += bisect_left(seen, y) - (count - bisect_right(seen, y))
         insort(seen, y)
-    n = len(ys)
-    var = n * (n - 1) * (2 * n + 5) / 18.0
-    return s, ((s - math.copysign(1, s)) / math.sqrt(var) if s else 0.0)
+    return s
+
+
+def slope_median(xs: list[float], ys: list[float]) -> float:
+    """The median of the slopes of every pair of points (n ≥ 3): Theil-Sen's slope."""
+    found = _kernels.slope_median(xs, ys) if _kernels is not None else None
+    return found if found is not None else _median_sorted(_pair_slopes(xs, ys))
 
 
 @lru_cache(maxsize=256)
@@ -214,7 +233,7 @@ def theil_sen(xs: list[float], ys: list[float]) -> float:
         return 0.0
     if len(xs) == 2:
         return (ys[1] - ys[0]) / (xs[1] - xs[0])
-    return _median_sorted(_pair_slopes(xs, ys))
+    return slope_median(xs, ys)
 
 
 def trend(xs: list[float], ys: list[float], steps: Steps, z: float) -> Trend:
@@ -227,7 +246,7 @@ def trend(xs: list[float], ys: list[float], steps: Steps, z: float) -> Trend:
     """
     n = len(xs)
     clean = steps.clean
-    slope = _median_sorted(_pair_slopes(xs, clean))
+    slope = slope_median(xs, clean)
     x_mid, y_mid = _median_sorted(xs), median(clean)
     residuals = [y - y_mid - slope * (x - x_mid) for x, y in zip(xs, clean, strict=True)]
     noise = 1.4826 * median(list(map(abs, residuals)))
