@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import series_import
+from agent import series_jsonl
 from agent.errors import MedicError, SeriesFormatError
 from agent.series_import import read_files, read_text
 
@@ -71,7 +71,7 @@ def test_malformed_lines_are_reported_with_their_line_number_and_the_rest_is_rea
 def test_chunked_reading_keeps_every_good_line_and_every_bad_line_number(monkeypatch, rows, chunk_chars):
     """Lines are parsed a chunk at a time: wherever the chunks fall, the same points are read
     and each bad line is reported with its own number."""
-    monkeypatch.setattr(series_import, "CHUNK_CHARS", chunk_chars)
+    monkeypatch.setattr(series_jsonl, "CHUNK_CHARS", chunk_chars)
     lines = [_line(ts, name, value=float(ts)) if kind == "good" else ts for kind, ts, name in rows]
     result = read_text("\n".join(lines) + "\n", "f.jsonl")
     good = [(ts, name) for kind, ts, name in rows if kind == "good"]
