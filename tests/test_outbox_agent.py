@@ -94,3 +94,50 @@ def test_pending_notifications_survive_kill_9_and_go_out_once_in_order(
     metrics = agent.get("/metrics")
     assert 'medic_notify_queue_depth{sink="webhook"} 0.0' in metrics
     assert 'medic_notify_deliveries_total{sink="webhook"} 2.0' in metrics
+
+
+def test_a_dead_letter_is_sent_again_with_medic_events_requeue_and_the_admin_token(
+    agent, workload, hook_server, monkeypatch
+):
+    monkeypatch.setenv("OUTBOX_AGENT_SECRET", SECRET)  # inherited by the agent
+    target = hook_server(mode="reject")  # a 400: the notification is dead at once
+    stable = workload("stable", "--size", "4Mi")
+    config = {
+        "agent": FAST,
+        "instances": [{"name": "gone", "match": {"pid": stable.pid}}],
+        "notify": {
+            "sinks": [{"type": "webhook", "url": f"{target.url}/medic", "secret_env": "OUTBOX_AGENT_SECRET"}]
+        },
+    }
+    agent.start(config)
+    wait_until(lambda: agent.instance("gone")["status"] == "up", 10)
+    stable.kill()
+    stable.wait()
+    [dead] = wait_until(lambda: agent.get("/api/v1/outbox", state="dead")["items"], 15)
+    assert "answered 400" in dead["last_error"]
+
+    wrong = agent.tmp_path / "wrong.token"
+    wrong.write_text("not-the-token\n")
+    wrong.chmod(0o600)
+    refused = medic("events", "--requeue", str(dead["id"]), "--url", agent.url, "--token-file", str(wrong))
+    assert refused.returncode != 0 and "403" in refused.stderr and len(target.received) == 0
+    not_dead = medic(
+        "events",
+        "--requeue",
+        "999999",
+        "--url",
+        agent.url,
+        "--token-file",
+        str(agent.state_dir / "admin.token"),
+    )
+    assert not_dead.returncode != 0 and "is a dead letter; `medic events --outbox" in not_dead.stderr
+
+    target.mode = "ok"  # the operator fixed the receiver
+    token = str(agent.state_dir / "admin.token")
+    done = medic("events", "--requeue", str(dead["id"]), "--url", agent.url, "--token-file", token)
+    assert done.returncode == 0, done.stderr
+    assert f"queued again: {dead['id']}" in done.stdout
+    wait_until(lambda: target.received, 15)
+    assert target.bodies()[0]["instance"] == "gone"
+    [said] = agent.events(kind="outbox_requeued")
+    assert said["data"]["ids"] == [dead["id"]] and said["data"]["reason"] == "requeued with medic events"

@@ -1,4 +1,5 @@
-"""`medic events`: the agent's event log, newest first (or `--follow` to tail it)."""
+"""`medic events`: the agent's event log, newest first (or `--follow` to tail it); `--outbox` for the
+notification outbox, `--requeue ID...` to give dead letters another round."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import time
 from datetime import datetime
 
-from agent.cli.client import add_url_argument, agent_url, get_json
+from agent.cli.client import add_token_argument, add_url_argument, admin_token, agent_url, get_json, post_json
 from agent.cli.table import render
 
 HELP = "show the event log: discoveries, restarts, probe errors, agent starts and stops"
@@ -24,6 +25,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--state", choices=["pending", "delivered", "dead"], help="with --outbox: only items in this state"
     )
+    parser.add_argument(
+        "--requeue",
+        type=int,
+        nargs="+",
+        metavar="ID",
+        help="queue these dead notifications again, once their target is fixed (admin token)",
+    )
+    parser.add_argument(
+        "--reason", default="requeued with medic events", help="with --requeue: recorded in the event log"
+    )
+    add_token_argument(parser)
 
 
 def _params(args: argparse.Namespace, **extra) -> dict:
@@ -46,6 +58,16 @@ def _rows(events: list[dict]) -> list[list]:
 
 def run(args: argparse.Namespace) -> int:
     url = agent_url(args.url)
+    if args.requeue:
+        body = {"ids": args.requeue, "reason": args.reason}
+        reply = post_json(url, "/api/v1/outbox/requeue", body, admin_token(args.token_file))
+        if args.json:
+            print(json.dumps(reply, indent=2))
+        else:
+            print(f"queued again: {', '.join(map(str, reply['requeued']))}")
+            if reply["skipped"]:
+                print(f"not dead letters, left alone: {', '.join(map(str, reply['skipped']))}")
+        return 0
     if args.outbox:
         from agent.cli.outbox import run_outbox
 

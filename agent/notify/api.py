@@ -1,16 +1,25 @@
-"""`GET /api/v1/outbox`: what the notifier holds: queued, delivered and dead items, alerts, silences."""
+"""`GET /api/v1/outbox`: what the notifier holds: queued, delivered and dead items, alerts, silences;
+`POST /api/v1/outbox/requeue` (admin token): give dead letters another round once the target is fixed."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, HTTPException, Query
+from pydantic import BaseModel, ConfigDict, Field
 
+from agent.auth import TokenGuard
 from agent.notify.config import sink_names
 from agent.notify.outbox import Outbox
 from agent.notify.router import ensure_router_schema
 from agent.notify.silences import ensure_silence_schema
+
+
+class RequeueRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ids: list[int] = Field(min_length=1, max_length=1000)
+    reason: str = Field("requested through the API", max_length=500)
 
 
 def outbox_routes(ctx: Any) -> APIRouter:
@@ -56,5 +65,24 @@ def outbox_routes(ctx: Any) -> APIRouter:
                 for a, b, c, d, e, f in silences
             ],
         }
+
+    @router.post("/api/v1/outbox/requeue", dependencies=[Depends(TokenGuard(ctx.token))])
+    def requeue(body: RequeueRequest) -> dict[str, Any]:
+        """Dead letters back to pending with fresh attempts; ids that are not dead are left alone."""
+        ids = sorted(set(body.ids))
+        dead = {item.id for item in outbox.items(state="dead", limit=10_000)}
+        requeued = [i for i in ids if i in dead]
+        if not requeued:
+            raise HTTPException(
+                404, f"none of {ids} is a dead letter; `medic events --outbox --state dead` lists them"
+            )
+        count = outbox.requeue_dead(requeued, time.time())
+        ctx.events.emit(
+            "outbox_requeued",
+            f"{count} dead notification(s) queued again: {body.reason}",
+            ids=requeued,
+            reason=body.reason,
+        )
+        return {"requeued": requeued, "skipped": [i for i in ids if i not in dead]}
 
     return router
