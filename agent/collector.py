@@ -21,6 +21,7 @@ from probes.base import Probe, Schedule
 
 log = logging.getLogger("medic.collector")
 KEEPALIVE = 60.0  # an unchanged value is stored again after this long, so flat series stay visible
+SAMPLES_PER_BUCKET = 4  # ... and at least this often per detection bucket (short windows in tests, demos)
 UNAVAILABLE_RETRY = (
     30.0  # a probe with no data for an instance (no hook, no latency source) is retried this often
 )
@@ -43,6 +44,7 @@ class Collector:
         self.events = events
         self.probes = probes
         self.observe = observe or (lambda name, seconds, ok: None)
+        self.keepalive = KEEPALIVE
         self._stored: dict[tuple[str, str], tuple[float, float]] = {}  # (instance, metric) → (value, ts)
         tracker.forget_hooks.extend(probe.forget for probe in probes)
         tracker.forget_hooks.append(self._forget_stored)
@@ -73,10 +75,10 @@ class Collector:
         return taken
 
     def _worth_storing(self, sample: Sample) -> bool:
-        """Store a value when it changed, or when the last stored one is older than KEEPALIVE."""
+        """Store a value when it changed, or when the last stored one is older than `keepalive`."""
         key = (sample.instance, sample.metric)
         last = self._stored.get(key)
-        if last is not None and last[0] == sample.value and sample.ts - last[1] < KEEPALIVE:
+        if last is not None and last[0] == sample.value and sample.ts - last[1] < self.keepalive:
             return False
         self._stored[key] = (sample.value, sample.ts)
         return True

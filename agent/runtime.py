@@ -27,7 +27,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from agent import __version__
 from agent.api import ApiContext, create_app
 from agent.auth import load_or_create_token
-from agent.collector import Collector
+from agent.collector import KEEPALIVE, SAMPLES_PER_BUCKET, Collector
 from agent.config import Config
 from agent.detection import Detection
 from agent.errors import ConfigError, StoreError
@@ -106,11 +106,15 @@ class Agent:
         self.collector = Collector(
             self.tracker, self.store, self.events, probes, self.telemetry.observe_probe
         )
+        memory_params = self.config.detect.memory_params()
+        # a flat series must still fill every detection bucket, or the detectors see no data and a
+        # finding about a leak that stopped would never clear (it matters only for short windows)
+        self.collector.keepalive = min(KEEPALIVE, memory_params.bucket / SAMPLES_PER_BUCKET)
         self.detection = Detection(
             self.tracker,
             self.store,
             self.events,
-            self.config.detect.memory_params(),
+            memory_params,
             self.config.detect.slow_params(),
         )
         self.telemetry.watch_findings(self.detection)

@@ -82,3 +82,39 @@ def test_one_leak_finding_with_time_to_oom(agent):
     agent.start(config())
     still = agent.get("/api/v1/findings", kind="leak")["findings"]
     assert [f["id"] for f in still] == [leak["id"]]  # restored, not re-opened
+
+
+def test_a_leak_that_stops_is_resolved_although_its_flat_memory_is_no_longer_stored_each_tick(agent):
+    """Unchanged values are stored sparingly; with short windows they must still fill every
+    detection bucket, or the detectors see no data once growth stops and the finding never clears."""
+    agent.start(
+        {
+            "agent": {"interval": "0.2s", "slow_interval": "2s", "flush_interval": "0.3s"},
+            "detect": {
+                "interval": "0.5s",
+                "memory": {
+                    "window": "6s",
+                    "long_window": "12s",
+                    "warmup": "1s",
+                    "season": "2s",
+                    "horizon": "30m",
+                },
+            },
+            "instances": [
+                {
+                    "name": "capped",
+                    "match": {
+                        "command": workload_argv("leak", "--rate", "4Mi", "--every", "0.05s", "--cap", "80Mi")
+                    },
+                    "memory_limit": 100 * 2**20,
+                }
+            ],
+        }
+    )
+    wait_until(lambda: agent.get("/api/v1/findings", kind="leak", state="open")["findings"], 60)
+    resolved = wait_until(
+        lambda: [e for e in agent.events(kind="finding_resolved") if e["data"]["finding"]["kind"] == "leak"],
+        60,
+    )
+    assert resolved[0]["instance"] == "capped"
+    assert "no steady growth" in resolved[0]["message"] or "levelling off" in resolved[0]["message"]
