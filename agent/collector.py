@@ -38,13 +38,15 @@ class Collector:
         events: EventLog,
         probes: list[Probe],
         observe: DurationObserver | None = None,
+        keepalive: float = KEEPALIVE,
     ) -> None:
+        """`keepalive`: store an unchanged value again after this long (at most `KEEPALIVE`)."""
         self.tracker = tracker
         self.store = store
         self.events = events
         self.probes = probes
         self.observe = observe or (lambda name, seconds, ok: None)
-        self.keepalive = KEEPALIVE
+        self.keepalive = keepalive
         self._stored: dict[tuple[str, str], tuple[float, float]] = {}  # (instance, metric) → (value, ts)
         tracker.forget_hooks.extend(probe.forget for probe in probes)
         tracker.forget_hooks.append(self._forget_stored)

@@ -103,13 +103,17 @@ class Agent:
         self.tracker = Tracker(self.config.instances, self.store, self.events)
         self.telemetry = Telemetry(self.tracker)
         self.notifier = start_notifier(self)  # events → Alertmanager/webhook/Slack (agent/notify)
-        self.collector = Collector(
-            self.tracker, self.store, self.events, probes, self.telemetry.observe_probe
-        )
         memory_params = self.config.detect.memory_params()
         # a flat series must still fill every detection bucket, or the detectors see no data and a
         # finding about a leak that stopped would never clear (it matters only for short windows)
-        self.collector.keepalive = min(KEEPALIVE, memory_params.bucket / SAMPLES_PER_BUCKET)
+        self.collector = Collector(
+            self.tracker,
+            self.store,
+            self.events,
+            probes,
+            self.telemetry.observe_probe,
+            keepalive=min(KEEPALIVE, memory_params.bucket / SAMPLES_PER_BUCKET),
+        )
         self.detection = Detection(
             self.tracker,
             self.store,

@@ -82,9 +82,14 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     result = read_files(args.files, strict=args.strict, label=args.label, progress=progress.reading)
     if not result.points:
+        first = "".join(f"\n  {problem}" for problem in result.problems[:5])
         raise SeriesFormatError(
             f"no samples found in {', '.join(args.files)}"
-            + (f" ({result.problem_count} malformed lines or series skipped)" if result.problem_count else "")
+            + (
+                f" ({result.problem_count} malformed lines or series skipped){first}"
+                if result.problem_count
+                else ""
+            )
         )
     instances = result.instances(memory_limit=limit)
     missing_limit = _apply_limit_metric(instances, args.limit_metric) if limit is None else []

@@ -206,26 +206,10 @@ def _pair_getters(n: int) -> tuple[itemgetter, itemgetter]:
     return itemgetter(*first), itemgetter(*second)
 
 
-@lru_cache(maxsize=256)
-def _even_gaps(n: int, step: float) -> list[float]:
-    """x_j - x_i of every pair of n points spaced `step` apart, in `_pair_getters` order."""
-    xs = [i * step for i in range(n)]
-    first, second = _pair_getters(n)
-    return list(map(sub, second(xs), first(xs)))
-
-
 def _pair_slopes(xs: list[float], ys: list[float]) -> list[float]:
-    """Sorted slopes of every pair of points (n ≥ 3). Evenly spaced points (a window without
-    gaps, the common case) reuse their pairs' x distances."""
-    n = len(xs)
-    first, second = _pair_getters(n)
-    gaps = list(map(sub, xs[1:], xs[:-1]))
-    step = gaps[0]
-    if min(gaps) == max(gaps) and xs[-1] - xs[0] == (n - 1) * step:
-        dx = _even_gaps(n, step)
-    else:
-        dx = list(map(sub, second(xs), first(xs)))
-    return sorted(map(truediv, map(sub, second(ys), first(ys)), dx))
+    """Sorted slopes of every pair of points (n ≥ 3)."""
+    first, second = _pair_getters(len(xs))
+    return sorted(map(truediv, map(sub, second(ys), first(ys)), map(sub, second(xs), first(xs))))
 
 
 def theil_sen(xs: list[float], ys: list[float]) -> float:

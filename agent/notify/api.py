@@ -70,8 +70,7 @@ def outbox_routes(ctx: Any) -> APIRouter:
     def requeue(body: RequeueRequest) -> dict[str, Any]:
         """Dead letters back to pending with fresh attempts; ids that are not dead are left alone."""
         ids = sorted(set(body.ids))
-        dead = {item.id for item in outbox.items(state="dead", limit=10_000)}
-        requeued = [i for i in ids if i in dead]
+        requeued = outbox.dead_among(ids)
         if not requeued:
             raise HTTPException(
                 404, f"none of {ids} is a dead letter; `medic events --outbox --state dead` lists them"
@@ -83,6 +82,6 @@ def outbox_routes(ctx: Any) -> APIRouter:
             ids=requeued,
             reason=body.reason,
         )
-        return {"requeued": requeued, "skipped": [i for i in ids if i not in dead]}
+        return {"requeued": requeued, "skipped": [i for i in ids if i not in requeued]}
 
     return router

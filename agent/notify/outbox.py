@@ -226,6 +226,16 @@ class Outbox:
             )
         return cur.rowcount
 
+    def dead_among(self, ids: list[int]) -> list[int]:
+        """Which of `ids` are dead letters, in order."""
+        if not ids:
+            return []
+        marks = ",".join("?" * len(ids))
+        rows = self.store.query(
+            f"SELECT id FROM notify_outbox WHERE state='dead' AND id IN ({marks}) ORDER BY id", tuple(ids)
+        )
+        return [row[0] for row in rows]
+
     def prune(self, now: float, keep_delivered: float, keep_dead: float) -> int:
         with self.store.transaction() as db:
             cur = db.execute(
