@@ -10,7 +10,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml setup.py README.md medic_hook.py ./
 COPY agent/ agent/
 COPY probes/ probes/
 COPY remediation/ remediation/
@@ -24,8 +24,11 @@ FROM ${PYTHON_IMAGE}
 # libjemalloc2: for `medic hook install DIR --allocator jemalloc` (a copy for the target) and for
 # targets that medic launches itself (`medic run -- CMD`). Nothing else is exec'd by the probes:
 # /proc and cgroup files are read directly; jcmd belongs to the target's JDK, not to this image.
+# tini: the container's init, so that medic is not PID 1: orphans are reaped and `docker stop`'s SIGTERM
+# is forwarded to medic. `-s` makes it a subreaper where the pod's pause container is PID 1
+# (shareProcessNamespace in deploy/kubernetes/sidecar.yaml).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libjemalloc2 \
+    && apt-get install -y --no-install-recommends libjemalloc2 tini \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 medic \
     && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/medic --shell /usr/sbin/nologin medic \
@@ -49,5 +52,5 @@ EXPOSE 9464
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(os.environ['MEDIC_URL'] + '/healthz', timeout=4)"]
-ENTRYPOINT ["medic"]
+ENTRYPOINT ["/usr/bin/tini", "-s", "--", "medic"]
 CMD ["run", "--config", "/etc/medic/medic.yaml"]

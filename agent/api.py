@@ -6,6 +6,8 @@ that SQLite reads run in the server's thread pool, off the event loop.
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent import __version__
 from agent.api_dashboard import dashboard_routes
@@ -26,9 +29,11 @@ from agent.detection import Detection
 from agent.errors import ProbeError
 from agent.eventlog import EventLog
 from agent.exporter import Telemetry
+from agent.http_guard import DEFAULT_MAX_BODY, HttpGuard, allowed_hosts, route_policies
 from agent.notify.config import NotifySection
 from agent.notify.external import external_findings
 from agent.purging import purge_instance
+from agent.receiver import PATH as RECEIVER_PATH
 from agent.receiver import create_router as create_integrations_router
 from agent.records import ProbeTarget
 from agent.remediate import Remediation
@@ -37,6 +42,10 @@ from agent.tracker import Tracker
 from agent.units import parse_duration
 
 MAX_POINTS = 2000
+MAX_ID = 2**63 - 1  # SQLite's INTEGER
+EARLIEST, LATEST = 0.0, 4102444800.0  # 1970 to 2100: any other time is a typo
+RECEIVER_SLACK = 64 * 1024  # the receiver counts its own max_body (and its 413 metric); this is a backstop
+log = logging.getLogger("medic.api")
 
 
 @dataclass
@@ -51,6 +60,8 @@ class ApiContext:
     started_at: float = field(default_factory=time.time)
     config_path: str | None = None
     notify: NotifySection = field(default_factory=NotifySection)
+    allowed_hosts: frozenset[str] | None = None  # Host names answered; None: loopback only
+    max_body: int = DEFAULT_MAX_BODY  # request bodies, except the Alertmanager receiver's
 
 
 class PurgeRequest(BaseModel):
@@ -68,21 +79,29 @@ def parse_time(value: str | None, now: float, default_ago: float) -> float:
     except ValueError:
         number = None
     if number is not None and number > 10**9:
-        return number
-    try:
-        return now - parse_duration(value)
-    except ValueError:
+        when = number
+    else:
+        try:
+            when = now - parse_duration(value)
+        except ValueError:
+            raise HTTPException(
+                400, f"expected a unix timestamp or a duration ago such as 15m or 6h, got {value[:100]!r}"
+            ) from None
+    if not (math.isfinite(when) and EARLIEST <= when <= LATEST):
         raise HTTPException(
-            400, f"expected a unix timestamp or a duration ago such as 15m or 6h, got {value!r}"
-        ) from None
+            400,
+            f"time {value[:100]!r} is out of range: give a unix time between 1970 and 2100 or a duration ago",
+        )
+    return when
 
 
 def create_app(ctx: ApiContext) -> FastAPI:
-    app = FastAPI(title="sidecar-medic", version=__version__, docs_url="/api/docs", redoc_url=None)
+    # no Swagger UI or ReDoc: they load from a CDN; the schema stays at /openapi.json
+    app = FastAPI(title="sidecar-medic", version=__version__, docs_url=None, redoc_url=None)
 
-    @app.exception_handler(HTTPException)
-    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -90,9 +109,17 @@ def create_app(ctx: ApiContext) -> FastAPI:
             f"{'.'.join(str(p) for p in err.get('loc', ()) if p not in ('query', 'body', 'path'))}: {err.get('msg')}"
             for err in exc.errors()
         ]
-        return JSONResponse({"error": "; ".join(problems)}, status_code=400)
+        return JSONResponse({"error": "; ".join(problems)[:2000]}, status_code=400)
 
-    admin = [Depends(TokenGuard(ctx.token))]
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return JSONResponse(
+            {"error": f"internal error ({type(exc).__name__}); the agent log has the details"},
+            status_code=500,
+        )
+
+    guard = TokenGuard(ctx.token)  # runs again in HttpGuard, before any body is read
     app.include_router(create_integrations_router(ctx))  # Alertmanager receiver, outbox (agent/receiver.py)
     app.include_router(histogram_routes(ctx))  # histograms, heap diffs, suspects, attribution
     app.include_router(dashboard_routes())  # the web dashboard at / (agent/api_dashboard.py)
@@ -106,7 +133,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     if ctx.remediation is not None:
         app.include_router(
-            remediation_routes(ctx.remediation, admin, instance_or_404)
+            remediation_routes(ctx.remediation, guard, instance_or_404)
         )  # plan, restart, pause
 
     @app.get("/healthz")
@@ -166,8 +193,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
         result = ctx.store.series(name, metric, start, end, width, agg, MAX_POINTS, now)  # type: ignore[arg-type]
         return {"now": now, "since": start, "until": end, "agg": agg, **result.to_dict()}
 
-    @app.post("/api/v1/instances/{name}/purge", dependencies=admin)
-    def purge(name: str, body: PurgeRequest | None = None) -> dict[str, Any]:
+    @app.post("/api/v1/instances/{name}/purge")
+    def purge(name: str, body: PurgeRequest | None = None, who: str = Depends(guard)) -> dict[str, Any]:
         body = body or PurgeRequest()
         state = instance_or_404(name)
         with ctx.tracker.lock:
@@ -181,7 +208,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         except ProbeError as exc:
             code = {"unavailable": 409, "permission": 403, "gone": 409}.get(exc.reason, 502)
             raise HTTPException(code, f"purge of {name} failed: {exc}") from None
-        return {"instance": name, "purge": result}
+        return {"instance": name, "purge": result, "by": who}
 
     @app.get("/api/v1/findings")
     def findings(
@@ -200,7 +227,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
     @app.get("/api/v1/events")
     def events(
         since: str | None = Query(None, description="unix time or a duration ago"),
-        after_id: int | None = Query(None, ge=0, description="only events after this id, oldest first"),
+        after_id: int | None = Query(
+            None, ge=0, le=MAX_ID, description="only events after this id, oldest first"
+        ),
         instance: str | None = None,
         kind: list[str] = Query(default=[]),
         limit: int = Query(100, ge=1, le=10_000),
@@ -210,4 +239,11 @@ def create_app(ctx: ApiContext) -> FastAPI:
         found = ctx.store.events(since=start, after_id=after_id, instance=instance, kinds=kind, limit=limit)
         return {"now": now, "events": [e.to_dict() for e in found]}
 
+    limits = {RECEIVER_PATH: ctx.notify.receiver.max_body + RECEIVER_SLACK}
+    app.add_middleware(
+        HttpGuard,  # Host check, then body limits and the token check before any body is read
+        policies=lambda: route_policies(app.routes, limits, ctx.max_body),
+        allowed=ctx.allowed_hosts if ctx.allowed_hosts is not None else allowed_hosts("127.0.0.1"),
+        default_max_body=ctx.max_body,
+    )
     return app

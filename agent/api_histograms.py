@@ -22,6 +22,7 @@ from agent.suspects import SUSPECT_KINDS, suspects_for
 
 KIND_PATTERN = "^(class|type|site|nmt)$"
 DEFAULT_WINDOW = 6 * 3600.0
+MAX_ID = 2**63 - 1  # SQLite's INTEGER: a larger id would fail in the query, not answer 404
 PROBE_OF_KIND = {"class": "jvm", "nmt": "jvm", "type": "pyhist", "site": "heapprof"}
 
 
@@ -106,8 +107,8 @@ def histogram_routes(ctx: Any) -> APIRouter:
         kind: str = Query("class", pattern=KIND_PATTERN),
         from_: str | None = Query(None, alias="from", description="unix time or a duration ago (default 1h)"),
         to: str | None = Query(None, description="unix time or a duration ago (default: the latest)"),
-        from_id: int | None = Query(None, ge=1),
-        to_id: int | None = Query(None, ge=1),
+        from_id: int | None = Query(None, ge=1, le=MAX_ID),
+        to_id: int | None = Query(None, ge=1, le=MAX_ID),
         top: int = Query(50, ge=1, le=1000),
     ) -> dict[str, Any]:
         return diff_body(name, kind, from_, to, from_id, to_id, top)
@@ -117,8 +118,8 @@ def histogram_routes(ctx: Any) -> APIRouter:
         name: str,
         from_: str | None = Query(None, alias="from", description="unix time or a duration ago (default 1h)"),
         to: str | None = Query(None, description="unix time or a duration ago (default: the latest)"),
-        from_id: int | None = Query(None, ge=1),
-        to_id: int | None = Query(None, ge=1),
+        from_id: int | None = Query(None, ge=1, le=MAX_ID),
+        to_id: int | None = Query(None, ge=1, le=MAX_ID),
         top: int = Query(50, ge=1, le=1000),
     ) -> dict[str, Any]:
         return diff_body(name, "site", from_, to, from_id, to_id, top)

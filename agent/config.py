@@ -24,7 +24,15 @@ from pydantic import (
     model_validator,
 )
 
-from agent.config_types import Duration
+from agent.config_types import (
+    DAY,
+    HOUR,
+    MAX_COUNT,
+    MAX_DURATION,
+    Duration,
+    Interval,
+    within,
+)
 from agent.errors import ConfigError
 from agent.notify.config import NotifySection
 from agent.units import parse_duration, parse_size
@@ -48,13 +56,26 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class HttpSection(_Strict):
+    """The API server's limits against slow or greedy clients (agent/http_server.py, agent/http_guard.py)."""
+
+    header_timeout: Annotated[Duration, within(0.1, 300)] = 10.0  # request headers must arrive by then
+    keep_alive: Annotated[Duration, within(1, 300)] = 5.0  # an idle keep-alive connection is closed after
+    max_connections: int = Field(256, ge=8, le=65536)  # open connections; more are refused with 503
+    max_body: Annotated[int, Field(ge=1024, le=2**30), BeforeValidator(parse_size)] = 64 * 1024
+
+
 class AgentSection(_Strict):
     listen: str = "127.0.0.1:9464"  # port 0: any free port (written to state_dir/agent.json)
+    # Host names the API answers to (DNS-rebinding guard); default: the listen host and loopback,
+    # plus this machine's names and addresses when listening on 0.0.0.0 or ::; ["*"] turns the check off
+    allowed_hosts: list[str] | None = None
+    http: HttpSection = Field(default_factory=HttpSection)
     state_dir: Path = Path("./medic-state")
-    interval: Duration = 5.0
-    slow_interval: Duration = 60.0
-    discovery_interval: Duration = 10.0
-    flush_interval: Duration = 2.0
+    interval: Interval = 5.0
+    slow_interval: Annotated[Duration, within(0.05, DAY)] = 60.0
+    discovery_interval: Interval = 10.0
+    flush_interval: Interval = 2.0
     raw_retention: Duration = 48 * 3600.0
     rollup_retention: Duration = 30 * 86400.0
     probes: dict[str, bool] = Field(default_factory=dict)
@@ -66,13 +87,6 @@ class AgentSection(_Strict):
         host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
             raise ValueError(f"expected HOST:PORT such as 127.0.0.1:9464, got {value!r}")
-        return value
-
-    @field_validator("interval", "slow_interval", "discovery_interval", "flush_interval")
-    @classmethod
-    def _positive(cls, value: float) -> float:
-        if value < 0.05:
-            raise ValueError("must be at least 50ms")
         return value
 
     @property
@@ -87,10 +101,12 @@ class AgentSection(_Strict):
 class MatchSpec(_Strict):
     """How to find an instance's process: exactly one of pid, pidfile, cmdline, command."""
 
-    pid: int | None = Field(default=None, gt=0)
+    pid: int | None = Field(default=None, gt=0, le=2**22)  # the kernel's PID_MAX_LIMIT
     pidfile: Path | None = None
     cmdline: str | None = None
     select: Literal["newest", "all"] = "newest"
+    # `select: all` follows at most this many matches (a fork-heavy target must not flood medic)
+    max_instances: int = Field(default=64, ge=1, le=1024)
     command: list[str] | None = None
     cwd: Path | None = None
     env: dict[str, str] = Field(default_factory=dict)
@@ -122,6 +138,8 @@ class MatchSpec(_Strict):
             )
         if self.command is not None and not self.command:
             raise ValueError("command must not be empty")
+        if "max_instances" in self.model_fields_set and not (self.cmdline and self.select == "all"):
+            raise ValueError("max_instances applies only to `cmdline` with `select: all`; remove it here")
         return self
 
     @property
@@ -153,7 +171,7 @@ class PrometheusLatency(_Strict):
     labels: dict[str, str] = Field(default_factory=dict)  # only series with these label values
     errors_counter: str | None = None
     requests_counter: str | None = None  # default: the histogram's `_count`
-    timeout: Duration = 2.0
+    timeout: Annotated[Duration, within(0.01, 60)] = 2.0
 
     @field_validator("histogram", "errors_counter", "requests_counter")
     @classmethod
@@ -174,13 +192,6 @@ class PrometheusLatency(_Strict):
                 )
         return value
 
-    @field_validator("timeout")
-    @classmethod
-    def _timeout(cls, value: float) -> float:
-        if not 0.01 <= value <= 60:
-            raise ValueError("must be between 10ms and 60s")
-        return value
-
 
 class CanarySpec(_Strict):
     """An active request on a schedule; at most one in flight per instance."""
@@ -189,8 +200,8 @@ class CanarySpec(_Strict):
     method: str = "GET"
     headers: dict[str, str] = Field(default_factory=dict)
     body_file: Path | None = None
-    timeout: Duration = 2.0
-    interval: Duration = 10.0
+    timeout: Annotated[Duration, within(0.01, HOUR)] = 2.0
+    interval: Annotated[Duration, within(0.01, HOUR)] = 10.0
 
     @field_validator("method")
     @classmethod
@@ -199,33 +210,20 @@ class CanarySpec(_Strict):
             raise ValueError(f"expected an HTTP method such as GET or POST, got {value!r}")
         return value.upper()
 
-    @field_validator("timeout", "interval")
-    @classmethod
-    def _positive(cls, value: float) -> float:
-        if not 0.01 <= value <= 3600:
-            raise ValueError("must be between 10ms and 1h")
-        return value
-
 
 class SloSpec(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     quantile: float = 0.99
-    threshold: Duration = 0.25
-    for_: Duration = Field(300.0, alias="for")  # over the threshold this long → slow
+    threshold: Annotated[Duration, within(0, HOUR, above=True, why="a latency such as 250ms")] = 0.25
+    # over the threshold this long → slow
+    for_: Annotated[Duration, within(0, DAY)] = Field(300.0, alias="for")
 
     @field_validator("quantile")
     @classmethod
     def _quantile(cls, value: float) -> float:
         if value not in SLO_QUANTILES:
             raise ValueError(f"expected one of {', '.join(map(str, SLO_QUANTILES))}, got {value!r}")
-        return value
-
-    @field_validator("threshold")
-    @classmethod
-    def _threshold(cls, value: float) -> float:
-        if value <= 0:
-            raise ValueError("must be above 0, e.g. 250ms")
         return value
 
 
@@ -241,42 +239,33 @@ class HookSpec(_Strict):
     """Where the instance's allocator hook listens (in-process Python hook or LD_PRELOAD shim)."""
 
     socket: str | None = None  # a path, `%p` becomes the pid; default: found by convention
-    timeout: Duration = 1.0
-
-
-def _at_least(seconds: float) -> AfterValidator:
-    def check(value: float) -> float:
-        if value < seconds:
-            raise ValueError(f"must be at least {seconds:g}s")
-        return value
-
-    return AfterValidator(check)
+    timeout: Annotated[Duration, within(0, 60, above=True)] = 1.0
 
 
 class JvmHistograms(_Strict):
     """JVM targets (docs/histograms.md): class histograms, heap figures and NMT through jcmd."""
 
-    interval: Annotated[Duration, _at_least(1.0)] = 900.0  # GC.class_histogram
-    heap_interval: Annotated[Duration, _at_least(1.0)] = 60.0  # GC.heap_info, VM.native_memory
+    interval: Annotated[Duration, within(1, DAY)] = 900.0  # GC.class_histogram
+    heap_interval: Annotated[Duration, within(1, DAY)] = 60.0  # GC.heap_info, VM.native_memory
     live: bool = False  # the live histogram forces a full GC; -all (garbage included) otherwise
-    live_floor: Annotated[Duration, _at_least(60.0)] = 3600.0  # at most one live histogram this often
-    timeout: Annotated[Duration, _at_least(1.0)] = 60.0
+    live_floor: Annotated[Duration, within(60, MAX_DURATION)] = 3600.0  # at most one live histogram so often
+    timeout: Annotated[Duration, within(1, HOUR)] = 60.0
     jcmd: str | None = None  # default: the jcmd beside the target's java, else PATH
 
 
 class PythonHistograms(_Strict):
     """Python targets with the in-process hook: type histograms (gc-tracked objects)."""
 
-    interval: Annotated[Duration, _at_least(1.0)] = 300.0
+    interval: Annotated[Duration, within(1, DAY)] = 300.0
     top: int = Field(200, ge=1, le=1000)
-    budget: Annotated[Duration, _at_least(0.001)] = 1.0  # the walk holds the GIL at most this long
+    budget: Annotated[Duration, within(0.001, 60)] = 1.0  # the walk holds the GIL at most this long
 
 
 class HeapProfiles(_Strict):
     """Native heap profiles: dumped through the hook into `dir`, or read from jemalloc/gperftools dumps there."""
 
     dir: Path
-    interval: Annotated[Duration, _at_least(1.0)] = 600.0
+    interval: Annotated[Duration, within(1, DAY)] = 600.0
     frames: int = Field(1, ge=1, le=8)  # frames outside the allocator that name a site
     keep: int = Field(8, ge=2, le=1000)  # dumps medic wrote that are kept on disk
 
@@ -294,7 +283,7 @@ class InstanceSpec(_Strict):
     memory_limit: MemoryLimit = "auto"
     hook: HookSpec = Field(default_factory=HookSpec)
     restart_on_exit: bool = True  # managed only: relaunch when the command exits
-    stop_timeout: Duration = 5.0  # managed only: TERM, then KILL after this
+    stop_timeout: Annotated[Duration, within(0, HOUR)] = 5.0  # managed only: TERM, then KILL after this
     latency: LatencySpec | None = None  # Prometheus histogram, canary, SLO (docs/latency.md)
     histograms: HistogramsSpec = Field(default_factory=HistogramsSpec)  # docs/histograms.md
 
@@ -315,7 +304,7 @@ class DetectSection(_Strict):
     (durations as `6h`, sizes as `128Mi`); unknown keys are errors. docs/detection.md explains them.
     """
 
-    interval: Duration = 15.0  # how often the job looks for a judgement instant it has not judged
+    interval: Interval = 15.0  # how often the job looks for a judgement instant it has not judged
     memory: dict[str, Any] = Field(default_factory=dict)
     slow: dict[str, Any] = Field(default_factory=dict)
 
@@ -354,10 +343,22 @@ def slow_params(options: dict[str, Any]):  # -> SlowParams
         if name not in known:
             raise ValueError(f"unknown slow detection option {name!r}; known: {', '.join(sorted(known))}")
         try:
-            values[name] = int(raw) if known[name].type in ("int", int) else parse_duration(raw)
+            values[name] = _count(raw) if known[name].type in ("int", int) else parse_duration(raw)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"slow detection option {name}: {exc}") from None
+        if values[name] > MAX_DURATION:
+            raise ValueError(f"slow detection option {name}: expected at most 365d, got {raw!r}")
     return SlowParams(**values)
+
+
+def _count(raw: Any) -> int:
+    """A whole number from config (`3`, `"3"`); refuses fractions, booleans, inf and values above MAX_COUNT."""
+    if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+        raise ValueError(f"expected a whole number, got {raw!r}")
+    value = int(raw)
+    if not 0 <= value <= MAX_COUNT:
+        raise ValueError(f"expected a whole number between 0 and {MAX_COUNT}, got {raw!r}")
+    return value
 
 
 class Config(_Strict):

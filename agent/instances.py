@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agent.config import InstanceSpec
+from agent.identities import AdoptedProcess
+from agent.records import ProcessIdentity
 
 Status = Literal["up", "down", "waiting", "exited"]
 
@@ -41,6 +43,8 @@ class InstanceState:
     cpu_percent: float | None = None
     latest: dict[str, float] = field(default_factory=dict)
     probes: dict[str, ProbeHealth] = field(default_factory=dict)
+    adopted: AdoptedProcess | None = None  # what the followed process matched when it was adopted
+    refused: ProcessIdentity | None = None  # a process at the instance's pid that is not the instance
     _last_cpu: tuple[float, float] | None = None
     _settings: dict[str, Any] | None = None
 

@@ -22,7 +22,7 @@ def purge_instance(target: ProbeTarget, events: EventLog, reason: str, gc: bool 
     try:
         socket = hook_socket_for(target)
         timeout = float((target.settings.get("hook") or {}).get("timeout") or 1.0)
-        result = purge(socket, timeout=max(timeout, 10.0), gc=gc)
+        result = purge(socket, timeout=max(timeout, 10.0), gc=gc, pid=target.pid)
     except ProbeError as exc:
         events.emit(
             "purge_failed",

@@ -3,10 +3,12 @@
 Point an Alertmanager `webhook_config` at it (docs/alerts.md). The request must carry the admin
 token (`Authorization: Bearer …`, Alertmanager's `http_config.authorization`) or an HMAC
 signature (`X-Medic-Timestamp` + `X-Medic-Signature`, with `notify.receiver.secret_env|file`).
-Checks, in order, each with its own 4xx: body size (413), authentication (401/403), JSON (400),
-payload version 4 and field types (400), alerts per payload (413); then each alert is mapped to
-an instance by `notify.receiver.instance_labels`. Firing alerts open findings, resolved ones
-resolve them; repeated deliveries change nothing (idempotent on the alert fingerprint). A
+Checks, in order, each with its own 4xx: credentials present and the token right (401/403, before
+the body is read: the connection is then closed), body size (413), the HMAC signature (403), JSON
+nesting at most 32 deep and syntax (400), payload version 4 and field types (400), alerts per
+payload (413); then each alert is mapped to an instance by `notify.receiver.instance_labels`.
+Firing alerts open findings, resolved ones resolve them; repeated deliveries change nothing
+(idempotent on the alert fingerprint). A
 payload of which no alert names a watched instance is refused with 422, so that a misrouted
 Alertmanager shows up in its own logs.
 
@@ -23,6 +25,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from agent.http_guard import MAX_JSON_DEPTH, json_too_deep
 from agent.notify.external import ExternalAlert, open_external_finding, resolve_external_finding
 from agent.notify.inbound import AmWebhook, InboundAlert, InboundError, ignored, map_instance, parse_webhook
 from agent.notify.metrics import ReceiverCollector
@@ -52,9 +55,11 @@ async def read_limited(request: Request, limit: int) -> bytes:
 
 
 def authenticate(
-    headers: Any, body: bytes, token: str, secret: str | None, tolerance: float, now: float
+    headers: Any, body: bytes | None, token: str, secret: str | None, tolerance: float, now: float
 ) -> None:
-    """Admin token or HMAC signature; InboundError 401 (missing) or 403 (wrong)."""
+    """Admin token or HMAC signature; InboundError 401 (missing) or 403 (wrong).
+
+    With `body` None (not read yet) everything but the signature itself is checked."""
     scheme, _, given = headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and given.strip():
         if not hmac.compare_digest(given.strip().encode(), token.encode()):
@@ -66,6 +71,8 @@ def authenticate(
                 401,
                 "HMAC signatures are not enabled here (notify.receiver.secret_env|secret_file); use the admin token",
             )
+        if body is None:
+            return
         try:
             verify(secret, headers.get(TIMESTAMP_HEADER), headers.get(SIGNATURE_HEADER), body, now, tolerance)
         except SignatureError as exc:
@@ -174,13 +181,25 @@ def create_router(ctx: Any) -> APIRouter:
     @router.post(PATH)
     async def alertmanager(request: Request) -> JSONResponse:
         now = time.time()
+        body = None
         try:
+            authenticate(request.headers, None, ctx.token, secret, spec.signature_tolerance, now)
             body = await read_limited(request, spec.max_body)
             authenticate(request.headers, body, ctx.token, secret, spec.signature_tolerance, now)
+            if json_too_deep(body, MAX_JSON_DEPTH):
+                raise InboundError(
+                    400,
+                    f"the JSON nests deeper than {MAX_JSON_DEPTH} levels; send Alertmanager's webhook payload",
+                )
             payload, alerts = parse_webhook(body, spec.max_alerts)
         except InboundError as exc:
             stats.count("rejected", _reason(exc))
-            return JSONResponse({"error": str(exc)}, status_code=exc.status)
+            unread = body is None  # refused before (or while) reading: do not read the rest
+            return JSONResponse(
+                {"error": str(exc)},
+                status_code=exc.status,
+                headers={"Connection": "close"} if unread else None,
+            )
         status, answer = await asyncio.to_thread(apply_alerts, ctx, payload, alerts, now)
         for result in answer["results"]:
             stats.count("alerts", result["result"])

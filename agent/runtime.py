@@ -34,11 +34,14 @@ from agent.errors import ConfigError, StoreError
 from agent.eventlog import EventLog
 from agent.exporter import Telemetry
 from agent.histograms import attach as attach_histograms
+from agent.http_guard import allowed_hosts, is_loopback
+from agent.http_server import server_config
 from agent.notify.service import start_notifier
 from agent.remediate import Remediation
 from agent.store import Store
 from agent.supervisor import exit_status
 from agent.tracker import Tracker
+from probes.linux.fstrust import atomic_write, ensure_private_dir
 from probes.registry import PROBES, create_probe
 
 log = logging.getLogger("medic.runtime")
@@ -95,6 +98,7 @@ class Agent:
     async def run(self) -> int:
         cfg = self.config.agent
         probes = self._probes()
+        ensure_private_dir(cfg.state_dir, "agent.state_dir")  # refused before anything is written there
         self.store = Store(cfg.state_dir, raw_retention=cfg.raw_retention)
         token, token_path = load_or_create_token(cfg.token_file, Path(cfg.state_dir))
         log.info("admin token for mutating endpoints: %s", token_path)
@@ -128,6 +132,15 @@ class Agent:
         sock = bind(cfg.host, cfg.port)
         self.address = sock.getsockname()[:2]
         self._write_pidfile()
+        if not is_loopback(self.address[0]):
+            self.events.emit(  # logged at WARNING too
+                "api_exposed",
+                f"the API listens on {self.address[0]}:{self.address[1]}, reachable from other hosts: "
+                "anyone there can read it (mutations need the admin token); keep agent.listen on "
+                "127.0.0.1 unless a proxy or firewall guards the port",
+                severity="warning",
+                listen=f"{self.address[0]}:{self.address[1]}",
+            )
         self.events.emit(
             "agent_started",
             f"medic {__version__} watching {len(self.config.instances)} instance spec(s), "
@@ -155,9 +168,18 @@ class Agent:
                 remediation=self.remediation,
                 config_path=self.config_path,
                 notify=self.config.notify,
+                allowed_hosts=allowed_hosts(cfg.host, cfg.allowed_hosts),
+                max_body=cfg.http.max_body,
             )
             app = create_app(context)
-            server = _Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
+            server = _Server(
+                server_config(
+                    app,
+                    header_timeout=cfg.http.header_timeout,
+                    keep_alive=cfg.http.keep_alive,
+                    max_connections=cfg.http.max_connections,
+                )
+            )
             serving = asyncio.create_task(server.serve(sockets=[sock]))
             scheduler.start()
             await self._stop.wait()
@@ -178,11 +200,13 @@ class Agent:
             "version": __version__,
             "started": time.time(),
         }
-        tmp = self.pidfile.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            json.dump(info, out)
-        tmp.replace(self.pidfile)
+        try:
+            atomic_write(self.pidfile, json.dumps(info).encode(), 0o600)  # a fresh O_EXCL name, renamed
+        except OSError as exc:
+            raise StoreError(
+                f"cannot write {self.pidfile}: {exc.strerror or exc}; free space in agent.state_dir "
+                "or point it at a writable directory"
+            ) from None
 
     def _first_pass(self) -> None:
         now = time.time()

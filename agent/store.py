@@ -4,14 +4,18 @@ One writer connection behind a lock (probes, flushes and events come from severa
 readers get a connection per thread, which WAL lets run beside the writer. Samples are
 buffered and written in batches by `flush()`; rollups are merged in the same transaction,
 so they stay exact across agent restarts. Events are written at once: they are rare and
-must not be lost. Files are created 0600 inside a 0700 directory.
+must not be lost. The directory is private (0700, medic's own, never a symlink) and the files
+in it are created 0600 with `O_EXCL | O_NOFOLLOW` (`probes.linux.fstrust`). On a full disk the
+agent keeps running: a failed flush keeps its samples (up to `MAX_BUFFERED`) for the next one and
+raises `StoreError`, which the jobs log; instance bookkeeping is best effort.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import math
-import os
 import sqlite3
 import threading
 import time
@@ -24,9 +28,13 @@ from typing import Any, Literal
 
 from agent.errors import StoreError
 from agent.records import Event, Sample
+from probes.linux.fstrust import ensure_private_dir, ensure_private_file
 
+log = logging.getLogger("medic.store")
 SCHEMA_VERSION = 1
 ROLLUP_SECONDS = 60
+# samples kept in memory while the database cannot be written (disk full): the oldest go beyond this
+MAX_BUFFERED = 200_000
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS series (
@@ -100,13 +108,16 @@ class Store:
         self._lock = threading.Lock()
         self._buffer: list[Sample] = []
         self._buffer_lock = threading.Lock()
+        self.dropped = 0  # samples given up after the buffer filled while writes failed
+        self.write_error: str | None = None  # the last failed flush, until one succeeds
         self._series_ids: dict[tuple[str, str], int] = {}
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         try:
-            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            if not self.path.exists():
-                os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+            if self.dir.exists() and not self.dir.is_symlink() and not self.dir.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(self.dir))
+            ensure_private_dir(self.dir, "state_dir")  # UnsafePath: another user could plant files there
+            ensure_private_file(self.path, "state database")
             self._db = self._connect()
             self._db.executescript(_SCHEMA)
             self._check_version()
@@ -167,12 +178,15 @@ class Store:
         return self._reader().execute(sql, args).fetchall()
 
     def close(self) -> None:
-        self.flush()
-        with self._lock:
-            for db in self._readers:
-                db.close()
-            self._readers.clear()
-            self._db.close()
+        """Flush and close; the connections are closed even when the final flush fails (`StoreError`)."""
+        try:
+            self.flush()
+        finally:
+            with self._lock:
+                for db in self._readers:
+                    db.close()
+                self._readers.clear()
+                self._db.close()
 
     # ----------------------------------------------------------------------------- samples
     def add_samples(self, samples: Iterable[Sample]) -> None:
@@ -211,10 +225,24 @@ class Store:
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
                 self._db.execute("ROLLBACK") if self._db.in_transaction else None
-                with self._buffer_lock:  # keep the batch for the next try: never drop data silently
-                    self._buffer[:0] = batch
-                raise StoreError(f"cannot write samples to {self.path}: {exc}") from None
+                self._keep_for_retry(batch)
+                self.write_error = f"cannot write samples to {self.path}: {exc}"
+                raise StoreError(
+                    f"{self.write_error}; {self.pending()} sample(s) kept in memory and retried on the next "
+                    f"flush ({self.dropped} dropped so far): free space on the state_dir's filesystem"
+                ) from None
+        self.write_error = None
         return len(rows)
+
+    def _keep_for_retry(self, batch: list[Sample]) -> None:
+        """Put a batch that could not be written back in front; beyond `MAX_BUFFERED` the oldest go,
+        counted in `dropped`, so a long outage (disk full) costs bounded memory, not the agent."""
+        with self._buffer_lock:
+            self._buffer[:0] = batch
+            excess = len(self._buffer) - MAX_BUFFERED
+            if excess > 0:
+                del self._buffer[:excess]
+                self.dropped += excess
 
     def _series_id(self, instance: str, metric: str) -> int:
         key = (instance, metric)
@@ -338,7 +366,9 @@ class Store:
 
     # ----------------------------------------------------------------------------- instances
     def remember_instance(self, name: str, pid: int | None, start_time: float | None, now: float) -> None:
-        with self._lock:
+        """Best effort, like `count_restart`: a failed write is logged, not raised, so that the tracker
+        keeps following its processes when the disk is full."""
+        with self._lock, self._best_effort(f"remember instance {name}"):
             self._db.execute(
                 """INSERT INTO instances (name, pid, start_time, first_seen, last_seen) VALUES (?, ?, ?, ?, ?)
                    ON CONFLICT (name) DO UPDATE SET pid=excluded.pid, start_time=excluded.start_time,
@@ -347,8 +377,24 @@ class Store:
             )
 
     def count_restart(self, name: str) -> None:
-        with self._lock:
+        with self._lock, self._best_effort(f"count a restart of {name}"):
             self._db.execute("UPDATE instances SET restarts = restarts + 1 WHERE name=?", (name,))
+
+    @contextmanager
+    def _writing(self, what: str) -> Iterator[None]:
+        """sqlite errors of a write (disk full, locked) as `StoreError`, which the agent's jobs log and survive."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot {what} in {self.path}: {exc}") from None
+
+    @contextmanager
+    def _best_effort(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            self.write_error = f"cannot {what} in {self.path}: {exc}"
+            log.error("%s; carrying on without it", self.write_error)
 
     def known_instances(self) -> dict[str, InstanceRecord]:
         rows = self._reader().execute(
@@ -360,7 +406,7 @@ class Store:
     def enforce_retention(self, now: float, raw_retention: float, rollup_retention: float) -> dict[str, int]:
         """Delete raw samples, rollups and events past their retention; returns rows deleted per table."""
         deleted = {}
-        with self._lock:
+        with self._lock, self._writing("delete old rows"):
             for table, cutoff in (
                 ("samples", now - raw_retention),
                 ("rollups", now - rollup_retention),

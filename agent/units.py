@@ -35,7 +35,7 @@ def parse_duration(value: str | int | float) -> float:
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 30s, 5m, 6h, got a boolean")
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        seconds = float(value) if abs(value) < 1e300 else math.inf  # a huge int would overflow float()
     else:
         text = str(value).strip().lower()
         if not text:
@@ -54,7 +54,7 @@ def parse_duration(value: str | int | float) -> float:
                     f"expected a duration such as 30s, 5m, 6h or 1h30m (units ms s m h d w), got {value!r}"
                 ) from None
     if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"expected a non-negative duration, got {value!r}")
+        raise ValueError(f"expected a finite, non-negative duration, got {value!r}")
     return seconds
 
 
@@ -63,7 +63,7 @@ def parse_size(value: str | int | float) -> int:
     if isinstance(value, bool):
         raise ValueError("expected a size such as 512Mi or 2G, got a boolean")
     if isinstance(value, (int, float)):
-        number, unit = float(value), ""
+        number, unit = (float(value) if abs(value) < 1e300 else math.inf), ""
     else:
         match = _SIZE.match(str(value))
         if not match:
@@ -74,8 +74,8 @@ def parse_size(value: str | int | float) -> int:
                 f"unknown size unit {match.group(2)!r} in {value!r}: use B, K, M, G, T (powers of 1000) "
                 "or Ki, Mi, Gi, Ti (powers of 1024)"
             )
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"expected a non-negative size, got {value!r}")
+    if not math.isfinite(number * _SIZE_UNITS[unit]) or number < 0:
+        raise ValueError(f"expected a finite, non-negative size, got {value!r}")
     return int(number * _SIZE_UNITS[unit])
 
 

@@ -1,7 +1,7 @@
-"""Native hooks: ctypes bindings to jemalloc, tcmalloc and glibc, the in-process hook for Python
-targets, the LD_PRELOAD shim for native targets, and the client medic talks to them with.
-
-Kept import-light: a target that autostarts the hook imports this package at interpreter start.
+"""Native hooks, medic's side: the LD_PRELOAD shim for native targets, the client medic talks to the
+hooks with, socket discovery, heap-profile parsing. What runs inside Python targets (the in-process
+hook, the ctypes allocator bindings, the protocol rules) is the top-level module `medic_hook`, which
+imports nothing of this package; the modules here re-export its shared pieces.
 """
 
 from __future__ import annotations

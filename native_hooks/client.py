@@ -1,8 +1,14 @@
 """A small client of the hook protocol, used by the allocator probe, `medic purge`, `medic doctor` and
 `medic hook call`. Errors are `agent.errors.ProbeError` subclasses that say what to do.
 
-    with HookClient("/run/medic/hook.4242.sock", timeout=2.0) as hook:
+    with HookClient("/run/medic/hook.4242.sock", timeout=2.0, pid=4242) as hook:
         stats = hook.request("stats")
+
+With `pid`, the client trusts a socket only when the process serving it is that pid (the kernel's
+SO_PEERCRED of the listener, which a process cannot forge): a socket another user planted at the
+expected path is refused as `HookNotFound` before a byte is sent or a reply believed. Without
+`pid` (a path given by hand), the listener must at least run as root, as medic's user, or as the
+owner of the socket file: a process of a third user serving someone else's path is refused too.
 """
 
 from __future__ import annotations
@@ -10,10 +16,11 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import struct
 import time
 from typing import Any
 
-from native_hooks import protocol
+from native_hooks import protocol, sockets
 from native_hooks.errors import (
     HOOK_HOWTO,
     HookAccessDenied,
@@ -28,9 +35,18 @@ from native_hooks.errors import (
 class HookClient:
     """One connection to a hook socket, opened on first use and reused; not thread-safe."""
 
-    def __init__(self, path: str | os.PathLike[str], timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        timeout: float = 2.0,
+        *,
+        pid: int | None = None,
+        proc: str = "/proc",
+    ) -> None:
         self.path = os.fspath(path)
         self.timeout = timeout
+        self.pid = pid  # the target: only its own listener is trusted
+        self.proc = proc
         self._sock: socket.socket | None = None
         self._buffer = bytearray()
 
@@ -122,7 +138,45 @@ class HookClient:
             if exc.errno == errno.ENOTSOCK or exc.errno == errno.ENOTDIR:
                 raise HookNotFound(f"{self.path} is not a hook socket ({exc.strerror})") from None
             raise HookNotFound(f"cannot connect to hook socket {self.path}: {exc.strerror or exc}") from None
+        try:
+            if self.pid is not None:
+                self._check_peer(sock, self.pid)
+            else:
+                self._check_peer_uid(sock)
+        except BaseException:
+            sock.close()
+            raise
         return sock
+
+    def _check_peer_uid(self, sock: socket.socket) -> None:
+        """Refuse a listener that runs as neither root, medic's user, nor the socket file's owner."""
+        peer_pid, peer_uid, _gid = _UCRED.unpack(
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+        )
+        try:
+            owner: int | None = os.stat(self.path).st_uid
+        except OSError:
+            owner = None  # replaced or removed since connect(): trust nobody but root and medic
+        if peer_uid in (0, os.geteuid(), owner):
+            return
+        raise HookNotFound(
+            f"hook at {self.path} is served by pid {peer_pid} as uid {peer_uid} (per SO_PEERCRED), "
+            f"while the socket file belongs to uid {owner}: medic does not trust its replies; "
+            "check who created it, or name the target's pid (`--pid PID`) so that medic checks the process serving it"
+        )
+
+    def _check_peer(self, sock: socket.socket, pid: int) -> None:
+        """Refuse a listener that is not `pid` (as seen from medic's pid namespace, or any of its own)."""
+        peer_pid, peer_uid, _gid = _UCRED.unpack(
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+        )
+        if peer_pid not in sockets.namespace_pids(pid, self.proc):
+            raise HookNotFound(
+                f"hook at {self.path} belongs to pid {peer_pid} (uid {peer_uid}, per SO_PEERCRED), "
+                f"not to pid {pid}: "
+                "medic does not trust its replies; check who created it, and put %p in MEDIC_HOOK_SOCKET "
+                "so that each process gets its own"
+            )
 
     def _exchange(self, line: bytes) -> dict[str, Any]:
         if self._sock is None:
@@ -185,6 +239,9 @@ class HookClient:
                     raise HookProtocolError(f"hook at {self.path} closed the connection mid-reply")
                 raise _ClosedBeforeReply
             self._buffer += chunk
+
+
+_UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
 
 
 class _ClosedBeforeReply(Exception):

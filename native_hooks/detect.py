@@ -7,6 +7,10 @@ executable that defines `malloc` has a statically linked allocator, identified b
 (`mallctl`, `je_*`, `_rjem_*`, `tc_malloc`, `mi_malloc`) or by jemalloc's `<jemalloc>:` messages
 in `.rodata` when stripped. Files are opened through /proc/PID/root so containers work. Reading a
 process's maps and environ needs the same uid or root.
+
+The ELF files are the target's choice (its root, its LD_PRELOAD, possibly its own directories): they
+are only parsed, never executed, and opened without following a final symlink, as regular files no
+larger than `MAX_ELF_BYTES` (a FIFO planted there would otherwise hang a root medic's open).
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.errors import ProbeAccessDenied, ProbeError, TargetGone
+from agent.errors import ProbeAccessDenied, ProbeError, TargetGone, UnsafePath
 from native_hooks.sockets import parse_environ
+from probes.linux.fstrust import open_regular_file
+
+MAX_ELF_BYTES = 16 * 2**30
 
 _LIBRARY_ALLOCATORS = (
     (re.compile(r"^libjemalloc"), "jemalloc"),
@@ -143,9 +150,9 @@ class _Elf:
         from elftools.elf.elffile import ELFFile
 
         try:
-            with open(self.path, "rb") as f:
+            with open_regular_file(self.path, MAX_ELF_BYTES) as f:
                 yield ELFFile(f)
-        except (OSError, ELFError, ValueError, AssertionError) as exc:
+        except (OSError, UnsafePath, ELFError, ValueError, AssertionError) as exc:
             raise ProbeError(f"cannot read ELF file {self.path}: {exc}") from None
 
     def defines(self, name: str) -> bool:

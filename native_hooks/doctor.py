@@ -18,7 +18,8 @@ from native_hooks.errors import ShimNotBuilt
 from native_hooks.sockets import find_socket
 
 AUTOSTART_HINT = (
-    "MEDIC_HOOK_SOCKET=auto plus `import native_hooks.autostart` (`medic hook install-pth` adds it)"
+    "MEDIC_HOOK_SOCKET=auto plus `medic hook install-pth` once per environment (a .pth line that "
+    "starts medic_hook), or `import medic_hook; medic_hook.start()` in the program"
 )
 
 
@@ -72,7 +73,7 @@ def _shim() -> str:
         return "$(medic hook path)"
 
 
-def _probe_hook(socket: str | None, timeout: float) -> HookStatus:
+def _probe_hook(socket: str | None, timeout: float, pid: int, proc: str) -> HookStatus:
     from native_hooks.client import HookClient
 
     status = HookStatus(socket=socket)
@@ -80,7 +81,7 @@ def _probe_hook(socket: str | None, timeout: float) -> HookStatus:
         status.error = "no hook socket found"
         return status
     try:
-        with HookClient(socket, timeout) as client:
+        with HookClient(socket, timeout, pid=pid, proc=proc) as client:  # only pid's own listener
             stats = client.request("stats")
     except ProbeError as exc:
         status.error = str(exc)
@@ -103,7 +104,7 @@ def diagnose(pid: int, socket: str | None = None, timeout: float = 2.0, proc: st
         if not os.path.exists(f"{proc}/{pid}"):
             raise
         detected, problems = None, [f"outside detection failed: {exc}"]
-    hook = _probe_hook(socket or find_socket(pid, proc), timeout)
+    hook = _probe_hook(socket or find_socket(pid, proc), timeout, pid, proc)
     allocator = hook.allocator or (detected.allocator if detected else "unknown")
     report = DoctorReport(pid=pid, allocator=allocator, detected=detected, hook=hook, problems=problems)
     report.advice = advise(report)

@@ -1,8 +1,11 @@
-"""Errors of the allocator bindings, the hook servers and the hook client, inside `agent.errors`.
+"""Errors of the hook client (medic's side), inside `agent.errors`; and, re-exported, those of the
+allocator bindings, which run inside targets and so belong to `medic_hook` (plain `Exception`s there,
+turned into `{"ok": false}` replies before they reach medic).
+
+medic_hook.AllocatorError     an allocator call failed (errno, missing symbol, bad output)
+└── MallctlError              jemalloc's mallctl returned an errno
 
 ProbeError
-├── AllocatorError            an allocator call failed (errno, missing symbol, bad output)
-│   └── MallctlError          jemalloc's mallctl returned an errno
 ├── HookError                 a hook answered badly or too late
 │   ├── HookTimeout
 │   ├── HookProtocolError     the reply was not one JSON object on one line
@@ -18,24 +21,27 @@ ProbeError
 from __future__ import annotations
 
 from agent.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable
+from medic_hook import AllocatorError, MallctlError
+
+__all__ = [
+    "HOOK_HOWTO",
+    "AllocatorError",
+    "HookAccessDenied",
+    "HookError",
+    "HookNotFound",
+    "HookOpUnavailable",
+    "HookProtocolError",
+    "HookRequestError",
+    "HookTimeout",
+    "MallctlError",
+    "ShimNotBuilt",
+]
 
 HOOK_HOWTO = (
     "native targets: start them with LD_PRELOAD=$(medic hook path) MEDIC_HOOK_SOCKET=auto; "
-    "Python targets: MEDIC_HOOK_SOCKET=auto and `import native_hooks.autostart` (see docs/allocators.md)"
+    "Python targets: MEDIC_HOOK_SOCKET=auto and `medic hook install-pth` once per environment "
+    "(see docs/allocators.md)"
 )
-
-
-class AllocatorError(ProbeError):
-    """An allocator introspection call failed."""
-
-
-class MallctlError(AllocatorError):
-    """`mallctl(name)` returned an errno; `errno` and `name` are kept for callers that branch on them."""
-
-    def __init__(self, message: str, name: str, errno: int) -> None:
-        super().__init__(message)
-        self.name = name
-        self.errno = errno
 
 
 class HookError(ProbeError):

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Literal, NoReturn
 
-from agent.errors import ProbeError
+from agent.errors import ProbeError, UnsafePath
+from probes.linux.fstrust import open_owned_file
 
 MAX_PROFILE_BYTES = 512 * 2**20  # larger dumps are refused rather than read into memory
 MAX_FRAMES = 512  # jemalloc's own limit is 128 (PROF_BT_MAX)
@@ -52,6 +53,12 @@ class HeapProfileError(ProbeError):
     """A heap-profile file is truncated, corrupt or of an unknown format."""
 
     reason = "corrupt"
+
+
+class HeapProfileRefused(HeapProfileError):
+    """A dump medic will not read: a symlink, not a regular file, another user's, or too large."""
+
+    reason = "unsafe"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,9 +104,22 @@ class HeapProfile:
         return sum(s.live_objects for s in self.stacks)
 
 
-def read_heap_profile(path: str | Path) -> HeapProfile:
-    """Read and parse one dump; `HeapProfileError` for unreadable, oversized, truncated or corrupt files."""
+def read_heap_profile(path: str | Path, owners: Collection[int] | None = None) -> HeapProfile:
+    """Read and parse one dump; `HeapProfileError` for unreadable, oversized, truncated or corrupt files.
+
+    With `owners` (the uids of the target that wrote it and of medic), the dump is a file the target
+    controls: it is opened without following a symlink and must be a regular file owned by one of them
+    (`HeapProfileRefused` otherwise), so a planted link cannot make a root medic read another file.
+    """
     path = Path(path)
+    if owners is not None:
+        try:
+            data = open_owned_file(path, owners, MAX_PROFILE_BYTES)
+        except UnsafePath as exc:
+            raise HeapProfileRefused(f"heap profile refused: {exc}") from None
+        except OSError as exc:
+            raise HeapProfileError(f"cannot read heap profile {path}: {exc.strerror or exc}") from None
+        return parse_heap_profile(data, str(path))
     try:
         size = path.stat().st_size
         if size > MAX_PROFILE_BYTES:

@@ -33,15 +33,21 @@ class PurgeResult:
 
 
 def purge(
-    socket: str | os.PathLike[str], timeout: float = DEFAULT_TIMEOUT_S, gc: bool = False
+    socket: str | os.PathLike[str],
+    timeout: float = DEFAULT_TIMEOUT_S,
+    gc: bool = False,
+    *,
+    pid: int | None = None,
+    proc: str = "/proc",
 ) -> PurgeResult:
     """Purge through the hook at `socket`; `gc=True` also runs Python's collector first (Python hook only).
 
-    Raises `HookNotFound`, `HookAccessDenied`, `HookTimeout`, `HookOpUnavailable` (allocator cannot purge)
+    `pid` is the target: the hook is trusted only when that process serves the socket (None, for a
+    path given by hand: when root, medic's user or the socket file's owner serves it). Raises `HookNotFound`, `HookAccessDenied`, `HookTimeout`, `HookOpUnavailable` (allocator cannot purge)
     or `HookRequestError`.
     """
     params = {"gc": True} if gc else {}
-    with HookClient(socket, timeout) as client:
+    with HookClient(socket, timeout, pid=pid, proc=proc) as client:
         reply = client.request("purge", **params)
     before, after = int(reply["rss_before"]), int(reply["rss_after"])
     return PurgeResult(

@@ -9,139 +9,38 @@ the conventional path `<dir>/hook.<pid>.sock`, where `<dir>` is the first of
 3. `$XDG_RUNTIME_DIR/medic`,
 4. `/tmp/medic-<uid>`.
 
-The C shim applies the same rules (`shim.c`). medic finds a target's socket by reading the target's
-environment (`/proc/PID/environ`), falling back to the conventional directories for its uid, and
-removes sockets whose process is gone.
+These rules and the target's side (binding a socket safely) live in `medic_hook`, the one module that
+runs inside Python targets; they are re-exported here. The C shim applies the same rules (`shim.c`).
+medic finds a target's socket by reading the target's environment (`/proc/PID/environ`), falling
+back to the conventional directories for its uid, and removes sockets whose process is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
-import socket
 import stat
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-ENV_SOCKET = "MEDIC_HOOK_SOCKET"
-ENV_DIR = "MEDIC_HOOK_DIR"
-AUTO = "auto"
+from medic_hook import (  # noqa: F401 - the path rules, re-exported for medic's side
+    AUTO,
+    ENV_DIR,
+    ENV_SOCKET,
+    MAX_PATH_BYTES,
+    SocketPathError,
+    bind_listener,
+    default_dir,
+    expand,
+    has_pid,
+    is_live,
+    socket_name,
+)
+
 SOCKET_NAME = re.compile(r"^hook\.(\d+)\.sock$")
-MAX_PATH_BYTES = 107  # sun_path holds 108 bytes including the terminating NUL
 STALE_GRACE_SECONDS = 10.0  # a socket younger than this may be between bind() and listen()
-
-
-class SocketPathError(ValueError):
-    """A socket template that cannot be used; the message says why."""
-
-
-def default_dir(uid: int, env: Mapping[str, str]) -> str:
-    """The conventional socket directory for a process with this uid and environment."""
-    if env.get(ENV_DIR):
-        return env[ENV_DIR]
-    if uid == 0:
-        return "/run/medic"
-    if env.get("XDG_RUNTIME_DIR"):
-        return os.path.join(env["XDG_RUNTIME_DIR"], "medic")
-    return f"/tmp/medic-{uid}"
-
-
-def socket_name(pid: int) -> str:
-    return f"hook.{pid}.sock"
-
-
-def expand(template: str, pid: int, uid: int, env: Mapping[str, str]) -> str:
-    """The socket path a process with `pid`, `uid` and `env` binds for `template`; raises `SocketPathError`."""
-    if not template.strip():
-        raise SocketPathError(
-            f"{ENV_SOCKET} is empty: set it to 'auto' or to a socket path such as /run/medic/x.%p.sock"
-        )
-    if template.strip() == AUTO:
-        path = os.path.join(default_dir(uid, env), socket_name(pid))
-    else:
-        path = re.sub(r"%[p%]", lambda m: str(pid) if m.group(0) == "%p" else "%", template)
-    if not path.startswith("/"):
-        raise SocketPathError(f"hook socket path must be absolute, got {path!r}")
-    if "\x00" in path:
-        raise SocketPathError("hook socket path must not contain NUL characters")
-    if len(os.fsencode(path)) > MAX_PATH_BYTES:
-        raise SocketPathError(
-            f"hook socket path {path!r} is longer than {MAX_PATH_BYTES} bytes (the Unix socket limit): "
-            "choose a shorter directory"
-        )
-    return path
-
-
-def has_pid(template: str) -> bool:
-    """True when each process gets its own path (`auto` or a `%p` template)."""
-    return template.strip() == AUTO or "%p" in template.replace("%%", "")
-
-
-# -- target side -------------------------------------------------------------------------------------
-def ensure_private_dir(directory: str) -> None:
-    """Create `directory` (mode 0700) if missing; refuse one owned by someone else or open to others."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(directory, 0o700)
-    info = os.lstat(directory)
-    if not stat.S_ISDIR(info.st_mode):
-        raise SocketPathError(f"{directory} exists but is not a directory")
-    if info.st_uid not in (os.geteuid(), 0):
-        raise SocketPathError(
-            f"{directory} belongs to uid {info.st_uid}, not to us: refusing to put a socket there"
-        )
-
-
-def is_live(path: str, timeout: float = 0.5) -> bool:
-    """True when something accepts connections on `path` (any error but 'refused'/'missing' counts as live)."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(timeout)
-    try:
-        probe.connect(path)
-    except (ConnectionRefusedError, FileNotFoundError):
-        return False
-    except OSError:
-        return True
-    finally:
-        probe.close()
-    return True
-
-
-def bind_listener(path: str, backlog: int = 16) -> socket.socket:
-    """A listening socket at `path` with mode 0600, bound without touching the process umask.
-
-    The socket is bound in a private temporary directory and renamed into place, so it is never
-    reachable with looser permissions. A stale socket is replaced; a live one raises `FileExistsError`;
-    a non-socket file at `path` raises `SocketPathError`.
-    """
-    directory = os.path.dirname(path)
-    ensure_private_dir(directory)
-    with contextlib.suppress(FileNotFoundError):
-        info = os.lstat(path)
-        if not stat.S_ISSOCK(info.st_mode):
-            raise SocketPathError(f"{path} exists and is not a socket: refusing to replace it")
-        if is_live(path):
-            raise FileExistsError(errno.EADDRINUSE, f"another process serves {path}", path)
-    staging = tempfile.mkdtemp(prefix=".medic-", dir=directory)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        staged = os.path.join(staging, "s")
-        listener.bind(staged)
-        os.chmod(staged, 0o600)
-        listener.listen(backlog)
-        os.rename(staged, path)
-    except BaseException:
-        listener.close()
-        raise
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(staging, "s"))
-        with contextlib.suppress(OSError):
-            os.rmdir(staging)
-    return listener
 
 
 # -- medic side ----------------------------------------------------------------------------------
@@ -222,12 +121,33 @@ def candidate_paths(pid: int, proc: str = "/proc", env: Mapping[str, str] | None
 
 
 def find_socket(pid: int, proc: str = "/proc", env: Mapping[str, str] | None = None) -> str | None:
-    """The first existing socket among `candidate_paths(pid)`, or None."""
+    """The first existing socket among `candidate_paths(pid)` that the target's user (or root, or
+    medic's user) created, or None.
+
+    Candidates lie in directories others may write to (`/tmp/medic-UID`, a target's template), so a
+    symlink or a socket another user bound there is skipped: the kernel sets a socket file's owner
+    at bind() and nobody else can change it. `HookClient(path, pid=pid)` then checks the listener.
+    """
+    owners = _socket_owners(pid, proc)
     for path in candidate_paths(pid, proc, env):
         with contextlib.suppress(OSError):
-            if stat.S_ISSOCK(os.stat(path).st_mode):
+            info = os.lstat(path)
+            if stat.S_ISSOCK(info.st_mode) and info.st_uid in owners:
                 return path
     return None
+
+
+def _socket_owners(pid: int, proc: str) -> set[int]:
+    """Who may own the hook socket of `pid`: its uids (real, effective, saved, fs), root and medic."""
+    owners = {0, os.geteuid()}
+    try:
+        with open(f"{proc}/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    owners.update(int(value) for value in line.split()[1:])
+    except (OSError, ValueError):
+        pass
+    return owners
 
 
 def conventional_dirs(env: Mapping[str, str] | None = None) -> list[str]:
@@ -257,23 +177,38 @@ def remove_stale_sockets(dirs: Iterable[str] | None = None, now: float | None = 
     removed = []
     for directory in conventional_dirs() if dirs is None else dirs:
         try:
-            names = os.listdir(directory)
+            # unlink through the directory's descriptor: a directory swapped for a symlink meanwhile
+            # cannot redirect a root medic's unlink elsewhere
+            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             continue
-        for name in names:
-            match = SOCKET_NAME.match(name)
-            if not match:
-                continue
-            path = os.path.join(directory, name)
-            try:
-                info = os.lstat(path)
-            except OSError:
-                continue
-            if not stat.S_ISSOCK(info.st_mode) or is_live(path):
-                continue
-            if _pid_alive(int(match.group(1))) and now - info.st_mtime < STALE_GRACE_SECONDS:
-                continue  # possibly between bind() and listen()
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-                removed.append(path)
+        try:
+            removed += _remove_stale_in(directory, dir_fd, now)
+        finally:
+            os.close(dir_fd)
+    return removed
+
+
+def _remove_stale_in(directory: str, dir_fd: int, now: float) -> list[str]:
+    removed = []
+    try:
+        names = os.listdir(dir_fd)
+    except OSError:
+        return removed
+    for name in names:
+        match = SOCKET_NAME.match(name)
+        if not match:
+            continue
+        path = os.path.join(directory, name)
+        try:
+            info = os.lstat(name, dir_fd=dir_fd)
+        except OSError:
+            continue
+        if not stat.S_ISSOCK(info.st_mode) or is_live(path):
+            continue
+        if _pid_alive(int(match.group(1))) and now - info.st_mtime < STALE_GRACE_SECONDS:
+            continue  # possibly between bind() and listen()
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dir_fd)
+            removed.append(path)
     return removed

@@ -12,22 +12,31 @@ are demangled with `c++filt` (binutils), in one batch. Each object's table is re
 by path, inode, size and mtime, so a rebuilt binary is read again.
 
 Pass `root="/proc/PID/root"` to read a containerized target's files through its mount namespace.
+
+Trust: the objects are named by the target's maps (and may sit in its root or in directories it
+writes), so they are only parsed, never executed: opened without following a final symlink, refused
+when not a regular file (a FIFO would hang the open) or over `MAX_OBJECT_BYTES`. Reading them as root
+is then harmless. `c++filt` is run only from a trusted path (root's or medic's, writable by nobody
+else), and as the target's user when `run_as` says so, since it parses names the target chose.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 import subprocess
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from agent.errors import UnsafePath
 from native_hooks.heapprofile import Mapping, parse_maps_line
+from probes.linux.fstrust import open_regular_file, trusted_program
 
 DEMANGLE_TIMEOUT_S = 20.0
+MAX_OBJECT_BYTES = 16 * 2**30  # larger "objects" are not what a process maps for code
 _SYM64 = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
 _FUNC_TYPES = (2, 10)  # STT_FUNC, STT_GNU_IFUNC
 _BIND_RANK = {1: 0, 2: 1, 0: 2}  # GLOBAL before WEAK before LOCAL when several names share an address
@@ -69,7 +78,7 @@ class ElfSymbols:
         self.build_id: str | None = None
         table: dict[int, tuple[int, int, str]] = {}  # start -> (rank, size, name)
         try:
-            with open(path, "rb") as handle:
+            with open_regular_file(path, MAX_OBJECT_BYTES) as handle:
                 elf = ELFFile(handle)
                 self.segments = [
                     (seg["p_offset"], seg["p_vaddr"], seg["p_filesz"])
@@ -79,14 +88,14 @@ class ElfSymbols:
                 self.build_id = _build_id(elf)
                 for name in (".symtab", ".dynsym"):
                     _read_symbols(elf, name, table)
-        except (OSError, ELFError, ValueError, struct.error):
+        except (OSError, UnsafePath, ELFError, ValueError, struct.error):
             self.segments = []
         if self.build_id and debug_root:
             debug = Path(debug_root) / ".build-id" / self.build_id[:2] / f"{self.build_id[2:]}.debug"
             try:
-                with open(debug, "rb") as handle:
+                with open_regular_file(debug, MAX_OBJECT_BYTES) as handle:
                     _read_symbols(ELFFile(handle), ".symtab", table)
-            except (OSError, ELFError, ValueError, struct.error):
+            except (OSError, UnsafePath, ELFError, ValueError, struct.error):
                 pass
         ordered = sorted(table.items())
         self.starts = [start for start, _ in ordered]
@@ -166,7 +175,18 @@ class Symbolizer:
         self.debug_root = debug_root
         self._objects: dict[tuple, ElfSymbols] = {}
         self._demangled: dict[str, str] = {}
-        self.demangler: str | None = shutil.which("c++filt") if demangle else None
+        self.run_as: dict[str, Any] = {}  # subprocess credentials for c++filt (`probes.linux.helpers.run_as`)
+        self.demangle_problem: str | None = None  # why names stay mangled, when c++filt is refused
+        self.demangler: str | None = self._find_demangler() if demangle else None
+
+    def _find_demangler(self) -> str | None:
+        """The trusted c++filt, or None (names then stay mangled; `demangle_problem` says why)."""
+        try:
+            found = trusted_program("c++filt")
+        except UnsafePath as exc:
+            self.demangle_problem = f"c++filt is not safe to run: {exc}"
+            return None
+        return str(found) if found is not None else None
 
     def symbolize(self, addresses: Iterable[int], mappings: Sequence[Mapping]) -> dict[int, Frame]:
         """A `Frame` for each address; never raises for unknown addresses or unreadable objects."""
@@ -225,6 +245,7 @@ class Symbolizer:
                     text=True,
                     timeout=DEMANGLE_TIMEOUT_S,
                     check=True,
+                    **self.run_as,
                 ).stdout.split("\n")
             except (OSError, subprocess.SubprocessError):
                 done = []

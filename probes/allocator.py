@@ -55,7 +55,7 @@ class AllocatorProbe:
             raise TargetGone(f"process {target.pid} of {target.instance} is gone")
         path = hook_socket_for(target, self.proc)
         timeout = (target.settings.get("hook") or {}).get("timeout") or self.timeout
-        with HookClient(path, timeout) as client:
+        with HookClient(path, timeout, pid=target.pid, proc=self.proc) as client:
             reply = client.request("stats")
         pid = reply.get("pid")
         if isinstance(pid, int) and pid not in namespace_pids(target.pid, self.proc):

@@ -10,12 +10,18 @@ Every `interval` it gets one fresh dump of the target:
    (`p.0001.heap`), the newest one written since the process started and at least a second old.
 The dump is parsed, symbolized with the maps it carries and aggregated by site (`frames` frames
 outside the allocator); the snapshot is timestamped when the dump was written.
+
+The directory and the dumps are the target's to write, hence untrusted: a dump is read only when it
+is a regular file owned by the target's user or medic's, reached without following a symlink, and
+not larger than `MAX_PROFILE_BYTES`; the hook's replies count only when its socket's peer is the
+target process itself (SO_PEERCRED).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,6 +40,7 @@ from native_hooks.sockets import namespace_pids
 from native_hooks.symbolize import Symbolizer, read_maps
 from probes.allocator import hook_socket_for
 from probes.base import Schedule
+from probes.linux.helpers import process_ids, run_as
 
 SETTLE_S = 1.0  # a dump younger than this may still be being written
 HOWTO = (
@@ -86,7 +93,9 @@ class HeapProfileProbe:
             path, mtime_ns = found
             state.consumed = (os.path.basename(path), mtime_ns)
             written_at = mtime_ns / 1e9
-        profile = read_heap_profile(path)
+        ids = process_ids(target.pid, self.proc)
+        profile = read_heap_profile(path, owners={ids.uid, os.geteuid()})  # written by the target
+        self.symbolizer.run_as = run_as(ids, os.geteuid())
         snapshot = self.snapshot(target, profile, spec.frames, written_at)
         result = ProbeResult(
             samples=[Sample(target.instance, "heap_profile_live_bytes", now, profile.live_bytes)]
@@ -142,7 +151,7 @@ class HeapProfileProbe:
         prefix = directory / f"medic.{target.instance}.{target.pid}"
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with HookClient(socket, timeout) as client:
+            with HookClient(socket, timeout, pid=target.pid, proc=self.proc) as client:
                 pid = client.request("ping").get("pid")
                 if isinstance(pid, int) and pid not in namespace_pids(target.pid, self.proc):
                     state.hook = False
@@ -205,9 +214,12 @@ def newest_dump(
         ):
             continue
         try:
-            mtime = entry.stat().st_mtime_ns
+            info = entry.stat(follow_symlinks=False)
         except OSError:
             continue
+        if not stat.S_ISREG(info.st_mode):
+            continue  # a symlink or a FIFO planted in the directory is never read
+        mtime = info.st_mtime_ns
         if not born <= mtime <= settled or (entry.name, mtime) == consumed:
             continue
         if best is None or (mtime, entry.name) > best:

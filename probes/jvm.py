@@ -9,6 +9,11 @@ at most every `live_floor`. jcmd is itself a JVM (about 0.2 s of CPU per run), h
 jcmd's attach handshake sends SIGQUIT, which kills a process that is not a JVM and makes a JVM with
 `-XX:+DisableAttachMechanism` print a thread dump: the probe checks first (libjvm.so mapped, flags
 in the command line and `JAVA_TOOL_OPTIONS`) and reports `ProbeUnavailable` instead of attaching.
+
+medic is often root and the JVM is not: jcmd is run only from a trusted path (root's or medic's, no
+group/other write on the way: `find_jcmd`), never from a JDK the target's user can change, and it
+runs with the JVM's uid and gid (which attach requires anyway), its command file in a private 0700
+directory of that user.
 """
 
 from __future__ import annotations
@@ -19,11 +24,12 @@ import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass
-from typing import ClassVar
+from pathlib import Path
+from typing import Any, ClassVar
 
 from agent import histograms
 from agent.config import JvmHistograms
-from agent.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable, StoreError, TargetGone
+from agent.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable, StoreError, TargetGone, UnsafePath
 from agent.records import ProbeResult, ProbeTarget, Sample
 from probes.base import Schedule
 from probes.jvmtext import (
@@ -37,6 +43,8 @@ from probes.jvmtext import (
     parse_native_memory,
     split_report,
 )
+from probes.linux.fstrust import check_trusted_path, trusted_program
+from probes.linux.helpers import process_ids, run_as
 
 JCMD_HOWTO = "install a JDK with jcmd (Debian: openjdk-17-jdk-headless) or set histograms.jvm.jcmd"
 _OPTION_VARS = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
@@ -106,17 +114,18 @@ class JvmProbe:
 
     def _jcmd(self, pid: int, commands: list[str], settings: JvmHistograms) -> str:
         jcmd = find_jcmd(pid, settings.jcmd, self.proc)
-        fd, path = tempfile.mkstemp(prefix="medic-jcmd-", suffix=".txt")  # 0600, removed below
+        as_target = run_as(process_ids(pid, self.proc), os.geteuid())
+        workdir = _command_dir(commands, as_target)
         try:
-            with os.fdopen(fd, "w") as handle:
-                handle.write("\n".join(commands) + "\n")
             done = subprocess.run(
-                [jcmd, str(pid), "-f", path],
+                [str(jcmd), str(pid), "-f", os.path.join(workdir, "commands")],
                 capture_output=True,
                 text=True,
                 errors="replace",
                 timeout=settings.timeout,
                 stdin=subprocess.DEVNULL,
+                cwd=workdir,
+                **as_target,
             )
         except subprocess.TimeoutExpired:
             raise ProbeError(
@@ -126,12 +135,32 @@ class JvmProbe:
         except OSError as exc:
             raise ProbeUnavailable(f"cannot run {jcmd}: {exc.strerror or exc}; {JCMD_HOWTO}") from None
         finally:
-            os.unlink(path)
+            shutil.rmtree(workdir, ignore_errors=True)  # fd-based: safe in a directory the target owned
         if done.returncode != 0 or "Exception" in done.stderr:
             if not os.path.exists(f"{self.proc}/{pid}"):
                 raise TargetGone(f"the JVM {pid} is gone")
             raise attach_failure(pid, done.returncode, done.stdout, done.stderr)
         return done.stdout
+
+
+def _command_dir(commands: list[str], as_target: dict[str, Any]) -> str:
+    """A fresh 0700 directory holding jcmd's command file (0600): owned by the user jcmd runs as,
+    so that it can read it and nobody else can."""
+    workdir = tempfile.mkdtemp(prefix="medic-jcmd-")
+    try:
+        fd = os.open(
+            os.path.join(workdir, "commands"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600
+        )
+        with os.fdopen(fd, "w") as handle:
+            handle.write("\n".join(commands) + "\n")
+            if as_target:
+                os.fchown(handle.fileno(), as_target["user"], as_target["group"])
+        if as_target:
+            os.chown(workdir, as_target["user"], as_target["group"])
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    return workdir
 
 
 def _parse(result: ProbeResult, parse, text: str | None, what: str):
@@ -284,17 +313,45 @@ def _attach_socket(pid: int, proc: str) -> bool:
     return os.path.exists(f"{proc}/{pid}/root/tmp/.java_pid{nspid}")
 
 
-def find_jcmd(pid: int, configured: str | None = None, proc: str = "/proc") -> str:
-    """`configured`, else the jcmd beside the target's own `java`, else the one on PATH."""
+def find_jcmd(pid: int, configured: str | None = None, proc: str = "/proc") -> Path:
+    """The jcmd to run for `pid`: `configured`, else the one beside the target's own `java`, else the one
+    on PATH. Each must be root's or medic's and writable by nobody else (`fstrust.check_trusted_path`):
+    a jcmd in a JDK another user can change is refused, never run, since medic may be root."""
     if configured:
-        return configured
+        try:
+            found = trusted_program(configured)
+        except UnsafePath as exc:
+            raise ProbeUnavailable(f"histograms.jvm.jcmd {configured} is not safe to run: {exc}") from None
+        if found is None:
+            raise ProbeUnavailable(
+                f"histograms.jvm.jcmd {configured} is not an executable file: {JCMD_HOWTO}"
+            )
+        return found
+    sibling = _sibling_jcmd(pid, proc)
+    if sibling is not None:
+        try:
+            return check_trusted_path(sibling)
+        except UnsafePath as exc:
+            raise ProbeUnavailable(
+                f"the JVM {pid} runs from a JDK another user can change ({exc}): medic does not run "
+                f"{sibling}; set histograms.jvm.jcmd to a jcmd owned by root (such as /usr/bin/jcmd)"
+            ) from None
     try:
-        sibling = os.path.join(os.path.dirname(os.readlink(f"{proc}/{pid}/exe")), "jcmd")
-        if os.access(sibling, os.X_OK):
-            return sibling
-    except OSError:
-        pass
-    found = shutil.which("jcmd")
+        found = trusted_program("jcmd")
+    except UnsafePath as exc:
+        raise ProbeUnavailable(f"the jcmd on PATH is not safe to run: {exc}; {JCMD_HOWTO}") from None
     if found is None:
         raise ProbeUnavailable(f"no jcmd found for the JVM {pid}: {JCMD_HOWTO}")
     return found
+
+
+def _sibling_jcmd(pid: int, proc: str) -> str | None:
+    """The jcmd beside the target's `java` (same version), when the target shares medic's mount namespace
+    (a path read from a container's exe names a file of the container, not of the host)."""
+    try:
+        if os.readlink(f"{proc}/{pid}/ns/mnt") != os.readlink(f"{proc}/self/ns/mnt"):
+            return None
+        sibling = os.path.join(os.path.dirname(os.readlink(f"{proc}/{pid}/exe")), "jcmd")
+    except OSError:
+        return None
+    return sibling if os.path.lexists(sibling) else None

@@ -51,7 +51,9 @@ class PythonHistogramProbe:
         with self._lock:
             self._next[key] = now + settings.interval  # a failed request waits its interval too
         try:
-            with HookClient(path, max(hook_timeout, settings.budget + 2.0)) as client:
+            with HookClient(
+                path, max(hook_timeout, settings.budget + 2.0), pid=target.pid, proc=self.proc
+            ) as client:
                 reply = client.request("histogram", top=settings.top, budget_s=settings.budget)
         except HookRequestError as exc:
             if exc.code == "unknown_op":

@@ -20,7 +20,17 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from agent.config_types import Duration, Size
+from agent.config_types import (
+    DAY,
+    HOUR,
+    Duration,
+    Interval,
+    PositiveDuration,
+    Size,
+    Timeout,
+    size_within,
+    within,
+)
 from remediation.budget import BudgetLimits
 from remediation.planner import PlanSettings
 from remediation.policy import LadderSettings
@@ -61,36 +71,34 @@ def _check_url(value: str) -> str:
 
 
 # ----------------------------------------------------------------------------- budget, plan, ladder
+Span = Annotated[Duration, within(0, 7 * DAY)]  # a wait or a window the engine keeps in mind: up to a week
+
+
 class BudgetSection(_Strict):
-    max_concurrent: int = Field(1, ge=1)
-    min_interval: Duration = 600.0
-    max_per_hour: int | None = Field(6, ge=1)
-    cooldown: Duration = 3600.0
+    max_concurrent: int = Field(1, ge=1, le=1000)
+    min_interval: Annotated[Duration, within(0, DAY)] = 600.0
+    max_per_hour: int | None = Field(6, ge=1, le=3600)
+    cooldown: Span = 3600.0
 
 
 class PlanSection(_Strict):
-    safety_margin: Duration = 3600.0
-    restart_duration: Duration = 300.0
-    deadline_granularity: Duration = 300.0
-
-    @field_validator("restart_duration")
-    @classmethod
-    def _positive(cls, value: float) -> float:
-        if value <= 0:
-            raise ValueError("must be more than 0s: how long one restart holds its slot")
-        return value
+    safety_margin: Span = 3600.0
+    restart_duration: Annotated[
+        Duration, within(0, DAY, above=True, why="how long one restart holds its slot")
+    ] = 300.0
+    deadline_granularity: Annotated[Duration, within(0, DAY)] = 300.0
 
 
 class CrashLoopSection(_Strict):
-    max_restarts: int = Field(3, ge=1)
-    window: Duration = 3600.0
-    reset_after: Duration = 1800.0
+    max_restarts: int = Field(3, ge=1, le=1000)
+    window: Span = 3600.0
+    reset_after: Span = 1800.0
 
 
 class LadderSection(_Strict):
-    purge_settle: Duration = 120.0
-    slow_confirm: Duration = 120.0
-    clear_check: Duration = 600.0
+    purge_settle: Annotated[Duration, within(0, DAY)] = 120.0
+    slow_confirm: Annotated[Duration, within(0, DAY)] = 120.0
+    clear_check: Annotated[Duration, within(0, DAY)] = 600.0
     crash_loop: CrashLoopSection = Field(default_factory=CrashLoopSection)
 
 
@@ -121,12 +129,15 @@ class EtcdCoordinatorSection(_Strict):
         return value
 
 
+Ttl = Annotated[Duration, within(2, HOUR, why="etcd's minimum lease TTL is 2s")]
+
+
 class CoordinatorSection(_Strict):
     backend: Literal["local", "etcd", "kubernetes"] = "local"
     namespace: str = "default"  # agents with the same namespace share one budget and one plan
-    lease_ttl: Duration = 30.0  # a dead agent's restart slot frees itself after this
-    fleet_ttl: Duration = 60.0  # a dead agent's published instances vanish after this
-    timeout: Duration = 2.0  # slower than this counts as unreachable: no restart
+    lease_ttl: Ttl = 30.0  # a dead agent's restart slot frees itself after this
+    fleet_ttl: Ttl = 60.0  # a dead agent's published instances vanish after this
+    timeout: Annotated[Duration, within(0, 60, above=True)] = 2.0  # slower: unreachable, no restart
     local: LocalCoordinatorSection = Field(default_factory=LocalCoordinatorSection)
     etcd: EtcdCoordinatorSection = Field(default_factory=EtcdCoordinatorSection)
 
@@ -142,20 +153,6 @@ class CoordinatorSection(_Strict):
     def _namespace(cls, value: str) -> str:
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$", value):
             raise ValueError("expected letters, digits, '.', '_' or '-' (at most 63)")
-        return value
-
-    @field_validator("lease_ttl", "fleet_ttl")
-    @classmethod
-    def _ttl(cls, value: float) -> float:
-        if value < 2:
-            raise ValueError("must be at least 2s (etcd's minimum lease TTL)")
-        return value
-
-    @field_validator("timeout")
-    @classmethod
-    def _timeout(cls, value: float) -> float:
-        if value <= 0:
-            raise ValueError("must be more than 0s")
         return value
 
 
@@ -185,7 +182,7 @@ class PrometheusBlockerSection(_Strict):
     url: str  # e.g. http://prometheus:9090; medic reads <url>/api/v1/alerts
     match: list[str] = Field(default_factory=list)  # alertname regexes that block; empty: any alert
     ignore: list[str] = Field(default_factory=list)  # alertname regexes that never block
-    timeout: Duration = 5.0
+    timeout: Timeout = 5.0
 
     @field_validator("url")
     @classmethod
@@ -204,12 +201,13 @@ class PrometheusBlockerSection(_Strict):
 
 
 class CapacityBlockerSection(_Strict):
-    max_unavailable: int = Field(1, ge=1)  # instances of a fleet down at once, the one restarted included
+    # instances of a fleet down at once, the one restarted included
+    max_unavailable: int = Field(1, ge=1, le=10_000)
     min_ready_fraction: float | None = Field(None, ge=0.0, le=1.0)
 
 
 class BlockersSection(_Strict):
-    min_uptime: Duration = 600.0
+    min_uptime: Span = 600.0
     capacity: CapacityBlockerSection = Field(default_factory=CapacityBlockerSection)
     prometheus: PrometheusBlockerSection | None = None
 
@@ -218,16 +216,17 @@ class BlockersSection(_Strict):
 class EvidenceSection(_Strict):
     enabled: bool = True
     dir: Path | None = None  # default: <state_dir>/evidence
-    timeout: Duration = 30.0
-    max_bytes: Size = 64 * 2**20
-    keep: int = Field(5, ge=1)  # last N restarts' evidence per instance
+    timeout: Timeout = 30.0
+    max_bytes: Annotated[Size, size_within(0, 64 * 2**30)] = 64 * 2**20
+    keep: int = Field(5, ge=1, le=1000)  # last N restarts' evidence per instance
 
 
 class DrainSection(_Strict):
     http: str | None = None  # POSTed before the restart
     command: list[str] | None = None  # or run (argv, no shell)
-    timeout: Duration = 30.0
-    settle: Duration = 0.0  # wait this long after, for in-flight requests to finish
+    timeout: Timeout = 30.0
+    # wait this long after, for in-flight requests to finish
+    settle: Annotated[Duration, within(0, HOUR)] = 0.0
 
     @model_validator(mode="after")
     def _one(self) -> DrainSection:
@@ -244,8 +243,8 @@ class DrainSection(_Strict):
 
 
 class VerifySection(_Strict):
-    timeout: Duration = 300.0  # the slot is held until verified or this much time has passed
-    stable_for: Duration = 5.0  # the new process must stay up this long
+    timeout: Annotated[Duration, within(0, DAY, above=True)] = 300.0  # the slot is held this long at most
+    stable_for: Annotated[Duration, within(0, HOUR)] = 5.0  # the new process must stay up this long
     health_url: str | None = None  # must answer 2xx
     warmup: bool = True  # ask the warm-up gate (latency), when one is installed
 
@@ -258,15 +257,15 @@ class VerifySection(_Strict):
 class SignalActuatorSection(_Strict):
     type: Literal["signal"]
     signal: Literal["TERM", "INT", "HUP", "QUIT", "USR1", "USR2"] = "TERM"
-    grace: Duration = 30.0  # then KILL
+    grace: Annotated[Duration, within(0, HOUR)] = 30.0  # then KILL
     kill: bool = True
-    start_timeout: Duration = 120.0  # for the supervisor to bring a new process up
+    start_timeout: Timeout = 120.0  # for the supervisor to bring a new process up
 
 
 class ExecActuatorSection(_Strict):
     type: Literal["exec"]
     command: list[str] = Field(min_length=1)  # argv, placeholders {instance} {pid} {fleet}
-    timeout: Duration = 120.0
+    timeout: Timeout = 120.0
     env: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("command")
@@ -279,7 +278,7 @@ class ExecActuatorSection(_Strict):
 
 class ManagedActuatorSection(_Strict):
     type: Literal["managed"]
-    timeout: Duration = 60.0
+    timeout: Timeout = 60.0
 
 
 class HttpActuatorSection(_Strict):
@@ -287,7 +286,7 @@ class HttpActuatorSection(_Strict):
     url: str
     method: Literal["POST", "PUT"] = "POST"
     headers: dict[str, str] = Field(default_factory=dict)
-    timeout: Duration = 30.0
+    timeout: Timeout = 30.0
 
     @field_validator("url")
     @classmethod
@@ -311,7 +310,7 @@ class InstanceRemediationSection(_Strict):
 # ----------------------------------------------------------------------------- the section
 class RemediationSection(_Strict):
     mode: Literal["off", "dry-run", "enforce"] = "dry-run"
-    interval: Duration = 10.0  # how often the runtime calls Engine.step
+    interval: Interval = 10.0  # how often the runtime calls Engine.step
     exclude: list[str] = Field(default_factory=list)  # instance names never remedied
     budget: BudgetSection = Field(default_factory=BudgetSection)
     plan: PlanSection = Field(default_factory=PlanSection)
@@ -324,14 +323,7 @@ class RemediationSection(_Strict):
     drain: DrainSection | None = None
     verify: VerifySection = Field(default_factory=VerifySection)
     instances: dict[str, InstanceRemediationSection] = Field(default_factory=dict)  # per-instance overrides
-    retention: Duration = 30 * 86400.0  # ledger decisions and closed cases
-
-    @field_validator("interval")
-    @classmethod
-    def _interval(cls, value: float) -> float:
-        if value < 0.05:
-            raise ValueError("must be at least 50ms")
-        return value
+    retention: PositiveDuration = 30 * 86400.0  # ledger decisions and closed cases
 
     def limits(self) -> BudgetLimits:
         b = self.budget

@@ -12,12 +12,18 @@ Every instance with a request ends the step with one Decision (stage, code, reas
 keeps it when it changes, and the event log says what a person needs to know. Dry-run walks the
 same path and stops before the lock, recording what it would have done and counting that against
 a local copy of the budget, so its plan advances as it would in enforce mode.
+
+The pause (the kill switch) lives in memory first: `pause()` takes effect at once, for the next
+gate and for every request submitted after it, even when the ledger cannot be written (disk
+full); storing it is retried at the start of every step until it succeeds, and the answer says
+whether it is stored yet. `resume()` and an expiry work the same way.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -25,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from agent.errors import StoreError
 from agent.eventlog import EventLog
 from agent.store import Store
 from remediation import planner, policy
@@ -49,6 +56,8 @@ from remediation.restarts import UNAVAILABLE, Restarts
 from remediation.text import at
 
 log = logging.getLogger("medic.remediation")
+_DB_ERRORS = (sqlite3.Error, StoreError)
+_STORE_ERRORS = (*_DB_ERRORS, OSError)
 
 
 @dataclass
@@ -101,6 +110,10 @@ class Engine:
         self.windows = config.time_windows()
         self.grace = max(5 * config.interval, 60.0)  # a finding not reported this long has cleared
         self._lock = threading.RLock()  # one step at a time
+        self._pause_lock = threading.Lock()  # never held while a step runs: a pause never waits
+        self._pause: dict[str, Any] | None = self.ledger.pause()
+        self._pause_unsaved: str | None = None  # why the in-memory pause is not in the ledger yet
+        self._store_error: str | None = None
         self._stop = threading.Event()
         self.intake = Intake(
             self.ledger, events, clear_check=self.ladder.clear_check, grace=self.grace, clock=clock
@@ -122,6 +135,7 @@ class Engine:
             evidence_dir=config.evidence.dir or (Path(state_dir or store.dir) / "evidence"),
             stop=self._stop,
             clock=clock,
+            paused=self.paused,
         )
         self._owns_coordinator = False
         self._coordinator_error: str | None = None
@@ -173,38 +187,109 @@ class Engine:
         return self.config.mode
 
     def pause(self, reason: str, until: float, by: str | None = None) -> dict[str, Any]:
-        """The kill switch: nothing is purged or restarted until `until` (unix time) or `resume()`."""
+        """The kill switch: nothing is purged or restarted until `until` (unix time) or `resume()`.
+
+        It holds in memory at once; `pause_storage()` says whether it is also in the ledger yet.
+        """
         now = self.clock()
         if not reason or not reason.strip():
             raise ValueError("a pause needs a reason (who is doing what, for how long)")
         if not math.isfinite(until) or until <= now:
             raise ValueError("a pause needs an expiry in the future")
-        value = self.ledger.set_pause(reason.strip(), until, by, now)
+        value = {"reason": reason.strip(), "until": until, "by": by, "since": now}
+        with self._pause_lock:
+            self._pause = value
+            stored = self._save_pause()
         self.events.emit(
             "remediation_paused",
-            f"remediation paused until {at(until)} by {by or 'an operator'}: {reason}",
+            f"remediation paused until {at(until)} by {by or 'an operator'}: {reason}"
+            + ("" if stored else " (held in memory: the state database cannot be written yet)"),
             severity="warning",
+            persisted=stored,
             **value,
         )
-        return value
+        return dict(value)
 
     def resume(self, by: str | None = None) -> dict[str, Any] | None:
-        previous = self.ledger.clear_pause()
+        with self._pause_lock:
+            previous, self._pause = self._pause, None
+            stored = self._save_pause() if previous is not None or self._pause_unsaved else True
         if previous is not None:
-            self.events.emit("remediation_resumed", f"remediation resumed by {by or 'an operator'}", by=by)
+            self.events.emit(
+                "remediation_resumed",
+                f"remediation resumed by {by or 'an operator'}"
+                + ("" if stored else " (in memory: the state database cannot be written yet)"),
+                by=by,
+                persisted=stored,
+            )
         return previous
 
     def paused(self, now: float) -> dict[str, Any] | None:
-        pause = self.ledger.pause()
-        if pause is not None and pause["until"] <= now:
-            self.ledger.clear_pause()
-            self.events.emit("remediation_resumed", f"the pause ({pause['reason']}) expired", **pause)
-            return None
-        return pause
+        """The pause in force at `now` (from memory: no store read); an expired one is lifted."""
+        with self._pause_lock:
+            pause = self._pause
+            if pause is None or pause["until"] > now:
+                return dict(pause) if pause else None
+            self._pause = None
+            self._save_pause()
+        self.events.emit("remediation_resumed", f"the pause ({pause['reason']}) expired", **pause)
+        return None
+
+    def pause_storage(self) -> dict[str, Any]:
+        """`{"persisted": True}`, or False with a warning that says what holds and what is retried."""
+        with self._pause_lock:
+            error, pause = self._pause_unsaved, self._pause
+        if error is None:
+            return {"persisted": True}
+        what = "the pause" if pause is not None else "the resume"
+        lost = "forgets the pause" if pause is not None else "brings the old pause back"
+        return {
+            "persisted": False,
+            "warning": f"{what} could not be stored ({error}; disk full?): {what} holds in memory now "
+            f"and storing it is retried on every remediation step; an agent restart before then {lost}",
+        }
+
+    def _save_pause(self) -> bool:
+        """Write the in-memory pause (or its absence) to the ledger; called with `_pause_lock` held."""
+        try:
+            if self._pause is None:
+                self.ledger.clear_pause()
+            else:
+                p = self._pause
+                self.ledger.set_pause(p["reason"], p["until"], p["by"], p["since"])
+        except _STORE_ERRORS as exc:
+            if self._pause_unsaved is None:
+                log.error("the pause state cannot be stored (%s); it holds in memory, retried each step", exc)
+            self._pause_unsaved = str(exc)
+            return False
+        self._pause_unsaved = None
+        return True
+
+    def _retry_pause(self) -> None:
+        with self._pause_lock:
+            if self._pause_unsaved is None or not self._save_pause():
+                return
+            pause = self._pause
+        self.events.emit(
+            "remediation_pause_stored",
+            "the pause is now stored in the state database"
+            if pause is not None
+            else "the resume is now stored in the state database",
+            paused=pause is not None,
+        )
 
     def submit(self, request: RemediationRequest) -> Decision:
         """A one-shot request (manual, external): kept until carried out or `SUBMITTED_TTL` passes."""
         decision = self.intake.submit(request)
+        pause = self.paused(self.clock())
+        if decision.ok and pause is not None:  # kept, but nothing happens before the pause ends
+            return Decision.allow(
+                "pause",
+                f"request held: {_pause_decision(pause).reason}; it goes through the {self.mode} "
+                f"pipeline after `medic resume` or when the pause expires (dropped if still paused "
+                f"{SUBMITTED_TTL / 60:g} min after it was made)",
+                code="held",
+            )
         if decision.ok:
             return Decision.allow("check", f"request accepted; it goes through the {self.mode} pipeline")
         return decision
@@ -217,8 +302,16 @@ class Engine:
     def step(
         self, now: float, requests: Iterable[RemediationRequest] = (), instances: Iterable[InstanceView] = ()
     ) -> StepReport:
+        self._retry_pause()
         with self._lock:
-            report = self._step(now, requests, {v.name: v for v in instances})
+            try:
+                report = self._step(now, requests, {v.name: v for v in instances})
+                self._store_error = None
+            except _DB_ERRORS as exc:  # disk full: a step that cannot record starts nothing more
+                if str(exc) != self._store_error:
+                    log.error("remediation step cut short: the state database cannot be written: %s", exc)
+                self._store_error = str(exc)
+                report = self.last or StepReport(now=now, mode=self.mode, plan=Plan(computed_at=now))
         if not self.background:
             self.restarts.wait()
             with self._lock:
@@ -305,13 +398,7 @@ class Engine:
         """The kill switch and the exclusion list: no action on the instance at all."""
         pause = self.paused(now)
         if pause is not None:
-            who = pause.get("by") or "an operator"
-            return Decision.block(
-                "pause",
-                "paused",
-                f"remediation paused by {who} until {at(pause['until'])}: {pause['reason']}",
-                pause["until"],
-            )
+            return _pause_decision(pause)
         if self.config.excluded(view.name):
             return Decision.block(
                 "exclude", "excluded", f"{view.name} is excluded from remediation in the config"
@@ -423,7 +510,8 @@ class Engine:
         return {
             "mode": self.mode,
             "agent": self.agent_id,
-            "paused": self.ledger.pause(),
+            "paused": self.paused(now),
+            "pause_persisted": self.pause_storage()["persisted"],
             "coordinator": {
                 "backend": self.coordinator.describe(),
                 "ok": self._coordinator_error is None,
@@ -450,6 +538,16 @@ class Engine:
             self._reap()
         if self._owns_coordinator:
             self.coordinator.close()
+
+
+def _pause_decision(pause: Mapping[str, Any]) -> Decision:
+    who = pause.get("by") or "an operator"
+    return Decision.block(
+        "pause",
+        "paused",
+        f"remediation paused by {who} until {at(pause['until'])}: {pause['reason']}",
+        pause["until"],
+    )
 
 
 def _slot(plan: Plan, name: str) -> tuple[float, str]:

@@ -6,21 +6,29 @@ parallel, bounded by one deadline (`timeout`) and one size budget (`max_bytes`, 
 written under `<dir>/<instance>/<action id>/`, with the finding's own evidence as `finding.json`.
 A capture that fails or overruns is recorded as such; it never stops the restart. Only the last
 `keep` restarts' evidence is kept per instance.
+
+The directory and its sub-directories are private (0700, medic's own, never symlinks: refused
+with the fix otherwise, when the store is built); each file is written under a fresh
+`O_EXCL | O_NOFOLLOW` name and renamed into place, and a file a capture hands over is opened
+without following symlinks.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from probes.linux.fstrust import atomic_file, atomic_write, ensure_private_dir
 from remediation.model import InstanceView
 
 CaptureFn = Callable[[InstanceView, float], "bytes | str | dict | list | Path | None"]
@@ -51,7 +59,7 @@ class EvidenceStore:
     def __init__(
         self, directory: str | Path, *, keep: int = 5, max_bytes: int = 64 * 2**20, timeout: float = 30.0
     ):
-        self.directory = Path(directory)
+        self.directory = ensure_private_dir(directory, "evidence dir")
         self.keep = keep
         self.max_bytes = max_bytes
         self.timeout = timeout
@@ -63,8 +71,8 @@ class EvidenceStore:
         captures: Mapping[str, CaptureFn],
         finding: Mapping[str, Any] | None = None,
     ) -> list[EvidenceItem]:
-        folder = self.directory / _SAFE.sub("_", view.name) / f"{action_id:08d}"
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        instance_dir = ensure_private_dir(self.directory / _SAFE.sub("_", view.name), "evidence dir")
+        folder = ensure_private_dir(instance_dir / f"{action_id:08d}", "evidence dir")
         budget = self.max_bytes
         items = []
         if finding:
@@ -118,8 +126,8 @@ class EvidenceStore:
         safe = _SAFE.sub("_", name)
         if isinstance(value, Path):
             path = folder / (safe + "".join(value.suffixes[-1:]))
-            size = value.stat().st_size
-            with open(value, "rb") as src, _private(path) as dst:
+            with _open_regular(value) as src, atomic_file(path, 0o600) as dst:
+                size = os.fstat(src.fileno()).st_size
                 shutil.copyfileobj(_Limited(src, max(0, budget)), dst)
             kept = min(size, max(0, budget))
             return EvidenceItem(name, str(path), kept, kept < size, seconds)
@@ -133,8 +141,7 @@ class EvidenceStore:
             data, suffix = repr(value).encode(), ".txt"
         kept = data[: max(0, budget)]
         path = folder / (safe + suffix)
-        with _private(path) as out:
-            out.write(kept)
+        atomic_write(path, kept, 0o600)
         return EvidenceItem(name, str(path), len(kept), len(kept) < len(data), seconds)
 
     def prune(self, instance: str) -> None:
@@ -147,8 +154,13 @@ class EvidenceStore:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _private(path: Path):
-    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")
+def _open_regular(path: Path) -> BinaryIO:
+    """A capture's file, read-only: a symlink is not followed, a FIFO or device is not read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return os.fdopen(fd, "rb")
 
 
 class _Limited:

@@ -57,8 +57,10 @@ class Execution:
         events: EventLog,
         stop: threading.Event,
         clock: Callable[[], float] = time.time,
+        paused: Callable[[float], object] = lambda now: None,
     ) -> None:
         self.job = job
+        self.paused = paused  # checked again just before acting: a pause that lands mid-step still holds
         self.coordinator = coordinator
         self.ledger = ledger
         self.events = events
@@ -124,6 +126,10 @@ class Execution:
             )
             self._done.set()
 
+    def _held_by_pause(self) -> bool:
+        """A pause in force now stops a restart that has not acted yet (forced ones too: the kill switch wins)."""
+        return self.paused(self.clock()) is not None
+
     def _stage(self, decision: Decision, started: float) -> Decision:
         self.stages.append({**decision.to_dict(), "seconds": round(time.monotonic() - started, 3)})
         return decision
@@ -146,11 +152,15 @@ class Execution:
             )
         if self.stop.is_set():
             return "interrupted", "the agent stopped before the restart", None
+        if self._held_by_pause():
+            return "skipped", "remediation was paused before the restart began: nothing was done", None
         if job.drain is not None:
             started = time.monotonic()
             drained = self._stage(job.drain.run(job.view, job.request, self.stop), started)
             if not drained.ok:
                 return "skipped", drained.reason, None
+        if self._held_by_pause():
+            return "skipped", "remediation was paused during the drain: the process was not restarted", None
         started = time.monotonic()
         acted = self._stage(job.actuator.restart(job.view, job.request, job.act_timeout), started)
         if not acted.ok:

@@ -63,8 +63,10 @@ class Restarts:
         evidence_dir: Path,
         stop: Any,
         clock: Callable[[], float] = time.time,
+        paused: Callable[[float], object] = lambda now: None,
     ) -> None:
         self.config = config
+        self.paused = paused
         self.coordinator = coordinator
         self.ledger = ledger
         self.events = events
@@ -252,6 +254,7 @@ class Restarts:
             events=self.events,
             stop=self.stop,
             clock=self.clock,
+            paused=self.paused,
         )
         self.executions[view.name] = execution
         self.events.emit(

@@ -15,15 +15,25 @@ from probes.linux.procfs import process_identity, read_cmdline, same_process
 from remediation.model import InstanceView
 
 if TYPE_CHECKING:
+    from agent.identities import AdoptedProcess
     from agent.instances import InstanceState
     from agent.tracker import Tracker
 
 
 def view_from_state(state: InstanceState) -> InstanceView:
-    """The engine's view of one tracked instance; its command line is read now (cheap: one small file)."""
+    """The engine's view of one tracked instance.
+
+    Its command line is the one recorded when the tracker adopted the process (`pid`, `pidfile`
+    instances), so that the check before a signal compares the pid against what was adopted, not
+    against whatever it runs now. Otherwise (a `cmdline` match, a child medic launched, which may
+    `exec` its program) it is read now (cheap: one small file).
+    """
     up = state.status == "up" and state.pid is not None and state.start_time is not None
     cmdline: tuple[str, ...] = ()
-    if up:
+    adopted = state.adopted
+    if up and adopted is not None and not adopted.launched and _follows(adopted, state):
+        cmdline = adopted.cmdline
+    elif up:
         try:
             cmdline = tuple(read_cmdline(state.pid))  # type: ignore[arg-type]
         except ProbeError:
@@ -36,6 +46,15 @@ def view_from_state(state: InstanceState) -> InstanceView:
         labels=dict(state.labels),
         ready=up,
         managed=state.spec.match.managed,
+    )
+
+
+def _follows(adopted: AdoptedProcess, state: InstanceState) -> bool:
+    """Is the adopted record that of the process the instance follows now?"""
+    return (
+        adopted.pid == state.pid
+        and state.start_time is not None
+        and same_process(adopted.start_time, state.start_time)
     )
 
 

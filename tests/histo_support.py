@@ -54,7 +54,7 @@ public class LeakClasses {
 PYTHON_LEAK = r"""
 import os, random, sys, time
 sys.path.insert(0, sys.argv[1])
-import native_hooks.inprocess
+import medic_hook
 
 class LeakyRecord:
     def __init__(self, i):
@@ -69,7 +69,7 @@ class ChurnRequest:
     pass
 
 RETAINED = []
-path = native_hooks.inprocess.start(sys.argv[2])
+path = medic_hook.start(sys.argv[2])
 print("ready", os.getpid(), path, flush=True)
 rng = random.Random(1)
 keep = []

@@ -90,3 +90,85 @@ def test_parse_params() -> None:
     }
     with pytest.raises(UsageError, match="KEY=VALUE"):
         parse_params(["novalue"])
+
+
+# A hook-like server that answers every request with its pid. `bind-then-drop` binds as root (the
+# socket file is root's) and listens as nobody; `as-nobody` does both as nobody (nobody owns the file).
+FAKE_HOOK = r"""
+import os, socket, sys
+path, mode = sys.argv[1], sys.argv[2]
+server = socket.socket(socket.AF_UNIX)
+if mode == "as-nobody":
+    os.setresgid(65534, 65534, 65534)
+    os.setresuid(65534, 65534, 65534)
+server.bind(path)
+if mode == "bind-then-drop":
+    os.setresgid(65534, 65534, 65534)
+    os.setresuid(65534, 65534, 65534)
+server.listen(4)
+print("ready", flush=True)
+while True:
+    conn, _ = server.accept()
+    try:
+        if conn.recv(4096):  # a client that refused us sends nothing
+            conn.sendall(b'{"ok": true, "pid": %d}\n' % os.getpid())
+    except OSError:
+        pass
+    conn.close()
+"""
+
+
+@pytest.mark.root
+@pytest.mark.parametrize(("mode", "trusted"), [("as-nobody", True), ("bind-then-drop", False)])
+def test_call_by_socket_trusts_only_root_medic_or_the_socket_owner(
+    spawn, sock_dir: str, mode, trusted
+) -> None:
+    """Without --pid, the server's uid (SO_PEERCRED) must be root, medic's, or the socket file's owner."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the server as another user")
+    os.chmod(sock_dir, 0o777)
+    path = f"{sock_dir}/hook.sock"
+    server = spawn([sys.executable, "-c", FAKE_HOOK, path, mode], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None and server.stdout.readline() == "ready\n"
+    out = medic("hook", "call", "ping", "--socket", path)
+    if trusted:
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["pid"] == server.pid
+    else:
+        assert out.returncode != 0 and out.stdout == ""
+        assert "uid 65534" in out.stderr and "socket file belongs to uid 0" in out.stderr
+        assert "--pid PID" in out.stderr and out.stderr.count("\n") == 1
+
+
+@pytest.mark.root
+def test_call_with_pid_and_socket_refuses_another_process_s_socket(spawn, sock_dir: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the server as another user")
+    os.chmod(sock_dir, 0o777)
+    path = f"{sock_dir}/hook.sock"
+    server = spawn([sys.executable, "-c", FAKE_HOOK, path, "as-nobody"], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None and server.stdout.readline() == "ready\n"
+    out = medic("hook", "call", "ping", "--socket", path, "--pid", str(os.getpid()))
+    assert out.returncode != 0 and f"belongs to pid {server.pid}" in out.stderr
+    assert medic("hook", "call", "ping", "--socket", path, "--pid", str(server.pid)).returncode == 0
+
+
+def test_call_needs_a_pid_or_a_socket() -> None:
+    out = medic("hook", "call", "ping")
+    assert out.returncode != 0 and "--pid PID" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_clean_escapes_control_characters_in_what_it_prints() -> None:
+    directory = tempfile.mkdtemp(prefix="mc-\x1b]0;owned\x07-", dir="/tmp")
+    try:
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        stale = socket.socket(socket.AF_UNIX)
+        stale.bind(f"{directory}/hook.{dead.pid}.sock")
+        stale.close()
+        out = medic("hook", "clean", env={**os.environ, "MEDIC_HOOK_DIR": directory})
+        assert out.returncode == 0, out.stderr
+        assert "\x1b" not in out.stdout and "\x07" not in out.stdout
+        assert "mc-\\x1b]0;owned\\x07-" in out.stdout and f"hook.{dead.pid}.sock" in out.stdout
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -1,5 +1,6 @@
-"""The in-process hook for Python targets: handlers, the server thread, start/stop/autostart, the .pth
-route, and the histogram's limits. (Behaviour under real allocators is in test_hook_contract.py.)"""
+"""The in-process hook for Python targets (`medic_hook`): handlers, the server thread,
+start/stop/autostart, the .pth route, and the histogram's limits. (Behaviour under real allocators is
+in test_hook_contract.py; what the hook may import and leave behind, in test_security_hook.py.)"""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from collections.abc import Iterator
 import pytest
 from conftest import REPO, wait_until
 
-from native_hooks import inprocess, protocol
+import medic_hook
+from agent.cli.hook import PTH_LINE
+from medic_hook import SocketPathError
+from native_hooks import protocol
 from native_hooks.client import HookClient
 from native_hooks.errors import HookOpUnavailable, HookRequestError
-from native_hooks.sockets import SocketPathError
 
 
 @pytest.fixture
@@ -29,14 +32,14 @@ def sock_dir() -> Iterator[str]:
 
 
 @pytest.fixture
-def server(sock_dir: str) -> Iterator[inprocess.HookServer]:
-    hook = inprocess.HookServer(f"{sock_dir}/h.%p.sock")
+def server(sock_dir: str) -> Iterator[medic_hook.HookServer]:
+    hook = medic_hook.HookServer(f"{sock_dir}/h.%p.sock")
     hook.start()
     yield hook
     hook.stop()
 
 
-def test_ping_stats_and_histogram_through_the_socket(server: inprocess.HookServer) -> None:
+def test_ping_stats_and_histogram_through_the_socket(server: medic_hook.HookServer) -> None:
     with HookClient(server.path) as client:
         ping = client.request("ping")
         stats = client.request("stats", detail=True)
@@ -49,7 +52,7 @@ def test_ping_stats_and_histogram_through_the_socket(server: inprocess.HookServe
     assert histogram["types"][0]["count"] >= histogram["types"][-1]["count"]
 
 
-def test_histogram_counts_a_known_class(server: inprocess.HookServer) -> None:
+def test_histogram_counts_a_known_class(server: medic_hook.HookServer) -> None:
     class Leaky:
         pass
 
@@ -60,7 +63,7 @@ def test_histogram_counts_a_known_class(server: inprocess.HookServer) -> None:
     assert row["count"] == len(kept) and row["bytes"] >= 5000 * 16
 
 
-def test_histogram_referents_add_untracked_objects(server: inprocess.HookServer) -> None:
+def test_histogram_referents_add_untracked_objects(server: medic_hook.HookServer) -> None:
     kept = [b"x" * 100 + str(i).encode() for i in range(20000)]  # bytes are not tracked by gc
     with HookClient(server.path) as client:
         plain = {r["type"]: r["count"] for r in client.request("histogram", top=200)["types"]}
@@ -68,7 +71,7 @@ def test_histogram_referents_add_untracked_objects(server: inprocess.HookServer)
     assert plain.get("bytes", 0) < 1000 <= len(kept) <= deep["bytes"]
 
 
-def test_histogram_refuses_a_heap_larger_than_its_budget(server: inprocess.HookServer) -> None:
+def test_histogram_refuses_a_heap_larger_than_its_budget(server: medic_hook.HookServer) -> None:
     with HookClient(server.path) as client:
         with pytest.raises(HookOpUnavailable, match="heap too large to walk"):
             client.request("histogram", max_objects=10)
@@ -83,7 +86,7 @@ def test_histogram_refuses_a_heap_larger_than_its_budget(server: inprocess.HookS
     "params",
     [{"top": 0}, {"top": "5"}, {"top": True}, {"budget_s": 11}, {"max_objects": -1}],
 )
-def test_histogram_parameters_are_validated(server: inprocess.HookServer, params: dict) -> None:
+def test_histogram_parameters_are_validated(server: medic_hook.HookServer, params: dict) -> None:
     with HookClient(server.path) as client, pytest.raises(HookRequestError, match="must be"):
         client.request("histogram", **params)
 
@@ -96,22 +99,22 @@ def test_handlers_never_raise_into_the_server() -> None:
         raise KeyError("missing")
 
     handlers = {"boom": boom, "key": system_exit}
-    assert inprocess.handle_line(b'{"op": "boom"}', handlers) == protocol.error_reply(
+    assert medic_hook.handle_line(b'{"op": "boom"}', handlers) == protocol.error_reply(
         "failed", "RuntimeError: kaboom"
     )
-    assert inprocess.handle_line(b'{"op": "key"}', handlers)["code"] == "failed"
-    assert inprocess.handle_line(b'{"op": "ping"}', handlers)["code"] == "unknown_op"
-    assert inprocess.handle_line(b"\xff", handlers)["code"] == "bad_request"
+    assert medic_hook.handle_line(b'{"op": "key"}', handlers)["code"] == "failed"
+    assert medic_hook.handle_line(b'{"op": "ping"}', handlers)["code"] == "unknown_op"
+    assert medic_hook.handle_line(b"\xff", handlers)["code"] == "bad_request"
 
 
 def test_prof_dump_needs_an_absolute_path() -> None:
-    reply = inprocess.handle_line(b'{"op": "prof_dump", "path": "x.heap"}')
+    reply = medic_hook.handle_line(b'{"op": "prof_dump", "path": "x.heap"}')
     assert reply["code"] == "bad_request" and "absolute" in reply["error"]
-    reply = inprocess.handle_line(b'{"op": "prof_active", "active": "yes"}')
+    reply = medic_hook.handle_line(b'{"op": "prof_active", "active": "yes"}')
     assert reply["code"] == "bad_request"
 
 
-def test_purge_reports_rss_before_and_after(server: inprocess.HookServer) -> None:
+def test_purge_reports_rss_before_and_after(server: medic_hook.HookServer) -> None:
     with HookClient(server.path) as client:
         reply = client.request("purge", gc=True)
     assert reply["action"] == "malloc_trim(0)" and reply["gc_collected"] is not None
@@ -121,7 +124,7 @@ def test_purge_reports_rss_before_and_after(server: inprocess.HookServer) -> Non
 
 
 def test_an_oversized_request_is_refused_and_the_rest_of_its_line_skipped(
-    server: inprocess.HookServer,
+    server: medic_hook.HookServer,
 ) -> None:
     with socket.socket(socket.AF_UNIX) as conn:
         conn.settimeout(5)
@@ -135,8 +138,8 @@ def test_an_oversized_request_is_refused_and_the_rest_of_its_line_skipped(
     assert second["pong"] is True  # the connection goes on with the next line
 
 
-def test_more_clients_than_slots_evict_the_idle_ones(server: inprocess.HookServer) -> None:
-    idle = [socket.socket(socket.AF_UNIX) for _ in range(inprocess.MAX_CLIENTS + 4)]
+def test_more_clients_than_slots_evict_the_idle_ones(server: medic_hook.HookServer) -> None:
+    idle = [socket.socket(socket.AF_UNIX) for _ in range(medic_hook.MAX_CLIENTS + 4)]
     for conn in idle:
         conn.connect(server.path)
     with HookClient(server.path) as client:
@@ -146,7 +149,7 @@ def test_more_clients_than_slots_evict_the_idle_ones(server: inprocess.HookServe
 
 
 def test_stop_removes_the_socket_and_ends_the_thread(sock_dir: str) -> None:
-    hook = inprocess.HookServer(f"{sock_dir}/h.sock")
+    hook = medic_hook.HookServer(f"{sock_dir}/h.sock")
     hook.start()
     assert os.stat(hook.path).st_mode & 0o777 == 0o600
     hook.stop()
@@ -154,9 +157,9 @@ def test_stop_removes_the_socket_and_ends_the_thread(sock_dir: str) -> None:
     assert hook._thread is not None and not hook._thread.is_alive()
 
 
-def test_a_live_socket_is_not_taken_over(server: inprocess.HookServer) -> None:
+def test_a_live_socket_is_not_taken_over(server: medic_hook.HookServer) -> None:
     with pytest.raises(FileExistsError):
-        inprocess.HookServer(server.path).start()
+        medic_hook.HookServer(server.path).start()
 
 
 def test_a_directory_of_another_user_is_refused(sock_dir: str) -> None:
@@ -166,29 +169,29 @@ def test_a_directory_of_another_user_is_refused(sock_dir: str) -> None:
     os.mkdir(other)
     os.chown(other, 65534, 65534)
     with pytest.raises(SocketPathError, match="belongs to uid 65534"):
-        inprocess.HookServer(f"{other}/h.sock").start()
+        medic_hook.HookServer(f"{other}/h.sock").start()
 
 
 def test_module_start_is_idempotent_and_stop_cleans_up(sock_dir: str) -> None:
-    path = inprocess.start(f"{sock_dir}/m.%p.sock")
+    path = medic_hook.start(f"{sock_dir}/m.%p.sock")
     try:
         assert path == f"{sock_dir}/m.{os.getpid()}.sock"
-        assert inprocess.start("/elsewhere/ignored.sock") == path
-        assert inprocess.running_path() == path
+        assert medic_hook.start("/elsewhere/ignored.sock") == path
+        assert medic_hook.running_path() == path
     finally:
-        inprocess.stop()
-    assert inprocess.running_path() is None and not os.path.exists(path)
+        medic_hook.stop()
+    assert medic_hook.running_path() is None and not os.path.exists(path)
 
 
 def test_autostart_without_the_variable_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MEDIC_HOOK_SOCKET", raising=False)
-    assert inprocess.autostart() is None
+    assert medic_hook.autostart() is None
 
 
 def test_autostart_with_a_bad_path_never_raises(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.setenv("MEDIC_HOOK_SOCKET", "not/absolute")
     monkeypatch.setenv("MEDIC_HOOK_DEBUG", "1")
-    assert inprocess.autostart() is None
+    assert medic_hook.autostart() is None
     assert "must be absolute" in capsys.readouterr().err
 
 
@@ -204,10 +207,10 @@ def test_a_pth_file_autostarts_the_hook_at_interpreter_start(sock_dir: str, tmp_
         {**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert out.returncode == 0, out.stderr
-    assert (site_dir / "medic-hook.pth").read_text() == "import native_hooks.autostart\n"
+    assert (site_dir / "medic-hook.pth").read_text() == PTH_LINE
     code = (
         f"import site; site.addsitedir({str(site_dir)!r})\n"  # what site-packages gets at start-up
-        "from native_hooks.inprocess import running_path; print(running_path())"
+        "import sys; hook = sys.modules.get('medic_hook'); print(hook.running_path() if hook else None)"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO), "MEDIC_HOOK_SOCKET": f"{sock_dir}/p.%p.sock"}
     started = _python(["-c", code], env)
@@ -218,7 +221,7 @@ def test_a_pth_file_autostarts_the_hook_at_interpreter_start(sock_dir: str, tmp_
 
 def test_the_socket_disappears_when_the_target_exits(spawn, sock_dir: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "MEDIC_HOOK_SOCKET": f"{sock_dir}/e.%p.sock"}
-    code = "import native_hooks.autostart, sys; print('up', flush=True); sys.stdin.readline()"
+    code = "import medic_hook, sys; medic_hook.autostart(); print('up', flush=True); sys.stdin.readline()"
     proc = spawn(
         [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
     )

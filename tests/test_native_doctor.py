@@ -142,9 +142,20 @@ def test_python_target_with_hook_is_told_about_pymalloc(spawn, sock_dir: str) ->
     assert any("PYTHONMALLOC=malloc" in item for item in report.advice)
 
 
+def test_a_socket_served_by_another_process_is_not_believed(spawn, sock_dir: str) -> None:
+    """The hook at the given path answers, but for another process: its figures are not the target's."""
+    env = target_env("jemalloc", f"{sock_dir}/h.%p.sock")
+    target, other = _start(spawn, python_argv(), env), _start(spawn, python_argv(), env)
+    wait_until(lambda: os.path.exists(f"{sock_dir}/h.{other.pid}.sock"))
+    report = diagnose(target.pid, socket=f"{sock_dir}/h.{other.pid}.sock")
+    assert not report.hook.reachable and report.hook.allocator is None
+    assert f"belongs to pid {other.pid}" in (report.hook.error or "")
+    assert f"not to pid {target.pid}" in (report.hook.error or "")
+
+
 def test_python_target_without_hook_is_told_about_the_autostart(spawn) -> None:
     report = diagnose(_start(spawn, python_argv(), target_env("glibc")).pid)
-    assert any("native_hooks.autostart" in item for item in report.advice)
+    assert any("medic hook install-pth" in item and "medic_hook" in item for item in report.advice)
 
 
 def test_a_variable_without_a_serving_hook_is_explained(spawn, bins, sock_dir: str) -> None:

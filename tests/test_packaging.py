@@ -130,6 +130,15 @@ def test_two_stages_on_debian_12_python_and_no_compiler_in_the_image(docker) -> 
     assert "gcc" in builder_runs and "gcc" not in final_runs
     assert "medic hook path" in builder_runs  # the build fails when the shim was not compiled
     assert "libjemalloc2" in final_runs
+    assert re.search(r"apt-get install [^&]*\btini\b", final_runs), "tini is the final image's init"
+
+
+def test_medic_is_not_pid_1_of_the_image_an_init_reaps_orphans(docker) -> None:
+    """Without an init, medic would be PID 1: orphans would pile up as zombies and the kernel would drop
+    the signals it has no handler for; tini (Debian's package, /usr/bin/tini) runs medic as its child,
+    and `-s` keeps reaping where a pod's pause container is PID 1 (shareProcessNamespace)."""
+    final = dict(docker[1])
+    assert json.loads(final["ENTRYPOINT"]) == ["/usr/bin/tini", "-s", "--", "medic"]
 
 
 def test_the_image_runs_medic_as_a_non_root_user_in_exec_form(docker) -> None:
@@ -137,7 +146,7 @@ def test_the_image_runs_medic_as_a_non_root_user_in_exec_form(docker) -> None:
     user = final["USER"].split(":")
     assert user[0].isdigit() and int(user[0]) != 0, "the user must be numeric (runAsNonRoot) and not root"
     assert f"--uid {user[0]}" in final["RUN"]
-    assert json.loads(final["ENTRYPOINT"]) == ["medic"]
+    assert json.loads(final["ENTRYPOINT"])[-1] == "medic"
     assert json.loads(final["CMD"]) == ["run", "--config", "/etc/medic/medic.yaml"]
     options, _, command = final["HEALTHCHECK"].partition("CMD ")
     probe = json.loads(command)
@@ -391,6 +400,8 @@ def test_the_unit_is_consistent_with_the_agent() -> None:
     assert "--state-dir /var/lib/medic/%i" in settings["ExecStart"]
     # the agent's own stop: managed children's stop_timeout (5 s default) + uvicorn's 2 s + flush
     assert int(settings["TimeoutStopSec"].rstrip("s")) >= 15
+    # an fd budget: the API's connection cap sits well below it (docs/deploy.md, "Threat model")
+    assert 1024 <= int(settings["LimitNOFILE"]) <= 65536
     assert set(settings["CapabilityBoundingSet"].split()) == {
         "CAP_SYS_PTRACE",
         "CAP_KILL",

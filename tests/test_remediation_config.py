@@ -90,7 +90,7 @@ def test_factory_refuses_kubernetes_too(tmp_path):
         ({"budget": {"max_concurrent": 0}}, "max_concurrent"),
         ({"budget": {"min_interval": "soon"}}, "expected a duration"),
         ({"budget": {"surprise": 1}}, "Extra inputs"),
-        ({"coordinator": {"lease_ttl": "1s"}}, "at least 2s"),
+        ({"coordinator": {"lease_ttl": "1s"}}, "between 2s and 1h"),
         ({"coordinator": {"namespace": "a b"}}, "namespace"),
         ({"coordinator": {"etcd": {"endpoints": ["127.0.0.1:2379"]}}}, "expected endpoints such as"),
         ({"coordinator": {"etcd": {"endpoints": []}}}, "endpoints"),
@@ -111,8 +111,8 @@ def test_factory_refuses_kubernetes_too(tmp_path):
             "invalid regular expression",
         ),
         ({"blockers": {"capacity": {"min_ready_fraction": 1.5}}}, "min_ready_fraction"),
-        ({"plan": {"restart_duration": 0}}, "more than 0s"),
-        ({"interval": "1ms"}, "at least 50ms"),
+        ({"plan": {"restart_duration": 0}}, "above 0s"),
+        ({"interval": "1ms"}, "between 50ms and 1h"),
     ],
 )
 def test_mistakes_name_the_key_and_the_fix(data, expected):

@@ -671,3 +671,25 @@ def test_a_failing_hook_on_one_instance_does_not_stop_the_others(made):
     report = engine.step(time.time(), requests, fleet.views())
     assert report.decisions["a"].code == "error" and "hook socket vanished" in report.decisions["a"].reason
     assert report.decisions["b"].code == "purged"
+
+
+def test_a_pause_that_lands_while_a_restart_drains_stops_it_before_it_acts(made):
+    fleet = made.fleet({"svc": workload_argv("stable", "--size", "4Mi")})
+    engine = made.engine(config(), fleet, background=True)
+    original = engine.restarts._verifier
+    pid_before = fleet.managed["svc"].pid
+
+    def pause_then_verify(view):  # runs while the restart is being set up, after the step decided it
+        engine.pause("INC-9: hands off", time.time() + 60)
+        return original(view)
+
+    engine.restarts._verifier = pause_then_verify
+    forced = RemediationRequest("svc", "manual", "M1", "INC-9", force=True, requested_by="alice")
+    assert engine.submit(forced).ok
+    engine.step(time.time(), [], fleet.views())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and engine.ledger.actions()[0].get("outcome") in (None, "running"):
+        time.sleep(0.05)
+    action = engine.ledger.actions()[0]
+    assert action["outcome"] == "skipped" and "paused" in action["detail"], action
+    assert fleet.restarts == [] and fleet.managed["svc"].pid == pid_before

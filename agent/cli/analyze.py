@@ -15,6 +15,8 @@ import time
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
+from agent.cli.table import echo, printable
+
 HELP = (
     "Run the leak, OOM-risk and fragmentation detectors on recorded series (JSON Lines or Prometheus export)."
 )
@@ -98,15 +100,15 @@ def run(args: argparse.Namespace) -> int:
     progress.done()
     elapsed = time.monotonic() - started
     for problem in result.problems:
-        print(f"medic: skipped {problem}", file=sys.stderr)
+        echo(f"medic: skipped {printable(problem)}", file=sys.stderr)
     if result.problem_count > len(result.problems):
-        print(f"medic: ... and {result.problem_count - len(result.problems)} more", file=sys.stderr)
+        echo(f"medic: ... and {result.problem_count - len(result.problems)} more", file=sys.stderr)
     if args.json:
         doc = _json_report(analyses, params, result, missing_limit, elapsed)
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(_table(analyses, result.points, elapsed, missing_limit))
+        echo(_table(analyses, result.points, elapsed, missing_limit), end="")
     return 0
 
 

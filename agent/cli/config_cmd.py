@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from agent.cli.table import echo
+
 HELP = "validate a config file (`medic config check FILE`) and print the effective configuration"
 
 
@@ -23,8 +25,8 @@ def run(args: argparse.Namespace) -> int:
     if args.quiet:
         return 0
     if args.json:
-        print(json.dumps(config.model_dump(mode="json", by_alias=True), indent=2))
+        echo(json.dumps(config.model_dump(mode="json", by_alias=True), indent=2))
     else:
-        print(f"# {args.file}: valid; effective configuration (durations in seconds, sizes in bytes)")
-        print(dump_config(config), end="")
+        echo(f"# {args.file}: valid; effective configuration (durations in seconds, sizes in bytes)")
+        echo(dump_config(config), end="")
     return 0

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agent.cli.table import echo
 from agent.errors import UsageError
 from agent.units import format_bytes, format_duration, parse_duration, parse_size
 
@@ -126,9 +127,9 @@ def run(args: argparse.Namespace) -> int:
     if report is None:
         return 130
     if args.json:
-        print(json.dumps(report, indent=2))
+        echo(json.dumps(report, indent=2))
     else:
-        print(render(report))
+        echo(render(report))
     return 0
 
 
@@ -155,4 +156,4 @@ def _load(fleet) -> dict:
 
 
 def _say(out, text: str) -> None:
-    print(text, file=out, flush=True)
+    echo(text, file=out, flush=True)

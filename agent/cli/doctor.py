@@ -7,6 +7,7 @@ import argparse
 import json
 
 from agent.cli.client import agent_url, get_json
+from agent.cli.table import echo
 from agent.errors import UsageError
 
 HELP = "diagnose an instance or pid: its allocator, its hook, and the settings that give medic more to see"
@@ -40,5 +41,5 @@ def run(args: argparse.Namespace) -> int:
     if pid is None:
         raise UsageError("name an instance of the running agent, or give --pid PID")
     report = diagnose(pid, socket=socket, timeout=args.timeout)
-    print(json.dumps(report.to_dict(), indent=2) if args.json else render(report))
+    echo(json.dumps(report.to_dict(), indent=2) if args.json else render(report))
     return 0

@@ -9,7 +9,7 @@ import time
 from datetime import datetime
 
 from agent.cli.client import add_token_argument, add_url_argument, admin_token, agent_url, get_json, post_json
-from agent.cli.table import render
+from agent.cli.table import echo, printable, render
 
 HELP = "show the event log: discoveries, restarts, probe errors, agent starts and stops"
 
@@ -62,11 +62,11 @@ def run(args: argparse.Namespace) -> int:
         body = {"ids": args.requeue, "reason": args.reason}
         reply = post_json(url, "/api/v1/outbox/requeue", body, admin_token(args.token_file))
         if args.json:
-            print(json.dumps(reply, indent=2))
+            echo(json.dumps(reply, indent=2))
         else:
-            print(f"queued again: {', '.join(map(str, reply['requeued']))}")
+            echo(f"queued again: {', '.join(map(str, reply['requeued']))}")
             if reply["skipped"]:
-                print(f"not dead letters, left alone: {', '.join(map(str, reply['skipped']))}")
+                echo(f"not dead letters, left alone: {', '.join(map(str, reply['skipped']))}")
         return 0
     if args.outbox:
         from agent.cli.outbox import run_outbox
@@ -74,14 +74,14 @@ def run(args: argparse.Namespace) -> int:
         return run_outbox(args, url)
     events = get_json(url, "/api/v1/events", _params(args))["events"]
     if args.json and not args.follow:
-        print(json.dumps(events, indent=2))
+        echo(json.dumps(events, indent=2))
         return 0
     events.reverse()  # oldest first reads like a log
     if args.json:
         for event in events:
-            print(json.dumps(event), flush=True)
+            echo(json.dumps(event), flush=True)
     elif events:
-        print(render(["TIME", "SEVERITY", "INSTANCE", "KIND", "MESSAGE"], _rows(events)), flush=True)
+        echo(render(["TIME", "SEVERITY", "INSTANCE", "KIND", "MESSAGE"], _rows(events)), flush=True)
     if not args.follow:
         return 0
     last = max((e["id"] for e in events), default=0)
@@ -90,4 +90,4 @@ def run(args: argparse.Namespace) -> int:
         new = get_json(url, "/api/v1/events", _params(args, after_id=last, since=None))["events"]
         for event in new:
             last = max(last, event["id"])
-            print(json.dumps(event) if args.json else "  ".join(map(str, _rows([event])[0])), flush=True)
+            echo(json.dumps(event) if args.json else "  ".join(map(printable, _rows([event])[0])), flush=True)

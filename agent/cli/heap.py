@@ -10,7 +10,7 @@ import os
 
 from agent.cli.client import add_url_argument, agent_url, get_json
 from agent.cli.histo import render_diff, render_suspects
-from agent.cli.table import render
+from agent.cli.table import echo, printable, render
 from agent.errors import ApiError, UsageError
 from agent.units import format_bytes
 
@@ -46,13 +46,13 @@ def run(args: argparse.Namespace) -> int:
     except ApiError as exc:  # no heap profiles (yet): the layers still say where memory grows
         body = {"instance": args.name, "kind": "site", "error": str(exc)}
     if args.json:
-        print(json.dumps({**body, "attribution": attribution, "suspects": suspects["suspects"]}, indent=2))
+        echo(json.dumps({**body, "attribution": attribution, "suspects": suspects["suspects"]}, indent=2))
         return 0
-    print(render_diff(body) if "rows" in body else f"{args.name}: no heap diff: {body['error']}")
-    print()
-    print(render_suspects(suspects["suspects"]))
-    print()
-    print(render_attribution(attribution))
+    echo(render_diff(body) if "rows" in body else f"{args.name}: no heap diff: {printable(body['error'])}")
+    echo()
+    echo(render_suspects(suspects["suspects"]))
+    echo()
+    echo(render_attribution(attribution))
     return 0
 
 
@@ -106,17 +106,17 @@ def _local(args: argparse.Namespace) -> int:
     )
     result = diff(before, after)
     if args.json:
-        print(json.dumps({"instance": None, "kind": "site", **result.to_dict(args.top)}, indent=2))
+        echo(json.dumps({"instance": None, "kind": "site", **result.to_dict(args.top)}, indent=2))
         return 0
     title = f"{args.file}" + (f" against {args.base_file}" if args.base_file else "")
-    print(
+    echo(
         f"{title}: {format_bytes(after.total_bytes)} live, {_signed(after.total_bytes - before.total_bytes)}"
     )
     rows = [
         [_signed(r.delta_bytes), format_bytes(r.bytes_after), f"{r.count_after:.0f}", r.name]
         for r in result.rows[: args.top]
     ]
-    print(render(["ΔBYTES", "BYTES", "OBJECTS", "SITE"], rows, numeric={0, 1, 2}))
+    echo(render(["ΔBYTES", "BYTES", "OBJECTS", "SITE"], rows, numeric={0, 1, 2}))
     return 0
 
 

@@ -7,7 +7,7 @@ import argparse
 import json
 
 from agent.cli.client import add_url_argument, agent_url, get_json
-from agent.cli.table import render
+from agent.cli.table import echo, render
 from agent.units import format_bytes, format_duration
 
 HELP = "show an instance's object histogram (JVM classes, Python types) and what grows"
@@ -33,9 +33,9 @@ def run(args: argparse.Namespace) -> int:
         kind = args.kind or _newest_kind(url, base)
         body = get_json(url, f"{base}/histograms/diff", {"kind": kind, "from": args.diff, "top": args.top})
         if args.json:
-            print(json.dumps(body, indent=2))
+            echo(json.dumps(body, indent=2))
         else:
-            print(render_diff(body))
+            echo(render_diff(body))
         return 0
     params = {"top": args.top, "since": args.since}
     if args.kind:
@@ -43,17 +43,17 @@ def run(args: argparse.Namespace) -> int:
     body = get_json(url, f"{base}/histograms", params)
     suspects = get_json(url, f"{base}/suspects", {"since": args.since})
     if args.json:
-        print(json.dumps({**body, "suspects": suspects["suspects"]}, indent=2))
+        echo(json.dumps({**body, "suspects": suspects["suspects"]}, indent=2))
         return 0
     latest = body.get("latest") or {}
     kinds = [args.kind] if args.kind else [k for k in ("class", "type", "nmt") if k in latest]
     if not kinds or not any(k in latest for k in kinds):
-        print(f"{args.name}: no histograms yet (JVM targets: jvm probe; Python targets: the in-process hook)")
+        echo(f"{args.name}: no histograms yet (JVM targets: jvm probe; Python targets: the in-process hook)")
     for kind in kinds:
         if kind in latest:
-            print(render_snapshot(latest[kind]))
-            print()
-    print(render_suspects(suspects["suspects"]))
+            echo(render_snapshot(latest[kind]))
+            echo()
+    echo(render_suspects(suspects["suspects"]))
     return 0
 
 

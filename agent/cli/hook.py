@@ -4,10 +4,14 @@ medic hook path                       the LD_PRELOAD shim's path, for native tar
 medic hook install DIR [--allocator jemalloc]   copy the shim (and allocator) into DIR, e.g. a volume
                                       shared with a target container; prints the target's LD_PRELOAD
 medic hook env [--python] [--allocator jemalloc]   the environment a target needs
-medic hook install-pth [--dir DIR]    autostart the in-process hook in every Python of this environment
-                                      (only acts when MEDIC_HOOK_SOCKET is set)
-medic hook call OP (--pid PID | --socket PATH) [KEY=VALUE ...]   send one request, print the reply
+medic hook install-pth [--dir DIR]    autostart the in-process hook (`medic_hook`) in every Python of
+                                      this environment (only acts when MEDIC_HOOK_SOCKET is set)
+medic hook call OP (--pid PID | --socket PATH [--pid PID]) [KEY=VALUE ...]   send one request, print
+                                      the reply; with --pid only that process's own hook is trusted
 medic hook clean                      remove sockets of processes that are gone
+
+Hook replies and paths come from the target: everything is printed through `echo`, so a control
+character in them shows escaped instead of driving the terminal.
 """
 
 from __future__ import annotations
@@ -18,11 +22,19 @@ import json
 import os
 from typing import Any
 
+from agent.cli.table import echo
 from agent.errors import UsageError
 
 HELP = "LD_PRELOAD shim path, target environment, and direct calls to a target's allocator hook"
 PTH_NAME = "medic-hook.pth"
-PTH_LINE = "import native_hooks.autostart\n"
+# Python runs `import` lines of .pth files at start-up, before the program. This one reads the variable
+# first, so a process without it imports nothing of ours; with it, only `medic_hook` (never `agent`,
+# `native_hooks`, ...) is imported, and any failure is swallowed so the target always starts.
+# MEDIC_HOOK_DEBUG=1 shows on stderr why a hook did not start.
+PTH_LINE = (
+    "import os; os.environ.get('MEDIC_HOOK_SOCKET') and exec("
+    "'try:\\n import medic_hook\\nexcept Exception:\\n pass\\nelse:\\n medic_hook.autostart()')\n"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,9 +58,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     call.add_argument(
         "params", nargs="*", metavar="KEY=VALUE", help="request fields; VALUE is JSON or a string"
     )
-    where = call.add_mutually_exclusive_group(required=True)
-    where.add_argument("--pid", type=int, help="find the socket of this process by convention")
-    where.add_argument("--socket", help="the hook socket path")
+    call.add_argument(
+        "--pid",
+        type=int,
+        help="the target: its socket is found by convention, and only its own hook is trusted",
+    )
+    call.add_argument(
+        "--socket",
+        help="the hook socket path (without --pid, its server must run as root, medic's user or the file's owner)",
+    )
     call.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the reply (default 5)")
     clean = sub.add_parser("clean", help="remove hook sockets of processes that are gone")
     clean.add_argument("--json", action="store_true")
@@ -69,16 +87,16 @@ def _path(args: argparse.Namespace) -> int:
     from native_hooks import shim_path
 
     path = shim_path()
-    print(json.dumps({"path": path}) if args.json else path)
+    echo(json.dumps({"path": path}) if args.json else path)
     return 0
 
 
 def _install(args: argparse.Namespace) -> int:
     installed = install_hook(args.dir, args.allocator)
     if args.json:
-        print(json.dumps(installed))
+        echo(json.dumps(installed))
     else:
-        print(f"LD_PRELOAD={':'.join(installed['preload'])}")
+        echo(f"LD_PRELOAD={':'.join(installed['preload'])}")
     return 0
 
 
@@ -160,26 +178,29 @@ def target_environment(python: bool, allocator: str, socket: str) -> dict[str, s
 
 def _env(args: argparse.Namespace) -> int:
     for key, value in target_environment(args.python, args.allocator, args.socket).items():
-        print(f"{key}={value}")
+        echo(f"{key}={value}")
     if args.python:
-        print(f"# and once per Python environment: medic hook install-pth (writes {PTH_NAME})")
+        echo(f"# and once per Python environment: medic hook install-pth (writes {PTH_NAME})")
     return 0
 
 
 def _install_pth(args: argparse.Namespace) -> int:
     import sysconfig
 
+    from probes.linux.fstrust import atomic_write
+
     directory = args.dir or sysconfig.get_paths()["purelib"]
     if not os.path.isdir(directory):
         raise UsageError(f"{directory} is not a directory: give the site-packages directory with --dir")
     target = os.path.join(directory, PTH_NAME)
     try:
-        with open(target, "w") as f:
-            f.write(PTH_LINE)
+        # every user of the environment reads it; a planted symlink is replaced, never written through
+        atomic_write(target, PTH_LINE.encode(), mode=0o644)
     except OSError as exc:
         raise UsageError(f"cannot write {target}: {exc.strerror}; run as the environment's owner") from None
-    print(
-        f"wrote {target}: Python processes of this environment start the hook when MEDIC_HOOK_SOCKET is set"
+    echo(
+        f"wrote {target}: Python processes of this environment start the hook (medic_hook) "
+        "when MEDIC_HOOK_SOCKET is set"
     )
     return 0
 
@@ -203,15 +224,17 @@ def _call(args: argparse.Namespace) -> int:
     from native_hooks.errors import HookNotFound
     from native_hooks.sockets import find_socket
 
+    if args.pid is None and args.socket is None:
+        raise UsageError("say which hook: --pid PID (found by convention) or --socket PATH")
     params = parse_params(args.params)
     path = args.socket or find_socket(args.pid)
     if path is None:
         from native_hooks.errors import HOOK_HOWTO
 
         raise HookNotFound(f"no hook socket found for pid {args.pid}: {HOOK_HOWTO}")
-    with HookClient(path, args.timeout) as client:
+    with HookClient(path, args.timeout, pid=args.pid) as client:  # pid None: the server's uid is checked
         reply = client.request(args.op, **params)
-    print(json.dumps(reply, indent=2))
+    echo(json.dumps(reply, indent=2))
     return 0
 
 
@@ -220,7 +243,7 @@ def _clean(args: argparse.Namespace) -> int:
 
     removed = remove_stale_sockets()
     if args.json:
-        print(json.dumps({"removed": removed}))
+        echo(json.dumps({"removed": removed}))
     else:
-        print("\n".join(f"removed {path}" for path in removed) or "no stale hook sockets")
+        echo("\n".join(f"removed {path}" for path in removed) or "no stale hook sockets")
     return 0

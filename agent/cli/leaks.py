@@ -8,7 +8,7 @@ import json
 import time
 
 from agent.cli.client import add_url_argument, agent_url, get_json
-from agent.cli.table import render
+from agent.cli.table import echo, render
 from agent.units import format_bytes, format_duration
 
 HELP = "show open memory findings: leaks with their slope and time to OOM, fragmentation, OOM risk"
@@ -45,10 +45,10 @@ def run(args: argparse.Namespace) -> int:
     body = get_json(agent_url(args.url), "/api/v1/findings", params)
     findings = [f for f in body["findings"] if f["kind"] in MEMORY_KINDS]
     if args.json:
-        print(json.dumps(findings, indent=2))
+        echo(json.dumps(findings, indent=2))
         return 0
     if not findings:
-        print("no open memory findings" + (f" for {args.name}" if args.name else ""))
+        echo("no open memory findings" + (f" for {args.name}" if args.name else ""))
         return 0
     now = body.get("now", time.time())
     rows = []
@@ -84,5 +84,5 @@ def run(args: argparse.Namespace) -> int:
         "SUSPECT",
         "SUMMARY",
     ]
-    print(render(headers, rows, numeric={3, 4, 5, 6}))
+    echo(render(headers, rows, numeric={3, 4, 5, 6}))
     return 0

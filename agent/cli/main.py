@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from agent import __version__
+from agent.cli.table import echo
 from agent.errors import MedicError
 
 # subcommand -> module; the order is the order of `medic --help`
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except MedicError as exc:
-        print(f"medic: error: {exc}", file=sys.stderr)
+        echo(f"medic: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

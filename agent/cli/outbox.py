@@ -7,7 +7,7 @@ import json
 from datetime import datetime
 
 from agent.cli.client import get_json
-from agent.cli.table import render
+from agent.cli.table import echo, printable, render
 from agent.units import format_duration
 
 
@@ -26,7 +26,7 @@ def run_outbox(args: argparse.Namespace, url: str) -> int:
     params = {"state": getattr(args, "state", None), "instance": args.instance, "limit": args.limit}
     answer = get_json(url, "/api/v1/outbox", {k: v for k, v in params.items() if v is not None})
     if args.json:
-        print(json.dumps(answer, indent=2))
+        echo(json.dumps(answer, indent=2))
         return 0
     now = answer["now"]
     sinks = [
@@ -34,9 +34,9 @@ def run_outbox(args: argparse.Namespace, url: str) -> int:
         for name, s in sorted(answer["sinks"].items())
     ]
     if sinks:
-        print(render(["SINK", "PENDING", "DEAD", "OLDEST"], sinks, numeric={1, 2}))
+        echo(render(["SINK", "PENDING", "DEAD", "OLDEST"], sinks, numeric={1, 2}))
     else:
-        print("no notification sinks configured (notify.sinks in the config)")
+        echo("no notification sinks configured (notify.sinks in the config)")
     items = list(reversed(answer["items"]))  # oldest first reads like a log
     if items:
         rows = []
@@ -59,8 +59,8 @@ def run_outbox(args: argparse.Namespace, url: str) -> int:
                     when or (item.get("last_error") or "")[:80],
                 ]
             )
-        print()
-        print(
+        echo()
+        echo(
             render(
                 ["ID", "QUEUED", "SINK", "STATE", "TRIES", "INSTANCE", "WHAT", "NEXT / LAST ERROR"],
                 rows,
@@ -68,8 +68,9 @@ def run_outbox(args: argparse.Namespace, url: str) -> int:
             )
         )
     for silence in answer.get("silences", []):
-        print(
-            f"\nsilenced in {silence['sink']}: {silence['alertname']} of {silence['instance']} "
+        what = f"{printable(silence['alertname'])} of {printable(silence['instance'])}"
+        echo(
+            f"\nsilenced in {printable(silence['sink'])}: {what} "
             f"(action {silence['action_id']}) until {_time(silence['until'])}"
         )
     return 0

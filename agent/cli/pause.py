@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import sys
 
 from agent.cli.client import add_token_argument, add_url_argument, admin_token, agent_url, post_json
 
@@ -21,7 +22,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     body = {"reason": args.reason, "duration": args.duration, "by": getpass.getuser()}
     reply = post_json(agent_url(args.url), "/api/v1/pause", body, admin_token(args.token_file))
-    print(
-        json.dumps(reply, indent=2) if args.json else f"remediation paused for {args.duration}: {args.reason}"
-    )
+    if args.json:
+        print(json.dumps(reply, indent=2))
+        return 0
+    print(f"remediation paused for {args.duration}: {args.reason}")
+    if reply.get("persisted") is False:  # in force anyway; the agent keeps trying to store it
+        print(
+            f"warning: not persisted: {reply.get('warning') or 'the agent could not store it'}",
+            file=sys.stderr,
+        )
     return 0

@@ -7,7 +7,7 @@ import json
 from datetime import datetime
 
 from agent.cli.client import add_url_argument, agent_url, get_json
-from agent.cli.table import render
+from agent.cli.table import echo, printable, render
 from agent.units import format_duration
 
 HELP = "show the remediation plan: mode, pause, planned restarts against their deadlines, restarts in flight"
@@ -31,17 +31,18 @@ def _when(ts: float | None, now: float) -> str:
 def run(args: argparse.Namespace) -> int:
     body = get_json(agent_url(args.url), "/api/v1/plan")
     if args.json:
-        print(json.dumps(body, indent=2))
+        echo(json.dumps(body, indent=2))
         return 0
     now = body.get("now", 0.0)
     pause = body.get("paused")
     line = f"mode: {body.get('mode', '?')}"
     if pause:
-        line += f"   PAUSED until {_when(pause.get('until'), now)} by {pause.get('by') or '?'}: {pause.get('reason')}"
+        by, reason = printable(pause.get("by") or "?"), printable(pause.get("reason"))
+        line += f"   PAUSED until {_when(pause.get('until'), now)} by {by}: {reason}"
     coordinator = body.get("coordinator") or {}
     if coordinator and not coordinator.get("ok", True):
-        line += f"   COORDINATOR DOWN: {coordinator.get('error')} (no restarts until it answers)"
-    print(line)
+        line += f"   COORDINATOR DOWN: {printable(coordinator.get('error'))} (no restarts until it answers)"
+    echo(line)
     step = body.get("step") or {}
     plan = step.get("plan") or {}
     entries = plan.get("entries") or []
@@ -57,15 +58,16 @@ def run(args: argparse.Namespace) -> int:
             ]
             for e in entries
         ]
-        print(render(["INSTANCE", "KIND", "PLANNED", "DEADLINE", "STATUS", "REASON"], rows))
+        echo(render(["INSTANCE", "KIND", "PLANNED", "DEADLINE", "STATUS", "REASON"], rows))
     else:
-        print("no restarts planned")
+        echo("no restarts planned")
     for problem in plan.get("problems") or []:
-        print(f"! {problem}")
+        echo(f"! {printable(problem)}")
     for name in body.get("in_progress") or []:
-        print(f"restarting now: {name}")
+        echo(f"restarting now: {printable(name)}")
     for esc in body.get("escalations") or []:
-        print(
-            f"escalated: {esc.get('instance')}: {esc.get('reason')} (a person must look; automatic remediation stopped)"
+        echo(
+            f"escalated: {printable(esc.get('instance'))}: {printable(esc.get('reason'))} "
+            "(a person must look; automatic remediation stopped)"
         )
     return 0

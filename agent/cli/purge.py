@@ -6,6 +6,7 @@ import argparse
 import json
 
 from agent.cli.client import add_token_argument, add_url_argument, admin_token, agent_url, post_json
+from agent.cli.table import echo, printable
 from agent.units import format_bytes
 
 HELP = "purge an instance's allocator through its hook (jemalloc purge, tcmalloc release, glibc trim)"
@@ -25,11 +26,12 @@ def run(args: argparse.Namespace) -> int:
         agent_url(args.url), f"/api/v1/instances/{args.name}/purge", body, admin_token(args.token_file)
     )
     if args.json:
-        print(json.dumps(reply, indent=2))
+        echo(json.dumps(reply, indent=2))
         return 0
     result = reply["purge"]
-    print(
-        f"{args.name}: {result['allocator']} {result['action']} returned {format_bytes(result['returned_bytes'])} "
+    echo(
+        f"{args.name}: {printable(result['allocator'])} {printable(result['action'])} "
+        f"returned {format_bytes(result['returned_bytes'])} "
         f"(RSS {format_bytes(result['rss_before'])} → {format_bytes(result['rss_after'])}, "
         f"{result['duration_s'] * 1000:.0f} ms)"
     )

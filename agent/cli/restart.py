@@ -8,6 +8,7 @@ import getpass
 import json
 
 from agent.cli.client import add_token_argument, add_url_argument, admin_token, agent_url, post_json
+from agent.cli.table import echo, printable
 
 HELP = "request a restart of an instance (goes through the budget; --force with a reason to skip it)"
 
@@ -26,9 +27,10 @@ def run(args: argparse.Namespace) -> int:
         agent_url(args.url), f"/api/v1/instances/{args.name}/restart", body, admin_token(args.token_file)
     )
     if args.json:
-        print(json.dumps(reply, indent=2))
+        echo(json.dumps(reply, indent=2))
     else:
-        print(
-            f"{args.name}: restart requested ({reply['accepted']['reason']}); mode {reply.get('mode')}; see `medic plan`"
+        echo(
+            f"{args.name}: restart requested ({printable(reply['accepted']['reason'])}); "
+            f"mode {printable(reply.get('mode'))}; see `medic plan`"
         )
     return 0

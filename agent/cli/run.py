@@ -11,7 +11,10 @@ medic run                                 no config: the built-in demo (a leakin
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+
+from agent.cli.table import echo, printable
 
 HELP = "run the agent (on a config, a command after --, pids/regexes, or the built-in demo)"
 DEMO_LISTEN = "127.0.0.1:9464"
@@ -100,23 +103,36 @@ def demo_instances() -> list[dict]:
     ]
 
 
+class PrintableFormatter(logging.Formatter):
+    """Log lines with control characters escaped: messages carry process names, command lines and
+    reasons that others wrote, and a newline or an escape sequence in them must not forge or hide a line."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+    def formatException(self, ei) -> str:
+        return printable(super().formatException(ei), newlines=True)
+
+    def formatStack(self, stack_info: str) -> str:
+        return printable(super().formatStack(stack_info), newlines=True)
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
-    import logging
 
+    from agent.pid1 import become_init_if_pid1
     from agent.runtime import Agent
 
     config, main, demo = build_config(args)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s medic %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    become_init_if_pid1()  # in a container without an init, reap orphans from a process of its own
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(PrintableFormatter("%(asctime)s medic %(levelname)s %(message)s"))
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), handlers=[handler])
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     agent = Agent(config, main_instance=main, config_path=args.config)  # type: ignore[arg-type]
     if demo:
         listen = config.agent.listen  # type: ignore[attr-defined]
-        print(
+        echo(
             "medic: no config given: running the built-in demo (demo-leaky grows 256 KiB/s up to 128 MiB, "
             f"demo-stable holds 48 MiB).\n       API and /metrics on http://{listen}; in another shell try "
             "`medic status` or `medic events`. Ctrl-C stops.",

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from agent.cli.client import add_url_argument, agent_url, get_json
-from agent.cli.table import render
+from agent.cli.table import echo, render
 from agent.units import format_bytes, format_duration
 
 HELP = "show every watched instance: pid, uptime, memory against its limit, CPU, probe health"
@@ -20,10 +20,10 @@ def run(args: argparse.Namespace) -> int:
     body = get_json(agent_url(args.url), "/api/v1/instances")
     instances = body.get("instances", [])
     if args.json:
-        print(json.dumps(body, indent=2))
+        echo(json.dumps(body, indent=2))
         return 0
     if not instances:
-        print("no instances configured; give a config with `medic run --config FILE` or a command after `--`")
+        echo("no instances configured; give a config with `medic run --config FILE` or a command after `--`")
         return 0
     rows = []
     for inst in instances:
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
             ]
         )
     headers = ["INSTANCE", "PID", "STATUS", "UPTIME", "RSS", "LIMIT", "%LIMIT", "CPU%", "P99", "THREADS"]
-    print(render([*headers, "RESTARTS", "PROBED", "ERRORS"], rows, numeric={1, 4, 6, 7, 8, 9, 10, 12}))
+    echo(render([*headers, "RESTARTS", "PROBED", "ERRORS"], rows, numeric={1, 4, 6, 7, 8, 9, 10, 12}))
     return 0
 
 

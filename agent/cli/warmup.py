@@ -15,6 +15,7 @@ import json
 import os
 import sys
 
+from agent.cli.table import echo, printable
 from agent.errors import UsageError
 
 HELP = "replay warm-up requests to an instance until K in a row answer within a target latency"
@@ -93,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
 
     def show(request, latency, error) -> None:
         took = f"{latency * 1000:8.1f}ms" if latency is not None else "       -  "
-        print(f"{took}  {request.method} {request.url(url)}" + (f"  {error}" if error else ""), flush=True)
+        line = f"{took}  {request.method} {printable(request.url(url))}"
+        echo(line + (f"  {printable(error)}" if error else ""), flush=True)
 
     outcome = replay_until_warm(
         requests,
@@ -105,11 +107,11 @@ def run(args: argparse.Namespace) -> int:
         on_request=show if args.verbose and not args.json else None,
     )
     if args.json:
-        print(
+        echo(
             json.dumps(
                 {"instance": args.name, "url": url, "target_seconds": target, **outcome.to_dict()}, indent=2
             )
         )
     else:
-        print(f"{args.name}: {outcome.reason}", file=sys.stdout if outcome.warm else sys.stderr)
+        echo(f"{args.name}: {printable(outcome.reason)}", file=sys.stdout if outcome.warm else sys.stderr)
     return 0 if outcome.warm else 1

@@ -25,6 +25,7 @@ import agent
 from agent.demo.config import SERVER_MODULE, DemoSettings, ServerSpec, demo_config, plan_servers
 from agent.demo.model import build_model
 from agent.errors import MedicError
+from probes.linux.fstrust import atomic_write, ensure_private_dir
 
 
 def free_ports(count: int) -> list[int]:
@@ -76,7 +77,7 @@ class Fleet:
     def start(self, timeout: float = 60.0) -> None:
         from agent.demo.load import LoadGenerator, request_body
 
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ensure_private_dir(self.state_dir, "demo state dir")  # it holds the config the agent obeys
         model = build_model(self.state_dir / "model.onnx", self.settings.shape)
         self.servers = plan_servers(self.settings, free_ports(self._count()))
         config = demo_config(self.settings, self.servers, model, self.state_dir)
@@ -165,9 +166,7 @@ class Fleet:
 
 
 def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(text)
+    atomic_write(path, text.encode("utf-8"), 0o600)  # a fresh O_EXCL name renamed: no link followed
 
 
 def _stop_group(proc: subprocess.Popen, timeout: float) -> None:

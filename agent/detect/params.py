@@ -7,12 +7,15 @@ at the same instants.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from agent.units import parse_duration, parse_size
 
 DAY = 86400.0
+MAX_SPAN = 365 * DAY  # a longer window or horizon is a typo (and overflows the grid arithmetic)
+MAX_COUNT = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +62,22 @@ class DetectParams:
 
     def __post_init__(self) -> None:
         problems = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                problems.append(f"{f.name} must be a finite number")
+        if problems:
+            raise ValueError("invalid detection parameters: " + "; ".join(problems))
+        for name in sorted(_DURATIONS):
+            if getattr(self, name) > MAX_SPAN:
+                problems.append(f"{name} must be at most 365d")
+        for name in ("min_buckets", "open_after", "resolve_after", "season_days"):
+            if getattr(self, name) > MAX_COUNT:
+                problems.append(f"{name} must be at most {MAX_COUNT}")
+        if self.max_extrapolation > MAX_COUNT or self.frag_min_bytes > 2**50:
+            problems.append(
+                f"max_extrapolation must be at most {MAX_COUNT} and frag_min_bytes at most 1024Ti"
+            )
         for name in ("window", "long_window", "horizon"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be positive")
@@ -140,9 +159,13 @@ def params_from_options(**options: Any) -> DetectParams:
             elif name in _SIZES:
                 values[name] = float(parse_size(raw))
             elif known[name].type in ("int", int):
+                if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                    raise ValueError(f"expected a whole number, got {raw!r}")
                 values[name] = int(raw)
             else:
+                if isinstance(raw, bool):
+                    raise ValueError(f"expected a number, got {raw!r}")
                 values[name] = float(raw)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise ValueError(f"detection option {name}: {exc}") from None
     return DetectParams(**values)

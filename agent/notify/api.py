@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,7 +18,7 @@ from agent.notify.silences import ensure_silence_schema
 
 class RequeueRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    ids: list[int] = Field(min_length=1, max_length=1000)
+    ids: list[Annotated[int, Field(ge=1, le=2**63 - 1)]] = Field(min_length=1, max_length=1000)
     reason: str = Field("requested through the API", max_length=500)
 
 
@@ -66,8 +66,10 @@ def outbox_routes(ctx: Any) -> APIRouter:
             ],
         }
 
-    @router.post("/api/v1/outbox/requeue", dependencies=[Depends(TokenGuard(ctx.token))])
-    def requeue(body: RequeueRequest) -> dict[str, Any]:
+    guard = TokenGuard(ctx.token)
+
+    @router.post("/api/v1/outbox/requeue")
+    def requeue(body: RequeueRequest, who: str = Depends(guard)) -> dict[str, Any]:
         """Dead letters back to pending with fresh attempts; ids that are not dead are left alone."""
         ids = sorted(set(body.ids))
         requeued = outbox.dead_among(ids)
@@ -81,6 +83,7 @@ def outbox_routes(ctx: Any) -> APIRouter:
             f"{count} dead notification(s) queued again: {body.reason}",
             ids=requeued,
             reason=body.reason,
+            by=who,
         )
         return {"requeued": requeued, "skipped": [i for i in ids if i not in requeued]}
 

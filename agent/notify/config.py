@@ -11,7 +11,8 @@
       receiver: {instance_labels: [instance, name], secret_env: MEDIC_RECEIVER_SECRET}
 
 A plain list is accepted as shorthand for `sinks:` (`notify: [{type: alertmanager, url: ...}]`).
-This module imports only `agent.units`, so `agent.config` can import it without a cycle.
+This module imports only the ground (`agent.config_types`, `agent.errors`), so `agent.config` can import
+it without a cycle.
 """
 
 from __future__ import annotations
@@ -22,15 +23,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from agent.config_types import DAY, HOUR, Duration, Size, size_within, within
 from agent.errors import ConfigError
-from agent.units import parse_duration, parse_size
 
 Severity = Literal["info", "warning", "error", "critical"]
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2, "critical": 3}
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-Size = Annotated[int, BeforeValidator(parse_size)]
 _SINK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -49,20 +48,11 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _positive(low: float, high: float) -> AfterValidator:
-    def check(value: float) -> float:
-        if not low <= value <= high:
-            raise ValueError(f"must be between {low:g}s and {high:g}s")
-        return value
-
-    return AfterValidator(check)
-
-
 class RetrySpec(_Strict):
     """Exponential backoff: attempt n waits min(cap, base·2^(n-1)), shortened by up to `jitter` of itself."""
 
-    base: Annotated[Duration, _positive(0.01, 3600)] = 2.0
-    cap: Annotated[Duration, _positive(0.01, 86400)] = 300.0
+    base: Annotated[Duration, within(0.01, HOUR)] = 2.0
+    cap: Annotated[Duration, within(0.01, DAY)] = 300.0
     max_attempts: int = Field(20, ge=1, le=1000)  # then a dead letter; the defaults retry for about an hour
     jitter: float = Field(0.2, ge=0.0, le=1.0)
 
@@ -105,7 +95,7 @@ class _SinkBase(_Strict):
     name: str | None = None  # default: the type, with its index when several share it
     min_severity: Severity | None = None  # overrides notify.min_severity for this sink
     kinds: list[str] | None = None  # only these event kinds (see docs/alerts.md); default: all routed kinds
-    timeout: Annotated[Duration, _positive(0.05, 120)] = 5.0
+    timeout: Annotated[Duration, within(0.05, 120)] = 5.0
 
     @model_validator(mode="after")
     def _check_name_and_kinds(self) -> _SinkBase:
@@ -127,10 +117,10 @@ class AlertmanagerSinkSpec(_SinkBase):
 
     type: Literal["alertmanager"]
     url: HttpUrl  # the Alertmanager base URL, e.g. http://127.0.0.1:9093
-    repost_interval: Annotated[Duration, _positive(0.2, 3600)] = 60.0  # endsAt = last post + 4 x this
+    repost_interval: Annotated[Duration, within(0.2, HOUR)] = 60.0  # endsAt = last post + 4 x this
     silences: bool = True  # silence an instance's firing alerts while medic remediates it
-    silence_max: Annotated[Duration, _positive(1, 7 * 86400)] = 1800.0  # when the caller gives no expiry
-    silence_refresh: Annotated[Duration, _positive(0.1, 600)] = 5.0  # look for new alerts to silence
+    silence_max: Annotated[Duration, within(1, 7 * DAY)] = 1800.0  # when the caller gives no expiry
+    silence_refresh: Annotated[Duration, within(0.1, 600)] = 5.0  # look for new alerts to silence
     bearer_token_file: Path | None = None
 
 
@@ -184,10 +174,10 @@ class ReceiverSpec(_Secret):
     instance_labels: list[str] = Field(default_factory=lambda: ["medic_instance", "instance", "name"])
     # alerts carrying all of these label values are ignored (medic's own alerts, by default)
     ignore_labels: dict[str, str] = Field(default_factory=lambda: {"source": "medic"})
-    max_body: Size = 1024 * 1024
+    max_body: Annotated[Size, size_within(1024, 64 * 2**20)] = 1024 * 1024
     max_alerts: int = Field(1000, ge=1, le=100_000)
-    stale_after: Annotated[Duration, _positive(60, 30 * 86400)] = 12 * 3600.0  # unseen this long: resolved
-    signature_tolerance: Annotated[Duration, _positive(1, 3600)] = 300.0
+    stale_after: Annotated[Duration, within(60, 30 * DAY)] = 12 * 3600.0  # unseen this long: resolved
+    signature_tolerance: Annotated[Duration, within(1, HOUR)] = 300.0
 
     @model_validator(mode="after")
     def _labels(self) -> ReceiverSpec:
@@ -206,8 +196,8 @@ class NotifySection(_Strict):
     fleet_label: str = "fleet"  # the instance label that names its fleet
     retry: RetrySpec = Field(default_factory=RetrySpec)
     receiver: ReceiverSpec = Field(default_factory=ReceiverSpec)
-    keep_delivered: Annotated[Duration, _positive(60, 365 * 86400)] = 7 * 86400.0
-    keep_dead: Annotated[Duration, _positive(60, 365 * 86400)] = 30 * 86400.0
+    keep_delivered: Annotated[Duration, within(60, 365 * DAY)] = 7 * 86400.0
+    keep_dead: Annotated[Duration, within(60, 365 * DAY)] = 30 * 86400.0
 
     @model_validator(mode="before")
     @classmethod

@@ -2,7 +2,7 @@
 
 Buffers are `bytearray(size - 1)`: CPython allocates exactly `size` bytes for them with malloc
 (sizes above 512 bytes bypass pymalloc), so allocator figures can be checked against known sizes.
-Imports `native_hooks.autostart`, so `MEDIC_HOOK_SOCKET` starts the in-process hook. Prints
+Calls `medic_hook.autostart()`, so `MEDIC_HOOK_SOCKET` starts the in-process hook. Prints
 `ready PID HOOK_PATH` first.
 """
 
@@ -14,8 +14,9 @@ import sys
 import threading
 import time
 
-import native_hooks.autostart  # noqa: F401 - starts the hook when MEDIC_HOOK_SOCKET is set
-from native_hooks.inprocess import running_path
+import medic_hook
+
+medic_hook.autostart()  # starts the hook when MEDIC_HOOK_SOCKET is set
 
 held: list[bytearray] = []
 threads: list[threading.Thread] = []
@@ -74,7 +75,7 @@ def run(words: list[str]) -> str:
 
 
 def main() -> None:
-    print(f"ready {os.getpid()} {running_path() or '-'}", flush=True)
+    print(f"ready {os.getpid()} {medic_hook.running_path() or '-'}", flush=True)
     for line in sys.stdin:
         words = line.split()
         if words:

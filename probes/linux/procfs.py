@@ -111,6 +111,7 @@ class ProcStat:
     system_seconds: float
     threads: int
     start_seconds_after_boot: float
+    session: int = 0  # session id: a managed child leads its own (`start_new_session`)
 
     @property
     def cpu_seconds(self) -> float:
@@ -142,6 +143,7 @@ def parse_stat(data: bytes, clock_ticks: int = CLOCK_TICKS) -> ProcStat:
         system_seconds=_int(fields[12], what, data) / clock_ticks,
         threads=_int(fields[17], what, data),
         start_seconds_after_boot=_int(fields[19], what, data) / clock_ticks,
+        session=_int(fields[3], what, data),
     )
 
 
@@ -377,6 +379,24 @@ def parse_cmdline(data: bytes) -> list[str]:
 
 def read_cmdline(pid: int, root: Path = HOST_ROOT) -> list[str]:
     return parse_cmdline(read_file(proc_path(root, pid, "cmdline"), pid))
+
+
+_DELETED = " (deleted)"
+
+
+def read_exe(pid: int, root: Path = HOST_ROOT) -> str | None:
+    """The program a process runs (`/proc/PID/exe`); None when it cannot be known (a kernel thread,
+    or another user's process without ptrace access). A replaced binary reads as its old path."""
+    path = proc_path(root, pid, "exe")
+    try:
+        target = os.readlink(path)
+    except PermissionError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ENOENT and os.path.isdir(proc_path(root, pid)):
+            return None  # a kernel thread or a zombie: no executable
+        raise translate_os_error(exc, path, pid) from None
+    return target[: -len(_DELETED)] if target.endswith(_DELETED) else target
 
 
 def count_fds(pid: int, root: Path = HOST_ROOT) -> int:

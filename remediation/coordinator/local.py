@@ -6,6 +6,11 @@ directory shared over a network file system with working locks. A slot is a rest
 `finished_at` is empty and whose `expires_at` is in the future; a holder that dies stops renewing
 and its row is closed as `lease-expired` at its expiry. A lock held longer than `timeout` (another
 agent stuck) counts as unavailable: no restart.
+
+The file holds the budget of every agent that shares it, so another user must not be able to
+plant or swap it: its directory must be owned by root or medic's user and not writable by others
+(a missing one is created 0700), and the file itself is created `O_EXCL | O_NOFOLLOW` 0600 and
+refused when it is a symlink, another user's, or writable by others (`UnsafePath`, with the fix).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from probes.linux.fstrust import check_trusted_path, ensure_private_file, trusted_uids
 from remediation.coordinator.base import (
     EXPIRED,
     AcquireResult,
@@ -61,9 +67,10 @@ class LocalCoordinator(Coordinator):
         self.clock = clock
         self._lock = threading.Lock()
         try:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            if not self.path.exists():
-                os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+            if not os.path.lexists(self.path.parent):
+                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            check_trusted_path(self.path.parent)  # maybe shared by several agents: checked, never re-moded
+            ensure_private_file(self.path, "local coordinator", owners=trusted_uids())
             self._db = sqlite3.connect(
                 self.path, timeout=timeout, check_same_thread=False, isolation_level=None
             )

@@ -1,0 +1,77 @@
+"""The agent's full API app in-process (as `agent.runtime` builds it), over a real Store, for the HTTP tests."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agent.api import ApiContext, create_app
+from agent.config import validate_config
+from agent.detection import Detection
+from agent.eventlog import EventLog
+from agent.exporter import Telemetry
+from agent.remediate import Remediation
+from agent.store import Store
+from agent.tracker import Tracker
+
+TOKEN = "a" * 64
+BASE = "http://127.0.0.1:9464"
+
+
+class World:
+    """Store, tracker, detection and remediation (dry-run, never stepped) behind `create_app`."""
+
+    def __init__(self, tmp_path: Path, pid: int, **context: Any) -> None:
+        config = validate_config(
+            {
+                "instances": [{"name": "svc", "match": {"pid": pid}}],
+                "remediation": {"mode": "dry-run"},
+            }
+        )
+        self.store = Store(tmp_path / "state")
+        self.events = EventLog(self.store)
+        self.tracker = Tracker(config.instances, self.store, self.events)
+        self.telemetry = Telemetry(self.tracker)
+        self.detection = Detection(
+            self.tracker,
+            self.store,
+            self.events,
+            config.detect.memory_params(),
+            config.detect.slow_params(),
+        )
+        self.remediation = Remediation(
+            config.remediation, self.tracker, self.store, self.events, self.detection
+        )
+        ctx = ApiContext(
+            self.tracker,
+            self.store,
+            self.telemetry,
+            self.events,
+            TOKEN,
+            detection=self.detection,
+            remediation=self.remediation,
+            notify=config.notify,
+            **context,
+        )
+        self.app = create_app(ctx)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One request through httpx's ASGI transport: an exception in the app is raised here."""
+
+        async def go() -> httpx.Response:
+            transport = httpx.ASGITransport(app=self.app)
+            async with httpx.AsyncClient(transport=transport, base_url=BASE) as client:
+                return await client.request(method, path, **kwargs)
+
+        return asyncio.run(go())
+
+    def close(self) -> None:
+        self.remediation.close()
+        self.store.close()
+
+
+def admin() -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKEN}"}
