@@ -25,22 +25,22 @@ import uvicorn
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from agent import __version__
-from agent.api import ApiContext, create_app
-from agent.auth import load_or_create_token
-from agent.collector import KEEPALIVE, SAMPLES_PER_BUCKET, Collector
-from agent.config import Config
-from agent.detection import Detection
-from agent.errors import ConfigError, StoreError
-from agent.eventlog import EventLog
-from agent.exporter import Telemetry
-from agent.histograms import attach as attach_histograms
-from agent.http_guard import allowed_hosts, is_loopback
-from agent.http_server import server_config
+from agent.api.app import ApiContext, create_app
+from agent.api.auth import load_or_create_token
+from agent.api.guard import allowed_hosts, is_loopback
+from agent.api.metrics import Telemetry
+from agent.api.server import server_config
+from agent.config.model import Config
+from agent.core.errors import ConfigError, StoreError
+from agent.jobs.detection import Detection
+from agent.jobs.remediation import Remediation
 from agent.notify.service import start_notifier
-from agent.remediate import Remediation
-from agent.store import Store
-from agent.supervisor import exit_status
-from agent.tracker import Tracker
+from agent.state.eventlog import EventLog
+from agent.state.histograms import attach as attach_histograms
+from agent.state.store import Store
+from agent.watch.collector import KEEPALIVE, SAMPLES_PER_BUCKET, Collector
+from agent.watch.supervisor import exit_status
+from agent.watch.tracker import Tracker
 from probes.linux.fstrust import atomic_write, ensure_private_dir
 from probes.registry import PROBES, create_probe
 
@@ -103,7 +103,9 @@ class Agent:
         token, token_path = load_or_create_token(cfg.token_file, Path(cfg.state_dir))
         log.info("admin token for mutating endpoints: %s", token_path)
         self.events = EventLog(self.store)
-        attach_histograms(self.store)  # probes publish class/type/site snapshots here (agent/histograms.py)
+        attach_histograms(
+            self.store
+        )  # probes publish class/type/site snapshots here (agent/state/histograms.py)
         self.tracker = Tracker(self.config.instances, self.store, self.events)
         self.telemetry = Telemetry(self.tracker)
         self.notifier = start_notifier(self)  # events → Alertmanager/webhook/Slack (agent/notify)

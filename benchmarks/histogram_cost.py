@@ -86,7 +86,7 @@ def _median(values: list[float]) -> float:
 
 
 def bench_jvm(objects: int, heap: str, repeat: int, work: Path) -> dict:
-    from agent.records import ProbeTarget
+    from agent.core.records import ProbeTarget
     from probes.jvm import JvmProbe
     from probes.jvmtext import parse_class_histogram
 

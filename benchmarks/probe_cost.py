@@ -3,7 +3,7 @@
     python -m benchmarks.probe_cost                    # 50 sample workloads, every probe, then the agent
     python -m benchmarks.probe_cost --processes 10 --rounds 50 --agent-seconds 0 --json
 
-Starts N `agent.sample_workload stable` processes, runs each probe over all of them for a number of
+Starts N `agent.demo.workload stable` processes, runs each probe over all of them for a number of
 rounds, and times every `collect` call with `time.thread_time()` (CPU time of this thread, user plus
 system, so the kernel's work behind each /proc read counts). The first round warms caches (the cgroup
 probe resolves directories once per process) and is not counted. The target is ≤ 300 µs of CPU per
@@ -27,8 +27,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agent.records import ProbeTarget
-from agent.units import parse_duration
+from agent.core.records import ProbeTarget
+from agent.core.units import parse_duration
 from probes.base import Probe
 from probes.linux.procfs import process_identity, read_stat, read_status
 from probes.registry import PROBES, create_probe
@@ -52,7 +52,7 @@ class ProbeCost:
 def start_workloads(count: int, size: str = "4Mi") -> list[subprocess.Popen]:
     """Start `count` stable sample workloads and wait until each printed `ready`."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    argv = [sys.executable, "-m", "agent.sample_workload", "stable", "--size", size]
+    argv = [sys.executable, "-m", "agent.demo.workload", "stable", "--size", size]
     procs: list[subprocess.Popen] = []
     try:
         for _ in range(count):

@@ -26,8 +26,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.records import ProbeTarget
-from agent.units import format_bytes, parse_size
+from agent.core.records import ProbeTarget
+from agent.core.units import format_bytes, parse_size
 from probes.latency import LatencyProbe
 from probes.promtext import parse_exposition
 

@@ -1,5 +1,5 @@
 """A small client of the hook protocol, used by the allocator probe, `medic purge`, `medic doctor` and
-`medic hook call`. Errors are `agent.errors.ProbeError` subclasses that say what to do.
+`medic hook call`. Errors are `agent.core.errors.ProbeError` subclasses that say what to do.
 
     with HookClient("/run/medic/hook.4242.sock", timeout=2.0, pid=4242) as hook:
         stats = hook.request("stats")

@@ -2,7 +2,7 @@
 what to add (LD_PRELOAD, MALLOC_CONF, MEDIC_HOOK_SOCKET, PYTHONMALLOC) to see more.
 
 The hook's own answer is the truth about the allocator when it is reachable (it asks `dladdr` from
-inside); otherwise the outside view of `native_hooks.detect` is used. Each piece of advice is one
+inside); otherwise the outside view of `native_hooks.which_allocator` is used. Each piece of advice is one
 sentence that names the exact setting.
 """
 
@@ -12,10 +12,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.errors import ProbeError
-from native_hooks.detect import AllocatorGuess, detect_allocator
+from agent.core.errors import ProbeError
 from native_hooks.errors import ShimNotBuilt
 from native_hooks.sockets import find_socket
+from native_hooks.which_allocator import AllocatorGuess, detect_allocator
 
 AUTOSTART_HINT = (
     "MEDIC_HOOK_SOCKET=auto plus `medic hook install-pth` once per environment (a .pth line that "
@@ -175,7 +175,7 @@ def advise(report: DoctorReport) -> list[str]:
 
 def render(report: DoctorReport) -> str:
     """The report for people: a few aligned lines, then the advice."""
-    from agent.units import format_bytes
+    from agent.core.units import format_bytes
 
     detected, hook = report.detected, report.hook
     lines = [f"pid            {report.pid}"]

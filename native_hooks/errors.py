@@ -1,4 +1,4 @@
-"""Errors of the hook client (medic's side), inside `agent.errors`; and, re-exported, those of the
+"""Errors of the hook client (medic's side), inside `agent.core.errors`; and, re-exported, those of the
 allocator bindings, which run inside targets and so belong to `medic_hook` (plain `Exception`s there,
 turned into `{"ok": false}` replies before they reach medic).
 
@@ -20,7 +20,7 @@ ProbeError
 
 from __future__ import annotations
 
-from agent.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable
+from agent.core.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable
 from medic_hook import AllocatorError, MallctlError
 
 __all__ = [

@@ -22,7 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Literal, NoReturn
 
-from agent.errors import ProbeError, UnsafePath
+from agent.core.errors import ProbeError, UnsafePath
 from probes.linux.fstrust import open_owned_file
 
 MAX_PROFILE_BYTES = 512 * 2**20  # larger dumps are refused rather than read into memory

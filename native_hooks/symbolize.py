@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.errors import UnsafePath
+from agent.core.errors import UnsafePath
 from native_hooks.heapprofile import Mapping, parse_maps_line
 from probes.linux.fstrust import open_regular_file, trusted_program
 
@@ -52,7 +52,7 @@ class Frame:
 
 def read_maps(pid: int, proc: str = "/proc") -> list[Mapping]:
     """The memory map of a live process (needs ptrace-read rights: same uid or root)."""
-    from agent.errors import ProbeAccessDenied, TargetGone
+    from agent.core.errors import ProbeAccessDenied, TargetGone
 
     try:
         with open(f"{proc}/{pid}/maps", encoding="utf-8", errors="replace") as handle:

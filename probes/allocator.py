@@ -11,14 +11,14 @@ from __future__ import annotations
 import os
 from typing import ClassVar
 
-from agent.errors import ProbeUnavailable, TargetGone
-from agent.records import ProbeResult, ProbeTarget, Sample
+from agent.core.errors import ProbeUnavailable, TargetGone
+from agent.core.records import ProbeResult, ProbeTarget, Sample
 from native_hooks.client import HookClient
 from native_hooks.errors import HOOK_HOWTO, HookNotFound
 from native_hooks.sockets import find_socket, namespace_pids
 from probes.base import Schedule
 
-# hook figure -> metric (agent/catalog.py, source "allocator")
+# hook figure -> metric (agent/core/catalog.py, source "allocator")
 FIGURE_METRICS = {
     "allocated": "allocator_allocated_bytes",
     "active": "allocator_active_bytes",

@@ -1,7 +1,7 @@
 """The probe interface: `collect(target) -> ProbeResult`, plus the schedule it runs on.
 
 A probe reads figures about one live process and returns samples named after
-`agent.catalog`. It never raises anything but `ProbeError` subclasses: `TargetGone` when the
+`agent.core.catalog`. It never raises anything but `ProbeError` subclasses: `TargetGone` when the
 process vanished, `ProbeAccessDenied` when the agent lacks permission, `ProbeUnavailable`
 when the figure does not exist here. Figures it could not read while others worked go into
 `ProbeResult.problems` (partial failure); "no data yet" is not an error.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal, Protocol
 
-from agent.records import ProbeResult, ProbeTarget
+from agent.core.records import ProbeResult, ProbeTarget
 
 Schedule = Literal["fast", "slow"]
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from agent.errors import ProbeError
-from agent.records import ProbeResult, ProbeTarget, Sample
+from agent.core.errors import ProbeError
+from agent.core.records import ProbeResult, ProbeTarget, Sample
 from probes.base import Schedule
 from probes.latency import latency_settings
 from probes.scrape import fetch, new_client

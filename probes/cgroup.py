@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from agent.records import ProbeResult, ProbeTarget
+from agent.core.records import ProbeResult, ProbeTarget
 from probes.base import Schedule
 from probes.linux import cgroupfs
 from probes.linux.cgroupfs import CgroupLocation, CpuQuota, locate_cgroups

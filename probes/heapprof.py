@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from agent import histograms
-from agent.config import HeapProfiles
-from agent.errors import ProbeError, ProbeUnavailable, StoreError, TargetGone
-from agent.records import ProbeResult, ProbeTarget, Sample
+from agent.config.model import HeapProfiles
+from agent.core.errors import ProbeError, ProbeUnavailable, StoreError, TargetGone
+from agent.core.records import ProbeResult, ProbeTarget, Sample
+from agent.state import histograms
 from native_hooks.client import HookClient
 from native_hooks.errors import HookNotFound, HookOpUnavailable
 from native_hooks.heapprofile import HeapProfile, read_heap_profile

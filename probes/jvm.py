@@ -27,10 +27,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from agent import histograms
-from agent.config import JvmHistograms
-from agent.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable, StoreError, TargetGone, UnsafePath
-from agent.records import ProbeResult, ProbeTarget, Sample
+from agent.config.model import JvmHistograms
+from agent.core.errors import (
+    ProbeAccessDenied,
+    ProbeError,
+    ProbeUnavailable,
+    StoreError,
+    TargetGone,
+    UnsafePath,
+)
+from agent.core.records import ProbeResult, ProbeTarget, Sample
+from agent.state import histograms
 from probes.base import Schedule
 from probes.jvmtext import (
     ClassHistogram,

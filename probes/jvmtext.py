@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from agent.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable, TargetGone
+from agent.core.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable, TargetGone
 
 KIB = 1024
 _UNITS = {"": 1, "B": 1, "K": KIB, "KB": KIB, "M": KIB**2, "MB": KIB**2, "G": KIB**3, "GB": KIB**3}

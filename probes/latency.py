@@ -2,7 +2,7 @@
 per-interval quantiles, request rate and error rate.
 
 Each scrape is compared with the previous one of the same process (pid, start time): the bucket
-increases between the two give `histogram_quantile` over exactly that interval (`agent.quantiles`).
+increases between the two give `histogram_quantile` over exactly that interval (`agent.core.quantiles`).
 The first scrape of a process, and one after a gap longer than `MAX_GAP`, only sets the baseline.
 An interval without requests stores a rate of 0 and no quantiles: "no traffic" is not an error.
 Instances without `latency.prometheus` in their config get an empty result.
@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from agent.errors import ProbeError
-from agent.quantiles import HistogramSeries, IntervalHistogram, LabelKey, Snapshot, interval_histogram
-from agent.records import ProbeResult, ProbeTarget, Sample
+from agent.core.errors import ProbeError
+from agent.core.quantiles import HistogramSeries, IntervalHistogram, LabelKey, Snapshot, interval_histogram
+from agent.core.records import ProbeResult, ProbeTarget, Sample
 from probes.base import Schedule
 from probes.promtext import Exposition, PromSample, parse_exposition
 from probes.scrape import fetch, new_client

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
-from agent.errors import ProbeError, TargetGone
-from agent.records import ProbeResult, ProbeTarget, Sample
+from agent.core.errors import ProbeError, TargetGone
+from agent.core.records import ProbeResult, ProbeTarget, Sample
 from probes.base import Schedule
 from probes.linux import procfs
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
-from agent.errors import ProbeError
+from agent.core.errors import ProbeError
 
 Format = Literal["text", "openmetrics"]
 

@@ -15,10 +15,10 @@ import os
 import threading
 from typing import ClassVar
 
-from agent import histograms
-from agent.config import PythonHistograms
-from agent.errors import ProbeUnavailable, StoreError, TargetGone
-from agent.records import ProbeResult, ProbeTarget, Sample
+from agent.config.model import PythonHistograms
+from agent.core.errors import ProbeUnavailable, StoreError, TargetGone
+from agent.core.records import ProbeResult, ProbeTarget, Sample
+from agent.state import histograms
 from native_hooks.client import HookClient
 from native_hooks.errors import HookNotFound, HookRequestError
 from native_hooks.sockets import namespace_pids

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from agent.errors import ProbeError
+from agent.core.errors import ProbeError
 
 MAX_BODY = 64 * 2**20  # a /metrics page larger than this is refused, not read into memory
 _CHUNK = 65536

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from agent.errors import ProbeError, ProbeUnavailable, TargetGone
-from agent.records import ProbeResult, ProbeTarget
+from agent.core.errors import ProbeError, ProbeUnavailable, TargetGone
+from agent.core.records import ProbeResult, ProbeTarget
 from probes.base import Schedule
 from probes.linux import procfs
 from probes.process import add_samples

@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from agent.config_types import (
+from agent.core.types import (
     DAY,
     HOUR,
     Duration,

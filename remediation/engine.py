@@ -31,9 +31,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from agent.errors import StoreError
-from agent.eventlog import EventLog
-from agent.store import Store
+from agent.core.errors import StoreError
+from agent.state.eventlog import EventLog
+from agent.state.store import Store
 from remediation import planner, policy
 from remediation.budget import HOUR
 from remediation.config import RemediationSection

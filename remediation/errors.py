@@ -1,4 +1,4 @@
-"""Errors of the remediation engine, in medic's one exception family (`agent.errors.MedicError`).
+"""Errors of the remediation engine, in medic's one exception family (`agent.core.errors.MedicError`).
 
     MedicError
     └── RemediationError            anything the engine refuses or cannot do
@@ -12,7 +12,7 @@ The engine turns each into a blocked decision with its reason; none reaches the 
 
 from __future__ import annotations
 
-from agent.errors import MedicError
+from agent.core.errors import MedicError
 
 
 class RemediationError(MedicError):

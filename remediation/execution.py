@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.eventlog import EventLog
+from agent.state.eventlog import EventLog
 from remediation.actuators.base import Actuator
 from remediation.coordinator.base import Coordinator, Grant
 from remediation.drain import Drain

@@ -12,7 +12,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 
-from agent.eventlog import EventLog
+from agent.state.eventlog import EventLog
 from probes.linux.procfs import same_process
 from remediation import policy
 from remediation.ledger import Ledger

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Container
 
-from agent.eventlog import EventLog
+from agent.state.eventlog import EventLog
 from remediation.hooks import EngineHooks
 from remediation.ledger import Ledger
 from remediation.model import Decision, InstanceView, Intent, RemediationRequest

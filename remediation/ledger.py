@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from agent.store import Store, where_clause
+from agent.state.store import Store, where_clause
 from probes.linux.procfs import CLOCK_TICKS
 from remediation.model import Decision, RemediationRequest, RestartRecord
 from remediation.policy import CaseHistory, related_kinds

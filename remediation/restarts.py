@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.eventlog import EventLog
+from agent.state.eventlog import EventLog
 from remediation.actuators import Actuator, ActuatorHooks, create_actuator
 from remediation.blockers import (
     Blocker,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from datetime import datetime
 
-from agent.units import format_duration
+from agent.core.units import format_duration
 
 
 def at(ts: float | None) -> str:

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import httpx
 
-from agent.records import ProcessIdentity
+from agent.core.records import ProcessIdentity
 from probes.linux.procfs import same_process
 from remediation.actuators.base import Locator, fill
 from remediation.model import Decision, InstanceView, RemediationRequest

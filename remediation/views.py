@@ -9,15 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from agent.errors import ProbeError
-from agent.records import ProcessIdentity
+from agent.core.errors import ProbeError
+from agent.core.records import ProcessIdentity
 from probes.linux.procfs import process_identity, read_cmdline, same_process
 from remediation.model import InstanceView
 
 if TYPE_CHECKING:
-    from agent.identities import AdoptedProcess
-    from agent.instances import InstanceState
-    from agent.tracker import Tracker
+    from agent.state.identities import AdoptedProcess
+    from agent.watch.instances import InstanceState
+    from agent.watch.tracker import Tracker
 
 
 def view_from_state(state: InstanceState) -> InstanceView:

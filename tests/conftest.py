@@ -60,12 +60,12 @@ def spawn() -> Iterator[SpawnFn]:
 
 @pytest.fixture
 def workload(spawn: SpawnFn) -> Callable[..., subprocess.Popen]:
-    """Start `agent.sample_workload MODE ARGS...` and wait for its `ready` line (10 s at most)."""
+    """Start `agent.demo.workload MODE ARGS...` and wait for its `ready` line (10 s at most)."""
 
     def _workload(mode: str, *args: str, **kwargs) -> subprocess.Popen:
         env = {**os.environ, "PYTHONPATH": str(REPO), **kwargs.pop("env", {})}
         proc = spawn(
-            [PYTHON, "-m", "agent.sample_workload", mode, *args],
+            [PYTHON, "-m", "agent.demo.workload", mode, *args],
             stdout=subprocess.PIPE,
             text=True,
             env=env,
@@ -221,4 +221,4 @@ def agent(spawn: SpawnFn, tmp_path: Path) -> Iterator[AgentRunner]:
 
 def workload_argv(mode: str, *args: str) -> list[str]:
     """The argv of a sample workload, for `command:` instances."""
-    return [PYTHON, "-m", "agent.sample_workload", mode, *args]
+    return [PYTHON, "-m", "agent.demo.workload", mode, *args]

@@ -8,14 +8,14 @@ from typing import Any
 
 import httpx
 
-from agent.api import ApiContext, create_app
-from agent.config import validate_config
-from agent.detection import Detection
-from agent.eventlog import EventLog
-from agent.exporter import Telemetry
-from agent.remediate import Remediation
-from agent.store import Store
-from agent.tracker import Tracker
+from agent.api.app import ApiContext, create_app
+from agent.api.metrics import Telemetry
+from agent.config.model import validate_config
+from agent.jobs.detection import Detection
+from agent.jobs.remediation import Remediation
+from agent.state.eventlog import EventLog
+from agent.state.store import Store
+from agent.watch.tracker import Tracker
 
 TOKEN = "a" * 64
 BASE = "http://127.0.0.1:9464"

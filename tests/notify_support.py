@@ -265,12 +265,12 @@ PROMETHEUS_OWN = {"up"}
 
 def exported_metric_names(tmp_path: Path) -> set[str]:
     """Every sample name medic's /metrics can carry: the catalog plus the agent-level families."""
-    from agent.catalog import CATALOG, prometheus_name
-    from agent.eventlog import EventLog
-    from agent.exporter import Telemetry
+    from agent.api.metrics import Telemetry
+    from agent.core.catalog import CATALOG, prometheus_name
     from agent.notify.metrics import NotifyCollector, ReceiverCollector
-    from agent.store import Store
-    from agent.tracker import Tracker
+    from agent.state.eventlog import EventLog
+    from agent.state.store import Store
+    from agent.watch.tracker import Tracker
 
     class NoFindings:
         def open_findings(self) -> list:

@@ -155,9 +155,9 @@ def _agent_main(argv: list[str]) -> int:
     import argparse
     import sys
 
-    from agent.discovery import by_pid
-    from agent.eventlog import EventLog
-    from agent.store import Store
+    from agent.state.eventlog import EventLog
+    from agent.state.store import Store
+    from agent.watch.discovery import by_pid
     from remediation.config import RemediationSection
     from remediation.coordinator.etcd import EtcdCoordinator
     from remediation.coordinator.local import LocalCoordinator

@@ -26,9 +26,9 @@ import pytest
 from conftest import wait_until, workload_argv
 from notify_support import free_port, hook_server_fixture, start_alertmanager, start_prometheus  # noqa: F401
 
-from agent.eventlog import EventLog
 from agent.notify.model import parse_rfc3339
-from agent.store import Store
+from agent.state.eventlog import EventLog
+from agent.state.store import Store
 
 pytestmark = pytest.mark.slow
 FAST = {"interval": "0.2s", "slow_interval": "1s", "discovery_interval": "0.5s", "flush_interval": "0.3s"}

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import pytest
 from conftest import wait_until
 
-from agent.catalog import CATALOG
-from agent.errors import ProbeUnavailable, TargetGone
-from agent.records import ProbeTarget
+from agent.core.catalog import CATALOG
+from agent.core.errors import ProbeUnavailable, TargetGone
+from agent.core.records import ProbeTarget
 from native_hooks.errors import HookNotFound
 from native_hooks.workloads import TargetIO, build_c_target, python_argv, target_env
 from probes.allocator import AllocatorProbe, hook_socket_for

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent import series_jsonl
-from agent.errors import MedicError, SeriesFormatError
-from agent.series_import import read_files, read_text
+from agent.core.errors import MedicError, SeriesFormatError
+from agent.series.reader import read_files, read_text
 
 
 def _line(ts, instance="a", metric="rss_bytes", value=1.0) -> str:

@@ -18,7 +18,7 @@ from http_guard_support import TOKEN, World
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.http_guard import api_routes
+from agent.api.guard import api_routes
 
 NASTY_TEXT = [
     "inf",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.attribution import attribution_for
-from agent.records import Sample
-from agent.store import Store
+from agent.core.records import Sample
+from agent.detect.attribution import attribution_for
+from agent.state.store import Store
 
 T0 = 1_800_000_000.0
 MiB = 2**20

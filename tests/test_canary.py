@@ -10,7 +10,7 @@ import pytest
 from conftest import wait_until
 from latency_app import start_app
 
-from agent.records import ProbeTarget
+from agent.core.records import ProbeTarget
 from probes.canary import CanaryProbe
 
 

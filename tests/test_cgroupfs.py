@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.errors import ProbeError, ProbeUnavailable, TargetGone
+from agent.core.errors import ProbeError, ProbeUnavailable, TargetGone
 from probes.linux import cgroupfs
 from probes.linux.cgroupfs import CgroupMount, ControllerDir
 

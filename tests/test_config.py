@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.cli.main import main
-from agent.config import load_config, parse_config
-from agent.errors import ConfigError
+from agent.config.model import load_config, parse_config
+from agent.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "medic.yaml"

@@ -28,7 +28,7 @@ from conftest import PYTHON, AgentRunner, _reap, wait_until, workload_argv
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.api_dashboard import CONTENT_SECURITY_POLICY, WEB_DIR, dashboard_routes, static_files
+from agent.api.dashboard import CONTENT_SECURITY_POLICY, WEB_DIR, dashboard_routes, static_files
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 LIMIT = 200 * 2**20

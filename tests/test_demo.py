@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 pytest.importorskip("onnxruntime", reason="pip install 'sidecar-medic[demo]'")
 pytest.importorskip("onnx", reason="pip install 'sidecar-medic[demo]'")
 
-from agent.config import validate_config
+from agent.config.model import validate_config
+from agent.core.errors import MedicError, UsageError
 from agent.demo.config import DemoSettings, demo_config, plan_servers
 from agent.demo.load import request_body
 from agent.demo.model import ModelShape, build_model, require_runtime
@@ -33,7 +34,6 @@ from agent.demo.narrate import (
     status_line,
 )
 from agent.demo.server import PREDICT_PATH, parse_predict_request
-from agent.errors import MedicError, UsageError
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 SHAPE = ModelShape()

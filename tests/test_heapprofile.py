@@ -13,7 +13,7 @@ from histo_support import build_c, clean_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.errors import ProbeError
+from agent.core.errors import ProbeError
 from native_hooks import heapprofile
 from native_hooks.heapprofile import (
     MAPS_MARKER,

@@ -15,10 +15,10 @@ from conftest import PYTHON, REPO, wait_until
 from histo_support import build_c, clean_env, read_ready
 
 from agent import histograms
-from agent.errors import ProbeUnavailable
-from agent.records import ProbeTarget
-from agent.store import Store
-from agent.suspects import suspects_for
+from agent.core.errors import ProbeUnavailable
+from agent.core.records import ProbeTarget
+from agent.detect.suspects import suspects_for
+from agent.state.store import Store
 from native_hooks.workloads import ensure_shim
 from probes.heapprof import HeapProfileProbe
 

@@ -14,15 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent import histograms
-from agent.api_histograms import histogram_routes
+from agent.api.histograms import histogram_routes
 from agent.cli.heap import render_attribution
 from agent.cli.histo import render_diff, render_snapshot, render_suspects
-from agent.config import validate_config
-from agent.eventlog import EventLog
-from agent.histograms import HistogramRow, HistogramStore, Snapshot, compact, diff
-from agent.records import Sample
-from agent.store import Store
-from agent.tracker import Tracker
+from agent.config.model import validate_config
+from agent.core.records import Sample
+from agent.state.eventlog import EventLog
+from agent.state.histograms import HistogramRow, HistogramStore, Snapshot, compact, diff
+from agent.state.store import Store
+from agent.watch.tracker import Tracker
 
 
 def snapshot(ts: float, rows: dict[str, tuple[float, float]], pid: int = 7, source: str = "jvm") -> Snapshot:

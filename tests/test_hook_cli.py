@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO
 
 from agent.cli.hook import parse_params
-from agent.errors import UsageError
+from agent.core.errors import UsageError
 from native_hooks.workloads import TargetIO, ensure_shim, python_argv, target_env
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable, TargetGone
+from agent.core.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable, TargetGone
 from probes.jvmtext import (
     JcmdOutputError,
     attach_failure,

@@ -15,9 +15,9 @@ from conftest import PYTHON, REPO, wait_until
 from histo_support import build_java, clean_env, read_ready
 
 from agent import histograms
-from agent.errors import ProbeUnavailable
-from agent.records import ProbeTarget
-from agent.store import Store
+from agent.core.errors import ProbeUnavailable
+from agent.core.records import ProbeTarget
+from agent.state.store import Store
 from probes.jvm import JvmProbe
 
 pytestmark = [

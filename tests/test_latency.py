@@ -14,8 +14,8 @@ from latency_app import start_app
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from agent.errors import ProbeError
-from agent.records import ProbeTarget
+from agent.core.errors import ProbeError
+from agent.core.records import ProbeTarget
 from probes.latency import LatencyProbe, interval_result, read_scrape
 from probes.registry import PROBES, create_probe
 

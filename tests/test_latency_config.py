@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.config import parse_config, validate_config
-from agent.errors import ConfigError
+from agent.config.model import parse_config, validate_config
+from agent.core.errors import ConfigError
 
 BASE = "instances: [{name: a, match: {pid: 3}, latency: %s}]"
 

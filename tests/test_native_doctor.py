@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 from conftest import REPO, wait_until
 
-from agent.errors import TargetGone
-from native_hooks.detect import detect_allocator
+from agent.core.errors import TargetGone
 from native_hooks.doctor import diagnose, render
+from native_hooks.which_allocator import detect_allocator
 from native_hooks.workloads import (
     TargetIO,
     build_c_target,

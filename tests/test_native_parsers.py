@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.catalog import CATALOG
-from agent.errors import ProbeError
+from agent.core.catalog import CATALOG
+from agent.core.errors import ProbeError
 from native_hooks import protocol
 from native_hooks.allocator import glibc_figures, jemalloc_figures, tcmalloc_figures
-from native_hooks.detect import mapped_files, parse_maps
 from native_hooks.errors import AllocatorError, HookProtocolError
 from native_hooks.glibc import MALLINFO2_FIELDS, GlibcMalloc, parse_malloc_info
 from native_hooks.sockets import SocketPathError, expand, has_pid, parse_environ
+from native_hooks.which_allocator import mapped_files, parse_maps
 from probes.allocator import samples_from_stats
 
 # -- malloc_info -----------------------------------------------------------------------------------

@@ -8,11 +8,11 @@ import pytest
 from conftest import wait_until
 from notify_support import hook_server_fixture, start_alertmanager  # noqa: F401 (the hook_server fixture)
 
-from agent.config import validate_config
-from agent.eventlog import EventLog
+from agent.config.model import validate_config
 from agent.notify.model import parse_rfc3339
 from agent.notify.service import Notifier
-from agent.store import Store
+from agent.state.eventlog import EventLog
+from agent.state.store import Store
 
 pytestmark = pytest.mark.slow
 

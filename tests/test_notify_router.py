@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from agent.config import validate_config
-from agent.eventlog import EventLog
+from agent.config.model import validate_config
+from agent.notify.event_alerts import ALIASES, ROUTES, canonical
 from agent.notify.outbox import Outbox
 from agent.notify.router import Router
-from agent.notify.routes import ALIASES, ROUTES, canonical
 from agent.notify.silences import Silencer
 from agent.notify.sinks import create_sinks
-from agent.store import Store
+from agent.state.eventlog import EventLog
+from agent.state.store import Store
 
 T0 = 1_800_000_000.0
 

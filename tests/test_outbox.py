@@ -14,12 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from notify_support import hook_server_fixture  # noqa: F401 (the hook_server fixture)
 
-from agent.config import validate_config
-from agent.eventlog import EventLog
+from agent.config.model import validate_config
 from agent.notify.config import RetrySpec
 from agent.notify.outbox import Outbox, backoff_delay
 from agent.notify.service import Notifier
-from agent.store import Store
+from agent.state.eventlog import EventLog
+from agent.state.store import Store
 
 SECRET = "0123456789abcdef0123"
 T0 = 1_800_000_000.0

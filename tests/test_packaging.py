@@ -19,9 +19,9 @@ import yaml
 from conftest import REPO, wait_until
 
 from agent.cli.hook import INSTALLED_SHIM, find_library, install_hook
-from agent.config import load_config, parse_config
-from agent.errors import UsageError
-from agent.units import parse_size
+from agent.config.model import load_config, parse_config
+from agent.core.errors import UsageError
+from agent.core.units import parse_size
 
 MANIFEST = REPO / "deploy/kubernetes/sidecar.yaml"
 UNIT = REPO / "deploy/systemd/medic@.service"

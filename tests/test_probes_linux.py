@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO, wait_ready, wait_until, workload_argv
 
-from agent.catalog import CATALOG
-from agent.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable, TargetGone
-from agent.records import ProbeResult, ProbeTarget
+from agent.core.catalog import CATALOG
+from agent.core.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable, TargetGone
+from agent.core.records import ProbeResult, ProbeTarget
 from probes.cgroup import CgroupProbe
 from probes.linux import procfs
 from probes.linux.cgroupfs import cgroup_memory_limit
@@ -337,8 +337,8 @@ def test_real_v1_cpu_cgroup_quota_and_throttling(child_cgroups):
 
 _PROBE_SCRIPT = """
 import json, os, sys
-from agent.errors import ProbeError
-from agent.records import ProbeTarget
+from agent.core.errors import ProbeError
+from agent.core.records import ProbeTarget
 from probes.linux.procfs import process_identity
 from probes.process import ProcessProbe
 from probes.smaps import SmapsProbe

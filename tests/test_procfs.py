@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable, TargetGone
+from agent.core.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable, TargetGone
 from probes.linux import procfs
 
 ROOT = Path(__file__).parent / "fixtures" / "proc"

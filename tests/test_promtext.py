@@ -23,7 +23,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as reference_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as reference_text
 
-from agent.errors import ProbeError
+from agent.core.errors import ProbeError
 from probes.promtext import detect_format, parse_exposition
 
 OM_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"

@@ -15,7 +15,7 @@ from histo_support import clean_env, read_ready, write_python
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.records import ProbeTarget
+from agent.core.records import ProbeTarget
 from native_hooks.workloads import TargetIO, build_c_target, target_env
 from probes.pyhist import PythonHistogramProbe, snapshot_from_reply
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.quantiles import HistogramSeries, bucket_quantile, interval_histogram, series_increase
+from agent.core.quantiles import HistogramSeries, bucket_quantile, interval_histogram, series_increase
 
 INF = math.inf
 # REFERENCE §8.1: 2000 observations, then the interval between two scrapes (verified with promtool)

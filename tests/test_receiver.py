@@ -12,16 +12,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from notify_support import ServedApp
 
-from agent.api import ApiContext, create_app
-from agent.config import validate_config
-from agent.detection import Detection
-from agent.eventlog import EventLog
-from agent.exporter import Telemetry
+from agent.api.app import ApiContext, create_app
+from agent.api.metrics import Telemetry
+from agent.config.model import validate_config
+from agent.jobs.detection import Detection
 from agent.notify.external import external_findings, open_external_finding
 from agent.notify.inbound import InboundError, label_fingerprint, parse_webhook
 from agent.notify.signing import signature_headers
-from agent.store import Store
-from agent.tracker import Tracker
+from agent.state.eventlog import EventLog
+from agent.state.store import Store
+from agent.watch.tracker import Tracker
 
 TOKEN = "t" * 32
 SECRET = "receiver-secret-0123456789"
@@ -159,7 +159,7 @@ def test_firing_alert_opens_an_external_finding_once(receiver):
 
 
 def test_external_findings_are_listed_and_become_remediation_requests(receiver):
-    from agent.remediate import Remediation
+    from agent.jobs.remediation import Remediation
     from remediation.config import RemediationSection
 
     r = receiver()

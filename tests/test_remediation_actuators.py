@@ -14,7 +14,7 @@ import pytest
 from conftest import PYTHON, wait_until
 from remediation_support import HttpRecorder, free_port
 
-from agent.discovery import by_pid
+from agent.watch.discovery import by_pid
 from probes.linux.procfs import process_identity, read_cmdline
 from remediation.actuators import (
     CommandActuator,

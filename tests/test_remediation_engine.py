@@ -18,10 +18,10 @@ import pytest
 from conftest import workload_argv
 from remediation_support import free_port
 
-from agent.discovery import by_pid
-from agent.eventlog import EventLog
-from agent.store import Store
-from agent.supervisor import ManagedProcess
+from agent.state.eventlog import EventLog
+from agent.state.store import Store
+from agent.watch.discovery import by_pid
+from agent.watch.supervisor import ManagedProcess
 from probes.linux.procfs import read_cmdline, read_statm
 from remediation.config import RemediationSection
 from remediation.coordinator.etcd import EtcdCoordinator

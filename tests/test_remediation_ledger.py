@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from agent.store import Store
+from agent.state.store import Store
 from remediation.ledger import Ledger
 from remediation.model import RemediationRequest
 

@@ -7,10 +7,10 @@ import subprocess
 
 from conftest import PYTHON, wait_until
 
-from agent.config import InstanceSpec
-from agent.eventlog import EventLog
-from agent.store import Store
-from agent.tracker import Tracker
+from agent.config.model import InstanceSpec
+from agent.state.eventlog import EventLog
+from agent.state.store import Store
+from agent.watch.tracker import Tracker
 from probes.linux.procfs import read_cmdline
 from remediation.actuators.signals import check_identity
 from remediation.views import tracker_locator, view_from_state

@@ -15,9 +15,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.config import parse_config
-from agent.config_types import MAX_DURATION
-from agent.errors import ConfigError
+from agent.config.model import parse_config
+from agent.core.errors import ConfigError
+from agent.core.types import MAX_DURATION
 
 LINE = re.compile(r"^<config>: [\w.\[\]]+: \S.*$")  # FILE: key.path: what was expected
 

@@ -23,8 +23,8 @@ from conftest import wait_until
 from histo_support import build_java, clean_env, read_ready
 
 from agent import histograms
-from agent.errors import ProbeUnavailable
-from agent.records import ProbeTarget
+from agent.core.errors import ProbeUnavailable
+from agent.core.records import ProbeTarget
 from native_hooks.client import HookClient
 from native_hooks.errors import HookNotFound
 from native_hooks.heapprofile import MAPS_MARKER, HeapProfileRefused, Mapping, read_heap_profile

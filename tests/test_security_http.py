@@ -17,8 +17,8 @@ import uvicorn
 from conftest import AgentRunner, wait_until
 from http_guard_support import TOKEN, World, admin
 
-from agent.http_guard import allowed_hosts, host_allowed, is_loopback, json_too_deep
-from agent.http_server import connection_budget, server_config
+from agent.api.guard import allowed_hosts, host_allowed, is_loopback, json_too_deep
+from agent.api.server import connection_budget, server_config
 
 IDENTITY = "token:" + hashlib.sha256(TOKEN.encode()).hexdigest()[:8]
 

@@ -19,12 +19,12 @@ import pytest
 import yaml
 from conftest import PYTHON, REPO, wait_until
 
-from agent.config import InstanceSpec
-from agent.errors import ConfigError
-from agent.eventlog import EventLog
-from agent.identities import AdoptedProcess, IdentityLedger, pidfile_rewritten
-from agent.store import Store
-from agent.tracker import Tracker
+from agent.config.model import InstanceSpec
+from agent.core.errors import ConfigError
+from agent.state.eventlog import EventLog
+from agent.state.identities import AdoptedProcess, IdentityLedger, pidfile_rewritten
+from agent.state.store import Store
+from agent.watch.tracker import Tracker
 from probes.linux.pidfd import Expected, check, pin, signal_if_same
 from probes.linux.procfs import process_identity
 from remediation.actuators import SignalActuator
@@ -483,7 +483,7 @@ def test_select_all_follows_at_most_max_instances_and_says_so_once(agent, spawn)
     ],
 )
 def test_max_instances_is_bounded_and_only_for_select_all(tmp_path, match, error):
-    from agent.config import load_config
+    from agent.config.model import load_config
 
     path = tmp_path / "medic.yaml"
     path.write_text(yaml.safe_dump({"instances": [{"name": "x", "match": match}]}))

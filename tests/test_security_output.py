@@ -23,7 +23,7 @@ from conftest import REPO, wait_until
 
 from agent.cli.main import main
 from agent.cli.run import PrintableFormatter
-from agent.cli.table import echo, printable, render
+from agent.core.text import echo, printable, render
 
 ESC = "\x1b"
 EVIL = "\x1b[2J\x1b]0;owned\x07\x9b31m\u202eevil\r\nforged: line"

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, REPO, wait_until, workload_argv
 
-from agent.auth import load_or_create_token
-from agent.config import validate_config
-from agent.errors import StoreError, UnsafePath
-from agent.eventlog import EventLog
-from agent.records import Sample
-from agent.store import Store
+from agent.api.auth import load_or_create_token
+from agent.config.model import validate_config
+from agent.core.errors import StoreError, UnsafePath
+from agent.core.records import Sample
+from agent.state.eventlog import EventLog
+from agent.state.store import Store
 from probes.linux.fstrust import atomic_write
 from remediation.config import RemediationSection
 from remediation.coordinator.local import LocalCoordinator

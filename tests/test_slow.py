@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.config import parse_config
+from agent.config.model import parse_config
 from agent.detect.lifecycle import update
 from agent.detect.model import InstanceSeries
 from agent.detect.slow import (
@@ -268,7 +268,7 @@ def test_fuzz_any_series_gives_one_valid_observation_each(raw, at):
 
 
 def test_inputs_are_catalog_metrics_and_history_covers_every_window():
-    from agent.catalog import CATALOG
+    from agent.core.catalog import CATALOG
     from agent.detect.slow import INPUT_METRICS, history
 
     assert set(INPUT_METRICS) - set(CATALOG) <= {"process_start_time_seconds"}

@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from agent.errors import StoreError
-from agent.records import Event, Sample
-from agent.store import Store
+from agent.core.errors import StoreError
+from agent.core.records import Event, Sample
+from agent.state.store import Store
 
 T0 = 1_800_000_000.0  # a fixed "now" so buckets are deterministic
 

@@ -14,7 +14,7 @@ from histo_support import clean_env, read_ready
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.errors import TargetGone
+from agent.core.errors import TargetGone
 from native_hooks.heapprofile import Mapping
 from native_hooks.symbolize import Symbolizer, read_maps
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.units import format_bytes, format_duration, parse_duration, parse_size
+from agent.core.units import format_bytes, format_duration, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(

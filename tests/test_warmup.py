@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from latency_app import start_app
 
-from agent.errors import ConfigError
-from agent.warmup import WarmupRequest, load_requests, parse_http_request, replay_until_warm
+from agent.core.errors import ConfigError
+from agent.jobs.warmup import WarmupRequest, load_requests, parse_http_request, replay_until_warm
 
 
 def write_requests(directory) -> None:

@@ -1,6 +1,6 @@
 """`medic analyze FILE...`: run the detectors offline on recorded series, as the agent would have.
 
-Reads JSON Lines or Prometheus `query_range` exports (see `agent.series_import`), replays the
+Reads JSON Lines or Prometheus `query_range` exports (see `agent.series.reader`), replays the
 online judgement tick by tick (`agent.detect.analyze`) and lists, per instance, each finding
 with the time it would first have fired. Bad lines are reported on stderr and skipped, unless
 `--strict`.
@@ -15,7 +15,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-from agent.cli.table import echo, printable
+from agent.core.text import echo, printable
 
 HELP = (
     "Run the leak, OOM-risk and fragmentation detectors on recorded series (JSON Lines or Prometheus export)."
@@ -61,10 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from agent.core.errors import SeriesFormatError, UsageError
+    from agent.core.units import parse_size
     from agent.detect import analyze, params_from_options
-    from agent.errors import SeriesFormatError, UsageError
-    from agent.series_import import collector_paused, read_files
-    from agent.units import parse_size
+    from agent.series.reader import collector_paused, read_files
 
     try:
         params = params_from_options(
@@ -135,7 +135,7 @@ def _when(ts: float | None) -> str:
 
 def _finding_row(f: Any, opened: Any, start: float | None) -> dict[str, str]:
     """A finding as a table row, with the figures it had when it opened (what the alert said)."""
-    from agent.units import format_bytes, format_duration
+    from agent.core.units import format_bytes, format_duration
 
     e = opened.evidence
     slope = e.get("slope_bytes_per_second")
@@ -156,7 +156,7 @@ def _finding_row(f: Any, opened: Any, start: float | None) -> dict[str, str]:
 
 
 def _table(analyses: list, points: int, elapsed: float, missing_limit: list[str]) -> str:
-    from agent.units import format_duration
+    from agent.core.units import format_duration
 
     columns = ["instance", "kind", "verdict", "severity", "first fired (UTC)", "after", "resolved", "slope", "%/h",
                "time to OOM", "confidence"]  # fmt: skip

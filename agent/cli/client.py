@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from agent.errors import AgentUnreachable, ApiError, UsageError
+from agent.core.errors import AgentUnreachable, ApiError, UsageError
 
 DEFAULT_URL = "http://127.0.0.1:9464"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from agent.cli.table import echo
+from agent.core.text import echo
 
 HELP = "validate a config file (`medic config check FILE`) and print the effective configuration"
 
@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.config import dump_config, load_config
+    from agent.config.model import dump_config, load_config
 
     config = load_config(args.file)
     if args.quiet:

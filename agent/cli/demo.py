@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.cli.table import echo
-from agent.errors import UsageError
-from agent.units import format_bytes, format_duration, parse_duration, parse_size
+from agent.core.errors import UsageError
+from agent.core.text import echo
+from agent.core.units import format_bytes, format_duration, parse_duration, parse_size
 
 HELP = "start real onnxruntime servers (healthy, leaking, slow) and narrate what medic finds and does"
 POLL = 1.0

@@ -7,8 +7,8 @@ import argparse
 import json
 
 from agent.cli.client import agent_url, get_json
-from agent.cli.table import echo
-from agent.errors import UsageError
+from agent.core.errors import UsageError
+from agent.core.text import echo
 
 HELP = "diagnose an instance or pid: its allocator, its hook, and the settings that give medic more to see"
 

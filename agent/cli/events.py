@@ -9,7 +9,7 @@ import time
 from datetime import datetime
 
 from agent.cli.client import add_token_argument, add_url_argument, admin_token, agent_url, get_json, post_json
-from agent.cli.table import echo, printable, render
+from agent.core.text import echo, printable, render
 
 HELP = "show the event log: discoveries, restarts, probe errors, agent starts and stops"
 

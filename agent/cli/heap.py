@@ -10,9 +10,9 @@ import os
 
 from agent.cli.client import add_url_argument, agent_url, get_json
 from agent.cli.histo import render_diff, render_suspects
-from agent.cli.table import echo, printable, render
-from agent.errors import ApiError, UsageError
-from agent.units import format_bytes
+from agent.core.errors import ApiError, UsageError
+from agent.core.text import echo, printable, render
+from agent.core.units import format_bytes
 
 HELP = "show which native allocation sites grew between two heap profiles, and where memory grows"
 
@@ -82,7 +82,7 @@ def render_attribution(body: dict) -> str:
 
 
 def _local(args: argparse.Namespace) -> int:
-    from agent.histograms import HistogramRow, Snapshot, diff
+    from agent.state.histograms import HistogramRow, Snapshot, diff
     from native_hooks.heapprofile import read_heap_profile
     from native_hooks.heapsites import allocation_sites
     from native_hooks.symbolize import Symbolizer

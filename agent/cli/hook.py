@@ -22,8 +22,8 @@ import json
 import os
 from typing import Any
 
-from agent.cli.table import echo
-from agent.errors import UsageError
+from agent.core.errors import UsageError
+from agent.core.text import echo
 
 HELP = "LD_PRELOAD shim path, target environment, and direct calls to a target's allocator hook"
 PTH_NAME = "medic-hook.pth"

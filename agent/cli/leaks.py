@@ -8,8 +8,8 @@ import json
 import time
 
 from agent.cli.client import add_url_argument, agent_url, get_json
-from agent.cli.table import echo, render
-from agent.units import format_bytes, format_duration
+from agent.core.text import echo, render
+from agent.core.units import format_bytes, format_duration
 
 HELP = "show open memory findings: leaks with their slope and time to OOM, fragmentation, OOM risk"
 MEMORY_KINDS = ("leak", "oom-risk", "fragmentation")

@@ -12,8 +12,8 @@ import importlib
 import sys
 
 from agent import __version__
-from agent.cli.table import echo
-from agent.errors import MedicError
+from agent.core.errors import MedicError
+from agent.core.text import echo
 
 # subcommand -> module; the order is the order of `medic --help`
 COMMANDS: dict[str, str] = {

@@ -7,8 +7,8 @@ import json
 from datetime import datetime
 
 from agent.cli.client import get_json
-from agent.cli.table import echo, printable, render
-from agent.units import format_duration
+from agent.core.text import echo, printable, render
+from agent.core.units import format_duration
 
 
 def _time(ts: float | None) -> str:

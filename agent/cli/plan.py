@@ -7,8 +7,8 @@ import json
 from datetime import datetime
 
 from agent.cli.client import add_url_argument, agent_url, get_json
-from agent.cli.table import echo, printable, render
-from agent.units import format_duration
+from agent.core.text import echo, printable, render
+from agent.core.units import format_duration
 
 HELP = "show the remediation plan: mode, pause, planned restarts against their deadlines, restarts in flight"
 

@@ -6,8 +6,8 @@ import argparse
 import json
 
 from agent.cli.client import add_token_argument, add_url_argument, admin_token, agent_url, post_json
-from agent.cli.table import echo, printable
-from agent.units import format_bytes
+from agent.core.text import echo, printable
+from agent.core.units import format_bytes
 
 HELP = "purge an instance's allocator through its hook (jemalloc purge, tcmalloc release, glibc trim)"
 

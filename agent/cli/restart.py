@@ -8,7 +8,7 @@ import getpass
 import json
 
 from agent.cli.client import add_token_argument, add_url_argument, admin_token, agent_url, post_json
-from agent.cli.table import echo, printable
+from agent.core.text import echo, printable
 
 HELP = "request a restart of an instance (goes through the budget; --force with a reason to skip it)"
 

@@ -14,7 +14,7 @@ import argparse
 import logging
 import sys
 
-from agent.cli.table import echo, printable
+from agent.core.text import echo, printable
 
 HELP = "run the agent (on a config, a command after --, pids/regexes, or the built-in demo)"
 DEMO_LISTEN = "127.0.0.1:9464"
@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_config(args: argparse.Namespace) -> tuple[object, str | None, bool]:
     """The validated config from file + flags; returns (config, main instance name, is_demo)."""
-    from agent.config import load_config, validate_config
+    from agent.config.model import load_config, validate_config
 
     data: dict = {}
     if args.config:
@@ -92,13 +92,13 @@ def demo_instances() -> list[dict]:
             "name": "demo-leaky",
             "labels": {"fleet": "demo"},
             "match": {
-                "command": [py, "-m", "agent.sample_workload", "leak", "--rate", "256Ki", "--cap", "128Mi"]
+                "command": [py, "-m", "agent.demo.workload", "leak", "--rate", "256Ki", "--cap", "128Mi"]
             },
         },
         {
             "name": "demo-stable",
             "labels": {"fleet": "demo"},
-            "match": {"command": [py, "-m", "agent.sample_workload", "stable", "--size", "48Mi"]},
+            "match": {"command": [py, "-m", "agent.demo.workload", "stable", "--size", "48Mi"]},
         },
     ]
 
@@ -120,8 +120,8 @@ class PrintableFormatter(logging.Formatter):
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from agent.pid1 import become_init_if_pid1
     from agent.runtime import Agent
+    from agent.watch.pid1 import become_init_if_pid1
 
     config, main, demo = build_config(args)
     become_init_if_pid1()  # in a container without an init, reap orphans from a process of its own

@@ -6,8 +6,8 @@ import argparse
 import json
 
 from agent.cli.client import add_url_argument, agent_url, get_json
-from agent.cli.table import echo, render
-from agent.units import format_bytes, format_duration
+from agent.core.text import echo, render
+from agent.core.units import format_bytes, format_duration
 
 HELP = "show every watched instance: pid, uptime, memory against its limit, CPU, probe health"
 

@@ -15,8 +15,8 @@ import json
 import os
 import sys
 
-from agent.cli.table import echo, printable
-from agent.errors import UsageError
+from agent.core.errors import UsageError
+from agent.core.text import echo, printable
 
 HELP = "replay warm-up requests to an instance until K in a row answer within a target latency"
 
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _instance_latency(name: str, config_path: str | None) -> dict:
     if not config_path:
         return {}
-    from agent.config import load_config
+    from agent.config.model import load_config
 
     config = load_config(config_path)
     for spec in config.instances:
@@ -55,7 +55,7 @@ def resolve(args: argparse.Namespace) -> tuple[str, float]:
     """The base URL and the latency target, from the flags or the instance's config."""
     from urllib.parse import urlsplit
 
-    from agent.units import parse_duration
+    from agent.core.units import parse_duration
 
     latency = _instance_latency(args.name, args.config or os.environ.get("MEDIC_CONFIG"))
     url = args.url
@@ -80,8 +80,8 @@ def resolve(args: argparse.Namespace) -> tuple[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.units import parse_duration
-    from agent.warmup import load_requests, replay_until_warm
+    from agent.core.units import parse_duration
+    from agent.jobs.warmup import load_requests, replay_until_warm
 
     url, target = resolve(args)
     try:

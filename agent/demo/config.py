@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.core.errors import UsageError
+from agent.core.units import format_bytes
 from agent.demo.model import ModelShape
-from agent.errors import UsageError
-from agent.units import format_bytes
 
 HISTOGRAM = "demo_request_latency_seconds"  # exported by agent.demo.server
 FLEET = "demo"
@@ -105,7 +105,7 @@ def server_argv(server: ServerSpec, model: Path, settings: DemoSettings) -> list
 
 
 def demo_config(settings: DemoSettings, servers: list[ServerSpec], model: Path, state_dir: Path) -> dict:
-    """The medic config of the demo, as plain data (`agent.config.validate_config` accepts it)."""
+    """The medic config of the demo, as plain data (`agent.config.model.validate_config` accepts it)."""
     instances, overrides = [], {}
     for server in servers:
         instances.append(

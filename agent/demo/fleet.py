@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 import agent
+from agent.core.errors import MedicError
 from agent.demo.config import SERVER_MODULE, DemoSettings, ServerSpec, demo_config, plan_servers
 from agent.demo.model import build_model
-from agent.errors import MedicError
 from probes.linux.fstrust import atomic_write, ensure_private_dir
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.errors import MedicError
+from agent.core.errors import MedicError
 
 INSTALL_HINT = "pip install 'sidecar-medic[demo]' (or: pip install onnxruntime onnx)"
 OPSET = 17

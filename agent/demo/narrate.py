@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.units import format_bytes, format_duration
+from agent.core.units import format_bytes, format_duration
 
 # events told as they are (their message already says what happened and why)
 TOLD = {

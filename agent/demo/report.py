@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from agent.cli.table import render as render_table
+from agent.core.text import render as render_table
+from agent.core.units import format_bytes
 from agent.demo.config import DemoSettings, ServerSpec
 from agent.demo.narrate import Line
-from agent.units import format_bytes
 
 
 def collect(

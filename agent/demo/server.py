@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from agent.core.errors import UsageError
+from agent.core.units import parse_duration, parse_size
 from agent.demo import behaviours
 from agent.demo.config import HISTOGRAM
-from agent.errors import UsageError
-from agent.units import parse_duration, parse_size
 
 PREDICT_PATH = "/v1/models/demo:predict"
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)

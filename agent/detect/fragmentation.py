@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 
+from agent.core.units import format_bytes
 from agent.detect.context import Context
 from agent.detect.model import ACTIVE, ALLOCATED, JVM_HEAP_AFTER_GC, RESIDENT, RSS, Observation
 from agent.detect.trend import median
-from agent.units import format_bytes
 
 CLEAR_FRACTION = 0.8  # clear when ratio excess or bytes fall below 80 % of the firing thresholds
 

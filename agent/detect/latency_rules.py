@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from agent.core.units import format_duration
 from agent.detect.model import START_TIME, InstanceSeries, Points, State
 from agent.detect.trend import Trend, mann_kendall, median, remove_steps, trend
-from agent.units import format_duration
 
 QUANTILE_METRICS = {
     0.5: "latency_p50_seconds",

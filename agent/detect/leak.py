@@ -10,11 +10,11 @@ look like, so the short scale only reports what is urgent.
 
 from __future__ import annotations
 
+from agent.core.units import format_bytes, format_duration
 from agent.detect.context import Context
 from agent.detect.growth import Fit, at_record, time_to_limit
 from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, RSS, Observation, Severity, State
 from agent.detect.params import DetectParams
-from agent.units import format_bytes, format_duration
 
 CLEAR_DECEL = 0.5  # clear only when the recent slope is below half of `decel_ratio` of the window's
 DAILY_STRICTER = 30  # the daily scale needs 30 times less doubt than `confidence` allows (z 4 for 0.999)

@@ -3,7 +3,7 @@
 The online path (the agent's scheduler over the store) and the offline path (`medic analyze`)
 build the same `InstanceSeries` and get the same `Observation`s and `Finding`s back.
 
-Metric roles. Detectors read series by the names of `agent.catalog`, plus names that the
+Metric roles. Detectors read series by the names of `agent.core.catalog`, plus names that the
 allocator and JVM probes will emit; each role takes the first name present:
 
 - memory judged against the limit: `rss_bytes`

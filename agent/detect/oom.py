@@ -9,11 +9,11 @@ explain does not count until the daily profile is known (`leak.may_speak`).
 
 from __future__ import annotations
 
+from agent.core.units import format_bytes, format_duration
 from agent.detect.context import Context
 from agent.detect.growth import time_to_limit
 from agent.detect.leak import may_speak
 from agent.detect.model import RSS, Observation, State
-from agent.units import format_bytes, format_duration
 
 CLEAR_MARGIN = 1.5  # resolve only once the projection is beyond 1.5 × horizon
 

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from agent.units import parse_duration, parse_size
+from agent.core.units import parse_duration, parse_size
 
 DAY = 86400.0
 MAX_SPAN = 365 * DAY  # a longer window or horizon is a typo (and overflows the grid arithmetic)

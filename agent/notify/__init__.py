@@ -16,7 +16,7 @@ Out (events → people), in the order data flows:
 
 In (Alertmanager → findings): `inbound.py` parses webhook payloads (version 4) and maps alerts to
 instances; `external.py` records `external` findings and emits `finding_opened`/`finding_resolved`;
-`agent/receiver.py` is the HTTP endpoint.
+`agent/api/alertmanager.py` is the HTTP endpoint.
 
-This package's `__init__` imports nothing, so that `agent.config` can import `notify.config` cheaply.
+This package's `__init__` imports nothing, so that `agent.config.model` can import `notify.config` cheaply.
 """

@@ -11,7 +11,7 @@
       receiver: {instance_labels: [instance, name], secret_env: MEDIC_RECEIVER_SECRET}
 
 A plain list is accepted as shorthand for `sinks:` (`notify: [{type: alertmanager, url: ...}]`).
-This module imports only the ground (`agent.config_types`, `agent.errors`), so `agent.config` can import
+This module imports only the ground (`agent.core.types`, `agent.core.errors`), so `agent.config.model` can import
 it without a cycle.
 """
 
@@ -25,8 +25,8 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from agent.config_types import DAY, HOUR, Duration, Size, size_within, within
-from agent.errors import ConfigError
+from agent.core.errors import ConfigError
+from agent.core.types import DAY, HOUR, Duration, Size, size_within, within
 
 Severity = Literal["info", "warning", "error", "critical"]
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2, "critical": 3}
@@ -102,7 +102,7 @@ class _SinkBase(_Strict):
         if self.name is not None and not _SINK_NAME.match(self.name):
             raise ValueError(f"name: expected letters, digits, '.', '_' or '-', got {self.name!r}")
         if self.kinds is not None:
-            from agent.notify.routes import ROUTES, canonical
+            from agent.notify.event_alerts import ROUTES, canonical
 
             unknown = [k for k in self.kinds if canonical(k) not in ROUTES]
             if unknown:

@@ -17,8 +17,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.eventlog import EventLog
-from agent.store import Store, where_clause
+from agent.state.eventlog import EventLog
+from agent.state.store import Store, where_clause
 
 KIND = "external"
 _SCHEMA = """

@@ -1,6 +1,6 @@
 """Alertmanager's webhook payload (version 4) in: parse, check, and map each alert to an instance.
 
-Pure functions of bytes and label sets; `agent/receiver.py` adds HTTP, `external.py` the store.
+Pure functions of bytes and label sets; `agent/api/alertmanager.py` adds HTTP, `external.py` the store.
 Every problem raises `InboundError` with the HTTP status to answer and a message naming the field.
 """
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agent.notify.config import RetrySpec
-from agent.store import Store
+from agent.state.store import Store
 
 State = Literal["pending", "delivered", "dead"]
 STATES: tuple[str, ...] = ("pending", "delivered", "dead")

@@ -26,12 +26,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from agent.core.records import Event
 from agent.notify.config import SEVERITY_RANK, NotifySection
+from agent.notify.event_alerts import NOT_POSTED_BACK, Route, canonical, finding_of, route_for
 from agent.notify.model import Notification
 from agent.notify.outbox import Outbox
-from agent.notify.routes import NOT_POSTED_BACK, Route, canonical, finding_of, route_for
-from agent.records import Event
-from agent.store import Store
+from agent.state.store import Store
 
 log = logging.getLogger("medic.notify")
 BATCH = 200

@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from agent.eventlog import EventLog
+from agent.core.records import Event
 from agent.notify.config import NotifySection
 from agent.notify.external import ensure_external_schema, expire_external_findings
 from agent.notify.metrics import NotifyCollector, NotifySnapshot
@@ -38,8 +38,8 @@ from agent.notify.outbox import Outbox
 from agent.notify.router import Router
 from agent.notify.silences import Silencer, SilenceTarget
 from agent.notify.sinks import AlertmanagerSink, DeliveryError, HttpSink, create_sinks
-from agent.records import Event
-from agent.store import Store
+from agent.state.eventlog import EventLog
+from agent.state.store import Store
 
 log = logging.getLogger("medic.notify")
 IDLE = 5.0  # a worker with nothing due still looks again this often

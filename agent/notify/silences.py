@@ -32,7 +32,7 @@ import httpx
 
 from agent.notify.model import rfc3339
 from agent.notify.sinks.base import DeliveryError, check
-from agent.store import Store
+from agent.state.store import Store
 
 log = logging.getLogger("medic.notify")
 CREATED_BY = "sidecar-medic"

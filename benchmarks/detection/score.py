@@ -18,8 +18,8 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 
+from agent.core.units import format_duration
 from agent.detect import DetectParams, InstanceSeries, analyze_instance
-from agent.units import format_duration
 from benchmarks.detection.baselines import monit_alert, predict_linear_alert
 from benchmarks.detection.corpus import all_traces
 from benchmarks.detection.generate import Trace

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from agent.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable
+from agent.core.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable
 from probes.linux.procfs import HOST_ROOT, proc_path, read_file, read_raw
 
 # v1 reports "no limit" as the largest page-aligned long: 9223372036854771712 with 4 KiB pages, a

@@ -28,7 +28,7 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import IO
 
-from agent.errors import UnsafePath
+from agent.core.errors import UnsafePath
 
 __all__ = [
     "UnsafePath",

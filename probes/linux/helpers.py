@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agent.errors import ProbeAccessDenied, TargetGone
+from agent.core.errors import ProbeAccessDenied, TargetGone
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.errors import ProbeError
+from agent.core.errors import ProbeError
 from probes.linux.procfs import HOST_ROOT, read_cmdline, read_exe, read_stat, same_process, start_time
 
 

@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable, TargetGone
-from agent.records import ProcessIdentity
+from agent.core.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable, TargetGone
+from agent.core.records import ProcessIdentity
 
 CLOCK_TICKS: int = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE: int = os.sysconf("SC_PAGE_SIZE")

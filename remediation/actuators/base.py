@@ -17,7 +17,7 @@ from typing import Protocol
 
 import httpx
 
-from agent.records import ProcessIdentity
+from agent.core.records import ProcessIdentity
 from remediation.model import Decision, InstanceView, RemediationRequest
 
 STAGE = "act"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 import time
 
-from agent.records import ProcessIdentity
+from agent.core.records import ProcessIdentity
 from probes.linux.pidfd import Expected, IdentityChanged, Verdict, check, pin
 from probes.linux.procfs import same_process
 from remediation.actuators.base import STAGE, Locator

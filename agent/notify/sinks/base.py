@@ -57,7 +57,7 @@ class HttpSink:
         kinds = self.spec.kinds
         if kinds is None:
             return True
-        from agent.notify.routes import canonical
+        from agent.notify.event_alerts import canonical
 
         return canonical(kind) in {canonical(k) for k in kinds}
 

@@ -1,0 +1,251 @@
+"""The agent's HTTP surface: `/metrics`, `/healthz` and the JSON API under `/api/v1`.
+
+Handlers only read: the tracker's snapshot and the store. They are plain `def` functions so
+that SQLite reads run in the server's thread pool, off the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from agent import __version__
+from agent.api.alertmanager import PATH as RECEIVER_PATH
+from agent.api.alertmanager import create_router as create_integrations_router
+from agent.api.auth import TokenGuard
+from agent.api.dashboard import dashboard_routes
+from agent.api.guard import DEFAULT_MAX_BODY, HttpGuard, allowed_hosts, route_policies
+from agent.api.histograms import histogram_routes
+from agent.api.metrics import Telemetry
+from agent.api.remediation import remediation_routes
+from agent.core.catalog import CATALOG
+from agent.core.errors import ProbeError
+from agent.core.records import ProbeTarget
+from agent.core.units import parse_duration
+from agent.jobs.detection import Detection
+from agent.jobs.purge import purge_instance
+from agent.jobs.remediation import Remediation
+from agent.notify.config import NotifySection
+from agent.notify.external import external_findings
+from agent.state.eventlog import EventLog
+from agent.state.store import Store
+from agent.watch.tracker import Tracker
+
+MAX_POINTS = 2000
+MAX_ID = 2**63 - 1  # SQLite's INTEGER
+EARLIEST, LATEST = 0.0, 4102444800.0  # 1970 to 2100: any other time is a typo
+RECEIVER_SLACK = 64 * 1024  # the receiver counts its own max_body (and its 413 metric); this is a backstop
+log = logging.getLogger("medic.api")
+
+
+@dataclass
+class ApiContext:
+    tracker: Tracker
+    store: Store
+    telemetry: Telemetry
+    events: EventLog
+    token: str
+    detection: Detection
+    remediation: Remediation | None = None
+    started_at: float = field(default_factory=time.time)
+    config_path: str | None = None
+    notify: NotifySection = field(default_factory=NotifySection)
+    allowed_hosts: frozenset[str] | None = None  # Host names answered; None: loopback only
+    max_body: int = DEFAULT_MAX_BODY  # request bodies, except the Alertmanager receiver's
+
+
+class PurgeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field("requested through the API", max_length=500)
+    gc: bool = False  # Python hook only: run the garbage collector first
+
+
+def parse_time(value: str | None, now: float, default_ago: float) -> float:
+    """A unix timestamp, or a duration meaning that long ago (`1h`); default `default_ago` ago."""
+    if value is None or value == "":
+        return now - default_ago
+    try:
+        number = float(value)
+    except ValueError:
+        number = None
+    if number is not None and number > 10**9:
+        when = number
+    else:
+        try:
+            when = now - parse_duration(value)
+        except ValueError:
+            raise HTTPException(
+                400, f"expected a unix timestamp or a duration ago such as 15m or 6h, got {value[:100]!r}"
+            ) from None
+    if not (math.isfinite(when) and EARLIEST <= when <= LATEST):
+        raise HTTPException(
+            400,
+            f"time {value[:100]!r} is out of range: give a unix time between 1970 and 2100 or a duration ago",
+        )
+    return when
+
+
+def create_app(ctx: ApiContext) -> FastAPI:
+    # no Swagger UI or ReDoc: they load from a CDN; the schema stays at /openapi.json
+    app = FastAPI(title="sidecar-medic", version=__version__, docs_url=None, redoc_url=None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [
+            f"{'.'.join(str(p) for p in err.get('loc', ()) if p not in ('query', 'body', 'path'))}: {err.get('msg')}"
+            for err in exc.errors()
+        ]
+        return JSONResponse({"error": "; ".join(problems)[:2000]}, status_code=400)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return JSONResponse(
+            {"error": f"internal error ({type(exc).__name__}); the agent log has the details"},
+            status_code=500,
+        )
+
+    guard = TokenGuard(ctx.token)  # runs again in HttpGuard, before any body is read
+    app.include_router(
+        create_integrations_router(ctx)
+    )  # Alertmanager receiver, outbox (agent/api/alertmanager.py)
+    app.include_router(histogram_routes(ctx))  # histograms, heap diffs, suspects, attribution
+    app.include_router(dashboard_routes())  # the web dashboard at / (agent/api/dashboard.py)
+
+    def instance_or_404(name: str) -> Any:
+        state = ctx.tracker.get(name)
+        if state is None:
+            known = ", ".join(sorted(ctx.tracker.states)) or "none"
+            raise HTTPException(404, f"no instance named {name!r}; known instances: {known}")
+        return state
+
+    if ctx.remediation is not None:
+        app.include_router(
+            remediation_routes(ctx.remediation, guard, instance_or_404)
+        )  # plan, restart, pause
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "version": __version__,
+            "uptime_seconds": time.time() - ctx.started_at,
+            "instances": len(ctx.tracker.states),
+        }
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(ctx.telemetry.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/api/v1/instances")
+    def instances() -> dict[str, Any]:
+        now = time.time()
+        return {"now": now, "instances": ctx.tracker.snapshot(now)}
+
+    @app.get("/api/v1/instances/{name}")
+    def instance(name: str) -> dict[str, Any]:
+        now = time.time()
+        state = instance_or_404(name)
+        with ctx.tracker.lock:
+            detail = state.to_dict(now)
+        detail["metrics"] = ctx.store.metrics(name)
+        detail["events"] = [e.to_dict() for e in ctx.store.events(instance=name, limit=20)]
+        return {"now": now, "instance": detail}
+
+    @app.get("/api/v1/instances/{name}/series")
+    def series(
+        name: str,
+        metric: str = Query(..., description="a metric from the catalog, e.g. rss_bytes"),
+        since: str | None = Query(None, description="unix time or a duration ago (default 1h)"),
+        until: str | None = Query(None, description="unix time or a duration ago (default now)"),
+        step: str | None = Query(
+            None, description="bucket width, e.g. 30s; raised so at most 2000 points return"
+        ),
+        agg: str = Query("mean", pattern="^(mean|min|max)$"),
+    ) -> dict[str, Any]:
+        now = time.time()
+        instance_or_404(name)
+        stored = ctx.store.metrics(name)
+        if metric not in stored and metric not in CATALOG:
+            raise HTTPException(
+                404, f"unknown metric {metric!r}; this instance has: {', '.join(stored) or 'none'}"
+            )
+        start = parse_time(since, now, 3600.0)
+        end = parse_time(until, now, 0.0)
+        if end < start:
+            raise HTTPException(400, "until is before since")
+        try:
+            width = parse_duration(step) if step else None
+        except ValueError as exc:
+            raise HTTPException(400, f"step: {exc}") from None
+        result = ctx.store.series(name, metric, start, end, width, agg, MAX_POINTS, now)  # type: ignore[arg-type]
+        return {"now": now, "since": start, "until": end, "agg": agg, **result.to_dict()}
+
+    @app.post("/api/v1/instances/{name}/purge")
+    def purge(name: str, body: PurgeRequest | None = None, who: str = Depends(guard)) -> dict[str, Any]:
+        body = body or PurgeRequest()
+        state = instance_or_404(name)
+        with ctx.tracker.lock:
+            if state.status != "up" or state.pid is None or state.start_time is None:
+                raise HTTPException(
+                    409, f"{name} is {state.status} ({state.status_reason}): nothing to purge"
+                )
+            target = ProbeTarget(state.name, state.pid, state.start_time, state.labels, state.settings)
+        try:
+            result = purge_instance(target, ctx.events, body.reason, gc=body.gc)
+        except ProbeError as exc:
+            code = {"unavailable": 409, "permission": 403, "gone": 409}.get(exc.reason, 502)
+            raise HTTPException(code, f"purge of {name} failed: {exc}") from None
+        return {"instance": name, "purge": result, "by": who}
+
+    @app.get("/api/v1/findings")
+    def findings(
+        instance: str | None = None,
+        kind: str | None = Query(None, description="leak, oom-risk, fragmentation, slow, external"),
+        state: str = Query("open", pattern="^(open|pending|resolved|all)$"),
+        limit: int = Query(500, ge=1, le=10_000),
+    ) -> dict[str, Any]:
+        if instance is not None:
+            instance_or_404(instance)
+        found = [] if kind == "external" else ctx.detection.findings(instance, kind, state, limit)
+        if kind in (None, "external") and state != "pending":
+            found += external_findings(ctx.store, state=None if state == "all" else state, instance=instance)
+        return {"now": time.time(), "findings": found[:limit]}
+
+    @app.get("/api/v1/events")
+    def events(
+        since: str | None = Query(None, description="unix time or a duration ago"),
+        after_id: int | None = Query(
+            None, ge=0, le=MAX_ID, description="only events after this id, oldest first"
+        ),
+        instance: str | None = None,
+        kind: list[str] = Query(default=[]),
+        limit: int = Query(100, ge=1, le=10_000),
+    ) -> dict[str, Any]:
+        now = time.time()
+        start = parse_time(since, now, 0.0) if since else None
+        found = ctx.store.events(since=start, after_id=after_id, instance=instance, kinds=kind, limit=limit)
+        return {"now": now, "events": [e.to_dict() for e in found]}
+
+    limits = {RECEIVER_PATH: ctx.notify.receiver.max_body + RECEIVER_SLACK}
+    app.add_middleware(
+        HttpGuard,  # Host check, then body limits and the token check before any body is read
+        policies=lambda: route_policies(app.routes, limits, ctx.max_body),
+        allowed=ctx.allowed_hosts if ctx.allowed_hosts is not None else allowed_hosts("127.0.0.1"),
+        default_max_body=ctx.max_body,
+    )
+    return app

@@ -1,0 +1,159 @@
+"""The histogram part of the JSON API: snapshots, diffs, heap diffs, suspects and memory attribution.
+
+    GET /api/v1/instances/{name}/histograms           snapshots in a window, and the latest one's top rows
+    GET /api/v1/instances/{name}/histograms/diff      ?from=1h&to=… (or from_id/to_id), kind=class|type|nmt
+    GET /api/v1/instances/{name}/heap/diff            the same over native allocation sites
+    GET /api/v1/instances/{name}/suspects             ?since=6h: what grows, ranked
+    GET /api/v1/instances/{name}/attribution          ?since=6h: RSS split into layers, where it grows
+
+Times are unix timestamps or durations ago (`15m`); a time picks the snapshot at or before it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query
+
+from agent.detect.attribution import attribution_for
+from agent.detect.suspects import SUSPECT_KINDS, suspects_for
+from agent.state.histograms import HistogramStore, Snapshot, diff
+
+KIND_PATTERN = "^(class|type|site|nmt)$"
+DEFAULT_WINDOW = 6 * 3600.0
+MAX_ID = 2**63 - 1  # SQLite's INTEGER: a larger id would fail in the query, not answer 404
+PROBE_OF_KIND = {"class": "jvm", "nmt": "jvm", "type": "pyhist", "site": "heapprof"}
+
+
+def histogram_routes(ctx: Any) -> APIRouter:
+    """Routes over `ctx.store` (an `agent.state.store.Store`) and `ctx.tracker` (for instance names)."""
+    from agent.api.app import parse_time  # the API's own time parsing, shared
+
+    router = APIRouter()
+    histos = HistogramStore(ctx.store)
+
+    def known(name: str) -> None:
+        if ctx.tracker.get(name) is None and not histos.snapshots(name, 0.0, time.time() + 86400, limit=1):
+            names = ", ".join(sorted(ctx.tracker.states)) or "none"
+            raise HTTPException(404, f"no instance named {name!r}; known instances: {names}")
+
+    def pick(
+        name: str, kind: str, when: str | None, snapshot_id: int | None, now: float, default_ago: float
+    ) -> Snapshot:
+        if snapshot_id is not None:
+            found = histos.load(snapshot_id)
+            if found is None or found.instance != name or found.kind != kind:
+                raise HTTPException(404, f"no {kind} snapshot {snapshot_id} of {name}")
+            return found
+        found = histos.nearest(name, kind, parse_time(when, now, default_ago))
+        if found is None:
+            raise HTTPException(404, f"no {kind} histograms of {name} yet: {why_none(name, kind)}")
+        return found
+
+    def why_none(name: str, kind: str) -> str:
+        """The probe's own reason when it has one (unavailable, last error), else how to get snapshots."""
+        state = ctx.tracker.get(name)
+        health = getattr(state, "probes", {}).get(PROBE_OF_KIND[kind]) if state is not None else None
+        reason = health and (health.unavailable or health.last_error)
+        return f"the {PROBE_OF_KIND[kind]} probe says: {reason}" if reason else _howto(kind)
+
+    def diff_body(name: str, kind: str, start: str | None, end: str | None, from_id, to_id, top: int) -> dict:
+        now = time.time()
+        known(name)
+        before = pick(name, kind, start, from_id, now, 3600.0)
+        after = pick(name, kind, end, to_id, now, 0.0)
+        if before.id == after.id:
+            older = histos.snapshots(name, 0.0, after.ts, kind, after.source, limit=2)
+            if len(older) < 2:
+                raise HTTPException(409, f"only one {kind} snapshot of {name} so far: wait for the next one")
+            before = histos.load(older[0].id or 0) or before
+        if after.ts < before.ts:
+            before, after = after, before
+        return {"now": now, "instance": name, "kind": kind, **diff(before, after).to_dict(top)}
+
+    @router.get("/api/v1/instances/{name}/histograms")
+    def histograms(
+        name: str,
+        kind: str | None = Query(None, pattern=KIND_PATTERN),
+        source: str | None = None,
+        since: str | None = Query(None, description="unix time or a duration ago (default 6h)"),
+        until: str | None = None,
+        top: int = Query(20, ge=1, le=1000),
+        limit: int = Query(200, ge=1, le=5000),
+    ) -> dict[str, Any]:
+        now = time.time()
+        known(name)
+        start, end = parse_time(since, now, DEFAULT_WINDOW), parse_time(until, now, 0.0)
+        found = histos.snapshots(name, start, end, kind, source, limit)
+        latest = {}
+        for snapshot in reversed(found):
+            if snapshot.kind not in latest and snapshot.id is not None:
+                loaded = histos.load(snapshot.id)
+                if loaded is not None:
+                    latest[snapshot.kind] = loaded.to_dict(top)
+        return {
+            "now": now,
+            "instance": name,
+            "since": start,
+            "until": end,
+            "snapshots": [s.info() for s in found],
+            "latest": latest,
+        }
+
+    @router.get("/api/v1/instances/{name}/histograms/diff")
+    def histogram_diff(
+        name: str,
+        kind: str = Query("class", pattern=KIND_PATTERN),
+        from_: str | None = Query(None, alias="from", description="unix time or a duration ago (default 1h)"),
+        to: str | None = Query(None, description="unix time or a duration ago (default: the latest)"),
+        from_id: int | None = Query(None, ge=1, le=MAX_ID),
+        to_id: int | None = Query(None, ge=1, le=MAX_ID),
+        top: int = Query(50, ge=1, le=1000),
+    ) -> dict[str, Any]:
+        return diff_body(name, kind, from_, to, from_id, to_id, top)
+
+    @router.get("/api/v1/instances/{name}/heap/diff")
+    def heap_diff(
+        name: str,
+        from_: str | None = Query(None, alias="from", description="unix time or a duration ago (default 1h)"),
+        to: str | None = Query(None, description="unix time or a duration ago (default: the latest)"),
+        from_id: int | None = Query(None, ge=1, le=MAX_ID),
+        to_id: int | None = Query(None, ge=1, le=MAX_ID),
+        top: int = Query(50, ge=1, le=1000),
+    ) -> dict[str, Any]:
+        return diff_body(name, "site", from_, to, from_id, to_id, top)
+
+    @router.get("/api/v1/instances/{name}/suspects")
+    def suspects(
+        name: str,
+        since: str | None = Query(None, description="unix time or a duration ago (default 6h)"),
+        kind: str | None = Query(None, pattern=KIND_PATTERN),
+        limit: int = Query(10, ge=1, le=200),
+    ) -> dict[str, Any]:
+        now = time.time()
+        known(name)
+        start = parse_time(since, now, DEFAULT_WINDOW)
+        kinds = (kind,) if kind else SUSPECT_KINDS
+        found = suspects_for(ctx.store, name, start, now, kinds=kinds, limit=limit)
+        return {"now": now, "instance": name, "since": start, "suspects": [s.to_dict() for s in found]}
+
+    @router.get("/api/v1/instances/{name}/attribution")
+    def attribution(
+        name: str, since: str | None = Query(None, description="unix time or a duration ago (default 6h)")
+    ) -> dict[str, Any]:
+        now = time.time()
+        known(name)
+        start = parse_time(since, now, DEFAULT_WINDOW)
+        return {"now": now, **attribution_for(ctx.store, name, start, now).to_dict()}
+
+    return router
+
+
+def _howto(kind: str) -> str:
+    return {
+        "class": "JVM targets get class histograms from the jvm probe every histograms.jvm.interval",
+        "type": "Python targets need the in-process hook (docs/allocators.md) for type histograms",
+        "site": "configure histograms.heap_profiles with a directory (docs/histograms.md)",
+        "nmt": "start the JVM with -XX:NativeMemoryTracking=summary",
+    }[kind]

@@ -1,0 +1,163 @@
+"""`/metrics`: a snapshot of what the probes last saw, never a probe run at scrape time.
+
+Per-instance figures come from `agent.core.catalog` as `medic_<metric>{name="<instance>"}`; the
+agent's own health (probe durations and errors, instance status) sits beside them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from agent import __version__
+from agent.core.catalog import CATALOG, prometheus_name
+from agent.watch.tracker import Tracker
+
+_PROBE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
+
+
+class InstanceCollector(Collector):
+    """Turns the tracker's instance states into metric families at scrape time."""
+
+    def __init__(self, tracker: Tracker) -> None:
+        self.tracker = tracker
+
+    def collect(self) -> Iterator[Metric]:
+        with self.tracker.lock:
+            states = sorted(self.tracker.states.values(), key=lambda s: s.name)
+            up = GaugeMetricFamily(
+                "medic_instance_up", "1 if the instance's process runs, else 0.", labels=["name"]
+            )
+            info = InfoMetricFamily("medic_instance", "The process an instance follows.", labels=["name"])
+            restarts = CounterMetricFamily(
+                "medic_instance_restarts", "Restarts seen (new pid or start time).", labels=["name"]
+            )
+            start = GaugeMetricFamily(
+                "medic_instance_start_time_seconds", "Start time of the followed process.", labels=["name"]
+            )
+            last_probe = GaugeMetricFamily(
+                "medic_instance_last_probe_timestamp_seconds",
+                "When the instance was last probed.",
+                labels=["name"],
+            )
+            errors = CounterMetricFamily(
+                "medic_probe_errors", "Probe failures, partial ones included.", labels=["probe", "name"]
+            )
+            success = GaugeMetricFamily(
+                "medic_probe_last_success_timestamp_seconds",
+                "When the probe last read the instance.",
+                labels=["probe", "name"],
+            )
+            families = {
+                metric: (CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily)(
+                    prometheus_name(metric), spec.help, labels=["name"]
+                )
+                for metric, spec in CATALOG.items()
+            }
+            for state in states:
+                labels = [state.name]
+                up.add_metric(labels, 1.0 if state.status == "up" else 0.0)
+                info.add_metric(
+                    labels,
+                    {
+                        "pid": str(state.pid or ""),
+                        "status": state.status,
+                        "mode": "managed" if state.spec.match.managed else "attached",
+                        "limit_source": state.memory_limit_source or "",
+                        **{k: v for k, v in state.labels.items() if k not in ("name",)},
+                    },
+                )
+                restarts.add_metric(labels, state.restarts)
+                if state.start_time and state.status == "up":
+                    start.add_metric(labels, state.start_time)
+                if state.last_probe:
+                    last_probe.add_metric(labels, state.last_probe)
+                for probe, health in sorted(state.probes.items()):
+                    errors.add_metric([probe, state.name], health.errors_total)
+                    if health.last_success:
+                        success.add_metric([probe, state.name], health.last_success)
+                if state.status != "up":
+                    continue
+                for metric, value in state.latest.items():
+                    family = families.get(metric)
+                    if family is not None:
+                        family.add_metric(labels, value)
+        yield from (up, info, restarts, start, last_probe, errors, success)
+        yield from (family for family in families.values() if family.samples)
+
+
+class FindingCollector(Collector):
+    """Open findings, and the slope and time-to-OOM of memory findings, for alert rules."""
+
+    def __init__(self, detection) -> None:
+        self.detection = detection
+
+    def collect(self) -> Iterator[Metric]:
+        findings = GaugeMetricFamily(
+            "medic_findings",
+            "Open findings by instance, kind and severity.",
+            labels=["name", "kind", "severity"],
+        )
+        slope = GaugeMetricFamily(
+            "medic_leak_slope_bytes_per_second",
+            "Growth of the leaking series, open leak findings.",
+            labels=["name"],
+        )
+        ttoom = GaugeMetricFamily(
+            "medic_time_to_oom_seconds",
+            "Projected time to the memory limit (open leak/oom-risk).",
+            labels=["name"],
+        )
+        counts: dict[tuple[str, str, str], int] = {}
+        soonest: dict[str, float] = {}
+        for finding in self.detection.open_findings():
+            key = (finding.instance, finding.kind, finding.severity)
+            counts[key] = counts.get(key, 0) + 1
+            evidence = finding.evidence
+            if finding.kind == "leak" and isinstance(evidence.get("slope_bytes_per_second"), (int, float)):
+                slope.add_metric([finding.instance], evidence["slope_bytes_per_second"])
+            value = evidence.get("time_to_oom_seconds")
+            if finding.kind in ("leak", "oom-risk") and isinstance(value, (int, float)) and value == value:
+                soonest[finding.instance] = min(value, soonest.get(finding.instance, float("inf")))
+        for key, count in sorted(counts.items()):
+            findings.add_metric(list(key), count)
+        for name, value in sorted(soonest.items()):
+            ttoom.add_metric([name], value)
+        yield from (findings, slope, ttoom)
+
+
+class Telemetry:
+    """The agent's registry: instance snapshot, probe timings and the agent's own process."""
+
+    def __init__(self, tracker: Tracker) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(InstanceCollector(tracker))
+        ProcessCollector(namespace="medic_agent", registry=self.registry)
+        self.probe_duration = Histogram(
+            "medic_probe_duration_seconds",
+            "Wall time of one probe run on one instance.",
+            labelnames=["probe"],
+            buckets=_PROBE_BUCKETS,
+            registry=self.registry,
+        )
+        build = InfoMetricFamily("medic_build", "medic's version.")
+        build.add_metric([], {"version": __version__})
+        self.registry.register(_Static([build]))
+
+    def watch_findings(self, detection) -> None:
+        """Export the open findings of `detection` (an `agent.jobs.detection.Detection`)."""
+        self.registry.register(FindingCollector(detection))
+
+    def observe_probe(self, probe: str, seconds: float, ok: bool) -> None:
+        self.probe_duration.labels(probe).observe(seconds)
+
+
+class _Static(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)

@@ -1,0 +1,1 @@
+"""The one configuration model and its loader."""

@@ -1,0 +1,101 @@
+"""Small real workloads for the built-in demo and the tests: a process that leaks at a known rate,
+one that stays flat, one with a GC-like sawtooth.
+
+    python -m agent.demo.workload leak --rate 1Mi --every 0.1 --cap 256Mi
+    python -m agent.demo.workload stable --size 32Mi
+    python -m agent.demo.workload sawtooth --size 32Mi --peak 96Mi --period 5
+
+Each prints `ready <pid>` on stdout once its initial memory is in place, then keeps going until
+SIGTERM/SIGINT. Memory is touched page by page so it counts in RSS. The leak stops growing at
+`--cap` so that a forgotten demo cannot take the host down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+from agent.core.units import parse_duration, parse_size
+
+_PAGE = 4096
+
+
+def _touched(size: int) -> bytearray:
+    """A buffer whose every page is written, so it is resident rather than only reserved."""
+    buf = bytearray(size)
+    for offset in range(0, size, _PAGE):
+        buf[offset] = 1
+    return buf
+
+
+def _stop(signum: int, frame: object) -> None:
+    sys.exit(0)
+
+
+def run_leak(rate: int, every: float, cap: int, base: int) -> None:
+    kept = [_touched(base)] if base else []
+    announce()
+    held = 0
+    chunk = max(_PAGE, int(rate * every))
+    while True:
+        if held + chunk <= cap:
+            kept.append(_touched(chunk))
+            held += chunk
+        time.sleep(every)
+
+
+def run_stable(size: int) -> None:
+    kept = _touched(size)  # noqa: F841 - held on purpose
+    announce()
+    while True:
+        time.sleep(3600)
+
+
+def run_sawtooth(size: int, peak: int, period: float) -> None:
+    kept = _touched(size)  # noqa: F841 - held on purpose
+    announce()
+    garbage: list[bytearray] = []
+    step = max(_PAGE, (peak - size) // 20)
+    while True:
+        for _ in range(20):
+            garbage.append(_touched(step))
+            time.sleep(period / 20)
+        garbage.clear()
+
+
+def announce() -> None:
+    print(f"ready {os.getpid()}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m agent.demo.workload", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="mode", required=True)
+    leak = sub.add_parser("leak", help="grow by --rate bytes per second up to --cap")
+    leak.add_argument("--rate", default="1Mi", help="bytes per second, e.g. 512Ki")
+    leak.add_argument("--every", default="0.1s", help="allocation period")
+    leak.add_argument("--cap", default="256Mi", help="stop growing at this many leaked bytes")
+    leak.add_argument("--base", default="8Mi", help="allocated once at start")
+    stable = sub.add_parser("stable", help="allocate --size once and hold it")
+    stable.add_argument("--size", default="32Mi")
+    saw = sub.add_parser("sawtooth", help="hold --size, grow garbage to --peak, drop it, repeat")
+    saw.add_argument("--size", default="32Mi")
+    saw.add_argument("--peak", default="96Mi")
+    saw.add_argument("--period", default="5s")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    if args.mode == "leak":
+        run_leak(
+            parse_size(args.rate), parse_duration(args.every), parse_size(args.cap), parse_size(args.base)
+        )
+    elif args.mode == "stable":
+        run_stable(parse_size(args.size))
+    else:
+        run_sawtooth(parse_size(args.size), parse_size(args.peak), parse_duration(args.period))
+
+
+if __name__ == "__main__":
+    main()

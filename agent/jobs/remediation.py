@@ -1,0 +1,154 @@
+"""The remediation engine inside the agent: its hooks, and the job that turns findings into requests.
+
+Everything the engine may do to an instance goes through the hooks built here: finding the
+current process (`locate`), restarting a managed command, purging through the allocator hook,
+capturing evidence before a restart. The job runs `Engine.step` in a worker thread every
+`remediation.interval` with one request per open finding.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+from agent.core.errors import ProbeError
+from agent.core.records import ProbeTarget
+from agent.jobs.detection import Detection
+from agent.notify.external import external_findings
+from agent.state.eventlog import EventLog
+from agent.state.store import Store
+from agent.watch.tracker import Tracker
+from probes.allocator import hook_socket_for
+from probes.linux.procfs import read_file
+from remediation.config import RemediationSection
+from remediation.engine import Engine, EngineHooks
+from remediation.model import Decision, InstanceView, RemediationRequest
+from remediation.views import tracker_locator, view_from_state
+
+REMEDIABLE = ("leak", "oom-risk", "fragmentation", "slow", "external")
+
+
+class Remediation:
+    def __init__(
+        self,
+        config: RemediationSection,
+        tracker: Tracker,
+        store: Store,
+        events: EventLog,
+        detection: Detection,
+    ) -> None:
+        self.tracker = tracker
+        self.detection = detection
+        self.events = events
+        hooks = EngineHooks(
+            locate=tracker_locator(tracker),
+            managed_restart=lambda name, timeout: tracker.restart_managed(
+                name, timeout, "restarted by remediation"
+            ),
+            purge=self._purge,
+            can_purge=self._can_purge,
+            captures={"smaps_rollup": self._smaps_rollup, "series": self._series_window},
+        )
+        self.engine = Engine.from_config(
+            config,
+            store=store,
+            events=events,
+            agent_id=f"{socket.gethostname()}:{os.getpid()}",
+            state_dir=store.dir,
+            hooks=hooks,
+        )
+
+    # ------------------------------------------------------------------------------ the job
+    def step(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        with self.tracker.lock:
+            views = [view_from_state(state) for state in self.tracker.states.values()]
+        self.engine.step(now, self.requests(), views)
+
+    def requests(self) -> list[RemediationRequest]:
+        """One request per open finding that remediation may act on, the detectors' and the external
+        ones (firing Alertmanager alerts mapped to an instance): all go through the same policy and budget."""
+        out = [
+            RemediationRequest(
+                found["instance"],
+                "external",
+                found["id"],
+                found["summary"],
+                evidence=dict(found["evidence"]),
+                requested_at=found["opened_at"],
+            )
+            for found in external_findings(self.detection.store, state="open")
+        ]
+        for finding in self.detection.open_findings():
+            if finding.kind not in REMEDIABLE:
+                continue
+            ttoom = finding.evidence.get("time_to_oom_seconds")
+            deadline = (
+                finding.updated_at + ttoom
+                if finding.kind in ("leak", "oom-risk") and isinstance(ttoom, (int, float)) and ttoom == ttoom
+                else None
+            )
+            out.append(
+                RemediationRequest(
+                    finding.instance,
+                    finding.kind,
+                    finding.id,
+                    finding.summary,
+                    deadline=deadline,
+                    evidence=dict(finding.evidence),
+                    start_time=finding.lifetime_start,
+                    requested_at=finding.opened_at,
+                )
+            )
+        return out
+
+    def close(self) -> None:
+        self.engine.close()
+
+    # ------------------------------------------------------------------------------ hooks
+    def _target(self, view: InstanceView) -> ProbeTarget | None:
+        state = self.tracker.get(view.name)
+        if state is None or state.pid is None or state.start_time is None:
+            return None
+        return ProbeTarget(state.name, state.pid, state.start_time, state.labels, state.settings)
+
+    def _can_purge(self, view: InstanceView) -> bool:
+        target = self._target(view)
+        if target is None:
+            return False
+        try:
+            return bool(hook_socket_for(target))
+        except ProbeError:
+            return False
+
+    def _purge(self, view: InstanceView, timeout: float) -> Decision:
+        from agent.jobs.purge import purge_instance
+
+        target = self._target(view)
+        if target is None:
+            return Decision.block("purge", "gone", f"{view.name} has no running process")
+        try:
+            result = purge_instance(target, self.events, "remediation: fragmentation")
+        except ProbeError as exc:
+            return Decision.block("purge", "purge_failed", str(exc))
+        return Decision.allow("purge", "allocator purged", released_bytes=result["returned_bytes"], **result)
+
+    def _smaps_rollup(self, view: InstanceView, timeout: float) -> str | None:
+        if view.pid is None:
+            return None
+        try:
+            return read_file(f"/proc/{view.pid}/smaps_rollup", view.pid).decode("ascii", "replace")
+        except ProbeError:
+            return None
+
+    def _series_window(self, view: InstanceView, timeout: float) -> dict[str, Any]:
+        """The last hour of the memory series: what the detectors saw before the restart."""
+        now = time.time()
+        store = self.detection.store
+        return {
+            metric: store.series(view.name, metric, now - 3600, now, step=10).points
+            for metric in ("rss_bytes", "allocator_allocated_bytes", "allocator_resident_bytes")
+            if metric in store.metrics(view.name)
+        }

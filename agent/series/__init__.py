@@ -1,0 +1,1 @@
+"""Offline series readers for `medic analyze` (JSON Lines, Prometheus query_range)."""

@@ -1,0 +1,1 @@
+"""What the agent keeps on disk: the SQLite store, the event log, histogram snapshots, adopted identities."""

@@ -1,0 +1,53 @@
+"""The event log: every state change worth knowing goes to the store (durable) and to the agent's log."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from agent.core.errors import StoreError
+from agent.core.records import Event, Severity
+from agent.state.store import Store
+
+log = logging.getLogger("medic.events")
+_LEVELS = {
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+}
+
+
+class EventLog:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._subscribers: list[Callable[[Event], None]] = []
+
+    def subscribe(self, callback: Callable[[Event], None]) -> None:
+        """Call `callback(event)` after each event is stored; it must be quick, and its errors are logged."""
+        self._subscribers.append(callback)
+
+    def emit(
+        self,
+        kind: str,
+        message: str,
+        *,
+        instance: str | None = None,
+        severity: Severity = "info",
+        **data: Any,
+    ) -> Event:
+        """Record an event; a store failure is logged, never raised into the caller's job."""
+        event = Event(kind=kind, message=message, instance=instance, severity=severity, data=data)
+        prefix = f"[{instance}] " if instance else ""
+        log.log(_LEVELS[severity], "%s%s: %s", prefix, kind, message)
+        try:
+            self.store.add_event(event)
+        except StoreError as exc:
+            log.error("event not stored: %s", exc)
+        for callback in self._subscribers:
+            try:
+                callback(event)
+            except Exception:
+                log.exception("event subscriber %r failed on %s", callback, kind)
+        return event

@@ -1,0 +1,1 @@
+"""Instances and their processes: discovery, the tracker, managed children, the collector."""

@@ -1,0 +1,161 @@
+"""Runs the enabled probes over every live instance and hands their samples to the store.
+
+A probe that fails records an error (counter, last error) and, when its state changes, one
+event; it never stops the tick nor the other probes. Durations are measured in CPU time of
+the probing thread, so that a busy host does not inflate them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from agent.core.errors import ProbeError, ProbeUnavailable, TargetGone
+from agent.core.records import ProbeTarget, Sample
+from agent.state.eventlog import EventLog
+from agent.state.store import Store
+from agent.watch.instances import InstanceState, ProbeHealth
+from agent.watch.tracker import Tracker
+from probes.base import Probe, Schedule
+
+log = logging.getLogger("medic.collector")
+KEEPALIVE = 60.0  # an unchanged value is stored again after this long, so flat series stay visible
+SAMPLES_PER_BUCKET = 4  # ... and at least this often per detection bucket (short windows in tests, demos)
+UNAVAILABLE_RETRY = (
+    30.0  # a probe with no data for an instance (no hook, no latency source) is retried this often
+)
+
+# (probe name, wall seconds, ok) for each probe run; the exporter observes them
+DurationObserver = Callable[[str, float, bool], None]
+
+
+class Collector:
+    def __init__(
+        self,
+        tracker: Tracker,
+        store: Store,
+        events: EventLog,
+        probes: list[Probe],
+        observe: DurationObserver | None = None,
+        keepalive: float = KEEPALIVE,
+    ) -> None:
+        """`keepalive`: store an unchanged value again after this long (at most `KEEPALIVE`)."""
+        self.tracker = tracker
+        self.store = store
+        self.events = events
+        self.probes = probes
+        self.observe = observe or (lambda name, seconds, ok: None)
+        self.keepalive = keepalive
+        self._stored: dict[tuple[str, str], tuple[float, float]] = {}  # (instance, metric) → (value, ts)
+        tracker.forget_hooks.extend(probe.forget for probe in probes)
+        tracker.forget_hooks.append(self._forget_stored)
+
+    def run(self, schedule: Schedule, now: float | None = None) -> int:
+        """One pass of the probes on `schedule` over all live instances; returns samples taken."""
+        probes = [p for p in self.probes if p.schedule == schedule]
+        taken = 0
+        now_ = time.time() if now is None else now  # one timestamp per tick: series line up
+        for state, target in self.tracker.up_targets():
+            samples: list[Sample] = []
+            for probe in probes:
+                samples.extend(self._run_probe(state, target, probe, now_))
+            if schedule == "fast":
+                samples.append(Sample(state.name, "process_start_time_seconds", now_, target.start_time))
+                if state.memory_limit:
+                    samples.append(Sample(state.name, "memory_limit_bytes", now_, state.memory_limit))
+            with self.tracker.lock:
+                if state.pid == target.pid:  # still the same process: publish
+                    for sample in samples:
+                        state.latest[sample.metric] = sample.value
+                    if "cpu_seconds_total" in state.latest and schedule == "fast":
+                        state.observe_cpu(now_, state.latest["cpu_seconds_total"])
+                    state.last_probe = now_
+            changed = [sample for sample in samples if self._worth_storing(sample)]
+            self.store.add_samples(changed)
+            taken += len(changed)
+        return taken
+
+    def _worth_storing(self, sample: Sample) -> bool:
+        """Store a value when it changed, or when the last stored one is older than `keepalive`."""
+        key = (sample.instance, sample.metric)
+        last = self._stored.get(key)
+        if last is not None and last[0] == sample.value and sample.ts - last[1] < self.keepalive:
+            return False
+        self._stored[key] = (sample.value, sample.ts)
+        return True
+
+    def _forget_stored(self, target: ProbeTarget) -> None:
+        for key in [k for k in self._stored if k[0] == target.instance]:
+            del self._stored[key]
+
+    def _run_probe(self, state: InstanceState, target: ProbeTarget, probe: Probe, now: float) -> list[Sample]:
+        health = state.probes.setdefault(probe.name, ProbeHealth())
+        if health.unavailable is not None and now < health.retry_at:
+            return []
+        started = time.perf_counter()
+        try:
+            result = probe.collect(target, now)
+        except TargetGone:
+            return []  # the tracker records the disappearance on its next reconcile
+        except ProbeUnavailable as exc:  # not an error: this figure does not exist for this instance
+            message = str(exc)
+            if health.unavailable != message:
+                self.events.emit(
+                    "probe_unavailable",
+                    f"probe {probe.name} has no data here: {message}",
+                    instance=state.name,
+                    probe=probe.name,
+                )
+            health.unavailable, health.retry_at = message, now + UNAVAILABLE_RETRY
+            return []
+        except ProbeError as exc:
+            self._failed(state, probe.name, health, exc, started)
+            return []
+        except Exception as exc:  # a probe bug must not take the agent down
+            log.exception("probe %s crashed on %s", probe.name, state.name)
+            self._failed(state, probe.name, health, exc, started)
+            return []
+        elapsed = time.perf_counter() - started
+        health.last_duration = elapsed
+        health.unavailable = None
+        if result.problems:
+            self._failed(state, probe.name, health, result.problems[0], started, partial=True)
+        else:
+            if not health.ok:
+                self.events.emit(
+                    "probe_recovered",
+                    f"probe {probe.name} works again",
+                    instance=state.name,
+                    probe=probe.name,
+                )
+            health.ok, health.last_error = True, None
+            self.observe(probe.name, elapsed, True)
+        health.last_success = now
+        return result.samples
+
+    def _failed(
+        self,
+        state: InstanceState,
+        probe: str,
+        health: ProbeHealth,
+        exc: Exception,
+        started: float,
+        partial: bool = False,
+    ) -> None:
+        elapsed = time.perf_counter() - started
+        health.last_duration = elapsed
+        health.errors_total += 1
+        message = str(exc) or type(exc).__name__
+        if health.ok or health.last_error != message:
+            self.events.emit(
+                "probe_error",
+                f"probe {probe} {'partly ' if partial else ''}failed: {message}",
+                instance=state.name,
+                severity="warning",
+                probe=probe,
+                reason=getattr(exc, "reason", "error"),
+                partial=partial,
+            )
+        health.ok, health.last_error = False, message
+        self.observe(probe, elapsed, False)

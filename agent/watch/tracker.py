@@ -1,0 +1,582 @@
+"""Keeps each configured instance attached to its live process.
+
+Each reconcile compares what discovery finds with what the instance followed before, and
+records what changed as events: discovered, restarted (a new pid or start time behind the
+same instance), down (the process vanished), exited (a managed command ended). A restart
+is an event of the same instance, never a new instance. Managed commands are launched and,
+when they end, relaunched here.
+
+A process is the instance only while its identity holds: pid and start time. A new process
+behind a `pid` instance is its restart only when it runs the program and command line the instance
+ran when adopted; a new process named by a `pidfile` instance's file, when it does so too or when
+the pidfile was written anew for it (a service manager's restart, even of a new version). Anything
+else is an unrelated process that got a reused pid: the instance is down (`not-the-instance`) and
+the newcomer is left alone, until it goes away or the pidfile is written anew. Adopted identities
+live in `identities.json` (agent/state/identities.py), so the rule holds across agent restarts, and after
+an agent crash the managed children that outlived it are adopted, not launched twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import signal
+import threading
+import time
+
+from agent.config.model import InstanceSpec
+from agent.core.errors import ProbeError
+from agent.core.records import ProbeTarget, ProcessIdentity
+from agent.state.eventlog import EventLog
+from agent.state.identities import (
+    AdoptedProcess,
+    IdentityLedger,
+    PidfileStamp,
+    describe,
+    pidfile_rewritten,
+    pidfile_stamp,
+    same_program,
+)
+from agent.state.store import InstanceRecord, Store
+from agent.watch import discovery
+from agent.watch.instances import InstanceState
+from agent.watch.supervisor import ManagedProcess, exit_status
+from probes.linux.cgroupfs import cgroup_memory_limit
+from probes.linux.pidfd import IdentityChanged, pin
+from probes.linux.procfs import host_memory_total, same_process
+
+log = logging.getLogger("medic.tracker")
+
+
+def matcher_key(spec: InstanceSpec) -> str:
+    """The matcher an identity was adopted under; a changed matcher inherits nothing."""
+    match = spec.match
+    if match.managed:
+        cwd = str(match.cwd) if match.cwd is not None else None
+        return "command:" + json.dumps([match.command, cwd, sorted(match.env.items())])
+    if match.pid is not None:
+        return f"pid:{match.pid}"
+    if match.pidfile is not None:
+        return f"pidfile:{match.pidfile}"
+    return f"cmdline:{match.cmdline}"
+
+
+class Tracker:
+    def __init__(self, specs: list[InstanceSpec], store: Store, events: EventLog) -> None:
+        self.specs = specs
+        self.store = store
+        self.events = events
+        self.lock = threading.RLock()
+        self.states: dict[str, InstanceState] = {}
+        self.managed: dict[str, ManagedProcess] = {}
+        self.known: dict[str, InstanceRecord] = store.known_instances()
+        self._last_errors: dict[str, str] = {}
+        self.forget_hooks: list = []  # callables(ProbeTarget) run when a process is left behind
+        self.ledger = IdentityLedger(store.dir)
+        self._children_checked = False
+        self._capped: set[str] = set()  # `select: all` specs whose cap was reported
+        self._refused_stamps: dict[str, PidfileStamp | None] = {}  # the pidfile as it was at a refusal
+        for spec in specs:
+            if spec.match.select == "all" and spec.match.cmdline is not None:
+                continue  # slots are created as matches appear
+            self.states[spec.name] = InstanceState(spec.name, spec)
+            if spec.match.managed:
+                self.managed[spec.name] = ManagedProcess(
+                    name=spec.name,
+                    argv=list(spec.match.command or []),
+                    cwd=spec.match.cwd,
+                    env=dict(spec.match.env),
+                    restart_on_exit=spec.restart_on_exit,
+                    stop_timeout=spec.stop_timeout,
+                )
+
+    # ------------------------------------------------------------------------------ queries
+    def up_targets(self) -> list[tuple[InstanceState, ProbeTarget]]:
+        with self.lock:
+            return [
+                (s, ProbeTarget(s.name, s.pid, s.start_time, s.labels, s.settings))
+                for s in self.states.values()
+                if s.status == "up" and s.pid is not None and s.start_time is not None
+            ]
+
+    def snapshot(self, now: float | None = None) -> list[dict]:
+        with self.lock:
+            return [s.to_dict(now) for s in sorted(self.states.values(), key=lambda s: s.name)]
+
+    def get(self, name: str) -> InstanceState | None:
+        with self.lock:
+            return self.states.get(name)
+
+    # ------------------------------------------------------------------------------ managed
+    def launch_managed(self, now: float) -> None:
+        """Launch every managed command, except those whose child from an earlier agent still runs."""
+        with self.lock:
+            if not self._children_checked:
+                self._children_checked = True
+                self._adopt_children(now)
+            for name, managed in self.managed.items():
+                never_started = managed.proc is None and not managed.adopted and not managed.ended
+                if never_started or managed.due_for_relaunch(now):
+                    self._launch(self.states[name], managed, now)
+
+    def _adopt_children(self, now: float) -> None:
+        """Children an earlier agent launched and that outlived it: adopt them when their instance
+        is still configured the same way, else stop them (nothing else would)."""
+        for name, record in list(self.ledger.records.items()):
+            if not record.launched:
+                continue
+            managed, state = self.managed.get(name), self.states.get(name)
+            if managed is not None and state is not None and record.match == matcher_key(state.spec):
+                verdict = managed.adopt(record.expected())
+                if verdict.ok:
+                    self._adopted(state, record, now)
+                else:  # gone: launched below, and the first reconcile records the restart
+                    log.info("%s: the child of an earlier agent is gone: %s", name, verdict.message)
+                    self.ledger.drop(name)
+                continue
+            why = "its command changed" if managed is not None else "it is no longer configured"
+            self._stop_orphan(name, record, why, state.spec.stop_timeout if state else 5.0)
+
+    def _adopted(self, state: InstanceState, record: AdoptedProcess, now: float) -> None:
+        known = self.known.pop(state.name, None)
+        if known is not None:
+            state.restarts = known.restarts
+        self.events.emit(
+            "instance_adopted",
+            f"pid {record.pid}, launched by an earlier medic, still runs: watching it instead of "
+            "launching a copy",
+            instance=state.name,
+            pid=record.pid,
+            start_time=record.start_time,
+        )
+        state.adopted = record
+        self._attach(state, ProcessIdentity(record.pid, record.start_time), now)
+
+    def _stop_orphan(self, name: str, record: AdoptedProcess, why: str, timeout: float) -> None:
+        try:
+            pinned = pin(record.expected())
+        except IdentityChanged:
+            self.ledger.drop(name)  # it is gone (or the pid is another process now): nothing to stop
+            return
+        with pinned:
+            pinned.send(signal.SIGTERM)
+            how = "TERM"
+            if not pinned.wait_exit(timeout):
+                pinned.send(signal.SIGKILL)
+                pinned.wait_exit(10.0)
+                how = f"TERM, then KILL after {timeout:g}s"
+        self.events.emit(
+            "instance_orphan_stopped",
+            f"stopped pid {record.pid} ({how}), launched for {name} by an earlier medic: {why}",
+            instance=name,
+            severity="warning",
+            pid=record.pid,
+        )
+        self.ledger.drop(name)
+
+    def _launch(self, state: InstanceState, managed: ManagedProcess, now: float) -> None:
+        try:
+            managed.launch()
+        except OSError as exc:
+            managed.exit_code, managed.ended = 127, True
+            managed.next_launch_at = now + managed.backoff
+            managed.backoff = min(managed.backoff * 2, 300.0)
+            state.status, state.status_reason = "exited", f"cannot start {managed.argv[0]!r}: {exc.strerror}"
+            self.events.emit(
+                "instance_launch_failed",
+                f"cannot start {managed.argv[0]!r}: {exc.strerror}; check the command and its path",
+                instance=state.name,
+                severity="error",
+                argv=managed.argv,
+            )
+
+    def restart_managed(self, name: str, timeout: float, reason: str = "restarted by medic") -> int:
+        """Restart a managed instance's command; the next reconcile records the new pid as a restart."""
+        managed = self.managed.get(name)
+        if managed is None:
+            raise KeyError(f"{name} is not a managed instance (it has no `command:`)")
+        pid = managed.restart(timeout)
+        self.reconcile()  # records the new child (and its identity) at once
+        return pid
+
+    def stop_managed(self) -> dict[str, int | None]:
+        """Stop every managed child in parallel (TERM, then KILL after its stop_timeout)."""
+        results: dict[str, int | None] = {}
+        threads = []
+        for name, managed in self.managed.items():
+            managed.stopping = True
+
+            def stop(name: str = name, managed: ManagedProcess = managed) -> None:
+                results[name] = managed.stop()
+
+            thread = threading.Thread(target=stop, name=f"stop-{name}")
+            thread.start()
+            threads.append(thread)
+        for thread in threads:
+            thread.join()
+        with self.lock:
+            self.ledger.drop(*self.managed)
+        return results
+
+    # ------------------------------------------------------------------------------ reconcile
+    def reconcile(self, now: float | None = None, *, scan: bool = False) -> None:
+        """Bring every instance up to date with the processes that exist now.
+
+        `scan` also searches all processes for `cmdline` instances (costs a few ms); without it,
+        only the followed processes are checked (microseconds each).
+        """
+        now = time.time() if now is None else now
+        with self.lock:
+            for spec in self.specs:
+                try:
+                    if spec.match.managed:
+                        self._reconcile_managed(self.states[spec.name], now)
+                    elif spec.match.pid is not None:
+                        self._follow(self.states[spec.name], discovery.by_pid(spec.match.pid), now)
+                    elif spec.match.pidfile is not None:
+                        self._reconcile_pidfile(self.states[spec.name], spec, now)
+                    elif spec.match.select == "all":
+                        self._reconcile_all(spec, now, scan)
+                    else:
+                        self._reconcile_newest(self.states[spec.name], spec, now, scan)
+                except Exception as exc:  # a bad instance must never stop the others
+                    message = f"cannot update: {exc}"
+                    if self._last_errors.get(spec.name) != message:  # one event per distinct error
+                        log.exception("reconcile of %s failed", spec.name)
+                        self.events.emit("reconcile_error", message, instance=spec.name, severity="error")
+                    self._last_errors[spec.name] = message
+                else:
+                    self._last_errors.pop(spec.name, None)
+
+    def _reconcile_managed(self, state: InstanceState, now: float) -> None:
+        managed = self.managed[state.name]
+        end = managed.poll_exit()
+        if end is not None:
+            self._leave(state)
+            self.ledger.drop(state.name)
+            status = None if end.code is None else exit_status(end.code)
+            state.status, state.exit_code = "exited", status
+            if status is None:  # adopted: not our child, so only its end is seen
+                state.status_reason = "exited (exit status unknown: it was launched by an earlier medic)"
+                message = f"pid {state.pid} exited; launched by an earlier medic, its exit status is unknown"
+            else:
+                state.status_reason = f"exited with status {status}"
+                message = f"pid {state.pid} exited with status {status}"
+            if managed.restart_on_exit and not managed.stopping:
+                state.status_reason += f"; relaunch in {managed.backoff:.0f}s"
+            self.events.emit(
+                "instance_exited",
+                message,
+                instance=state.name,
+                severity="info" if status == 0 else "warning",
+                pid=state.pid,
+                exit_status=status,
+            )
+        if managed.due_for_relaunch(now):
+            self._launch(state, managed, now)
+        pid = managed.pid
+        if pid is not None and pid != state.pid:
+            self._follow(state, discovery.by_pid(pid), now, "relaunched by medic")
+        elif pid is not None:
+            self._follow(state, discovery.by_pid(pid), now)
+
+    def _reconcile_pidfile(self, state: InstanceState, spec: InstanceSpec, now: float) -> None:
+        assert spec.match.pidfile is not None
+        before = pidfile_stamp(spec.match.pidfile)
+        identity, why = discovery.by_pidfile(spec.match.pidfile)
+        stamp = pidfile_stamp(spec.match.pidfile)
+        if identity is not None and stamp != before:
+            return  # rewritten while it was read: which pid goes with which stamp is read next time
+        self._follow(state, identity, now, why, stamp=stamp)
+
+    def _reconcile_newest(self, state: InstanceState, spec: InstanceSpec, now: float, scan: bool) -> None:
+        current = self._alive(state)
+        if current is not None:
+            self._follow(state, current, now)
+            return
+        if scan or state.status == "up":  # just vanished: look for its successor at once
+            matches = discovery.by_cmdline(spec.match.cmdline or "")
+            self._follow(state, matches[-1] if matches else None, now, "no process matches the cmdline regex")
+
+    def _reconcile_all(self, spec: InstanceSpec, now: float, scan: bool) -> None:
+        slots = sorted(
+            (s for s in self.states.values() if s.spec is spec),
+            key=lambda s: s.slot if s.slot is not None else 0,
+        )
+        alive = {}
+        for state in slots:
+            identity = self._alive(state)
+            if identity is None and state.status == "up":
+                self._follow(state, None, now)
+                scan = True
+            elif identity is not None:
+                alive[identity] = state
+        if not scan:
+            return
+        cap, beyond = spec.match.max_instances, 0
+        for identity in discovery.by_cmdline(spec.match.cmdline or ""):
+            if identity in alive:
+                continue
+            if len(alive) >= cap:
+                beyond += 1
+                continue
+            free = [s for s in slots if s.status != "up"]
+            if free:
+                state = free[0]
+            else:
+                index = len(slots)
+                state = InstanceState(f"{spec.name}-{index}", spec, slot=index)
+                self.states[state.name] = state
+                slots.append(state)
+            self._follow(state, identity, now)
+            alive[identity] = state
+        self._report_cap(spec, cap, beyond)
+
+    def _report_cap(self, spec: InstanceSpec, cap: int, beyond: int) -> None:
+        """One event when matches go beyond `max_instances` (not one per scan); again after it clears."""
+        if not beyond:
+            self._capped.discard(spec.name)
+            return
+        if spec.name in self._capped:
+            return
+        self._capped.add(spec.name)
+        self.events.emit(
+            "instance_cap_reached",
+            f"{beyond} more process(es) match {spec.match.cmdline!r} beyond match.max_instances={cap}; "
+            "they are not followed: narrow the regex or raise max_instances",
+            instance=spec.name,
+            severity="warning",
+            max_instances=cap,
+            not_followed=beyond,
+        )
+
+    def _alive(self, state: InstanceState) -> ProcessIdentity | None:
+        """The followed process if it still runs as the same process (pid not reused)."""
+        if state.pid is None or state.start_time is None:
+            return None
+        identity = discovery.by_pid(state.pid)
+        return identity if identity and same_process(identity.start_time, state.start_time) else None
+
+    # ------------------------------------------------------------------------------ transitions
+    def _follow(
+        self,
+        state: InstanceState,
+        identity: ProcessIdentity | None,
+        now: float,
+        why: str | None = None,
+        *,
+        stamp: PidfileStamp | None = None,
+    ) -> None:
+        """Point the instance at `identity` (None: no process), recording what changed. `stamp`: the
+        pidfile as it named `identity` (`pidfile` instances)."""
+        if identity is None:
+            if state.refused is not None:  # the unrelated process went away: nothing is refused any more
+                gone, state.refused = state.refused.pid, None
+                self._refused_stamps.pop(state.name, None)
+                if state.status == "down":
+                    state.status_reason = f"pid {gone}, not the instance, is gone" + (
+                        f"; {why}" if why else ""
+                    )
+            if state.status == "up":
+                self.events.emit(
+                    "instance_down",
+                    f"pid {state.pid} is gone" + (f"; {why}" if why else ""),
+                    instance=state.name,
+                    severity="warning",
+                    pid=state.pid,
+                )
+                self._leave(state)
+                state.status, state.status_reason = "down", f"pid {state.pid} is gone"
+            elif state.status == "waiting" and why:
+                state.status_reason = why
+            return
+        same = (
+            state.pid == identity.pid
+            and state.start_time is not None
+            and same_process(identity.start_time, state.start_time)  # one clock tick, no more
+        )
+        if same and state.status == "up":
+            self._restamp(state, identity, stamp)
+            return
+        if identity == state.refused and stamp == self._refused_stamps.get(state.name):
+            return  # an unrelated process at the instance's pid, already reported
+        reference = self._reference(state)
+        if reference is not None and not _is(reference, identity):
+            ok, detail = self._successor(state, reference, identity, stamp)
+            if not ok:
+                self._refuse(state, reference, identity, detail, stamp)
+                return
+        state.refused = None
+        self._refused_stamps.pop(state.name, None)
+        previous = state.pid
+        known = self.known.pop(state.name, None)
+        if previous is None and known is not None and known.pid is not None:
+            if known.pid == identity.pid and same_process(known.start_time or 0, identity.start_time):
+                self.events.emit(
+                    "instance_resumed",
+                    f"watching pid {identity.pid} again",
+                    instance=state.name,
+                    pid=identity.pid,
+                )
+                state.restarts = known.restarts
+            else:
+                self._count_restart(state, known.restarts)
+                self.events.emit(
+                    "instance_restarted",
+                    f"restarted while medic was not watching: pid {known.pid} → {identity.pid}",
+                    instance=state.name,
+                    severity="warning",
+                    old_pid=known.pid,
+                    pid=identity.pid,
+                    restarts=state.restarts,
+                )
+        elif previous is None and state.restarts == 0 and state.status == "waiting":
+            if known is not None:
+                state.restarts = known.restarts
+            self.events.emit(
+                "instance_discovered", f"watching pid {identity.pid}", instance=state.name, pid=identity.pid
+            )
+        else:
+            self._count_restart(state, state.restarts)
+            self.events.emit(
+                "instance_restarted",
+                f"restarted: pid {previous} → {identity.pid}" + (f" ({why})" if why else ""),
+                instance=state.name,
+                severity="warning",
+                old_pid=previous,
+                pid=identity.pid,
+                restarts=state.restarts,
+            )
+        self._attach(state, identity, now, stamp)
+
+    def _attach(
+        self, state: InstanceState, identity: ProcessIdentity, now: float, stamp: PidfileStamp | None = None
+    ) -> None:
+        """Follow `identity` from now on, and remember what it runs (identities.json)."""
+        state.pid, state.start_time = identity.pid, identity.start_time
+        state.status, state.status_reason, state.exit_code = "up", "running", None
+        state.reset_process()
+        match = state.spec.match
+        if match.cmdline is None:  # pid, pidfile, command: identities that must survive an agent restart
+            try:
+                record = describe(
+                    identity.pid, identity.start_time, matcher_key(state.spec), match.managed, stamp
+                )
+            except ProbeError:
+                record = None  # it just exited: the next reconcile sees it gone
+            if record is not None:
+                state.adopted = record
+                self.ledger.put(state.name, record)
+        self.resolve_memory_limit(state)
+        self.store.remember_instance(state.name, identity.pid, identity.start_time, now)
+
+    def _reference(self, state: InstanceState) -> AdoptedProcess | None:
+        """What a new process behind a `pid`/`pidfile` instance must run to be the instance: what
+        the instance ran when adopted (in this agent's run, else as an earlier agent recorded it)."""
+        match = state.spec.match
+        if match.pid is None and match.pidfile is None:
+            return None  # cmdline: the regex is the matcher; command: medic's own child
+        if state.adopted is not None:
+            return state.adopted
+        record = self.ledger.get(state.name)
+        return record if record is not None and record.match == matcher_key(state.spec) else None
+
+    def _successor(
+        self,
+        state: InstanceState,
+        reference: AdoptedProcess,
+        identity: ProcessIdentity,
+        stamp: PidfileStamp | None,
+    ) -> tuple[bool, str]:
+        """Is `identity`, a new process behind the instance's pid or pidfile, the instance's restart?
+        A `pidfile` instance's when its pidfile was written anew for it, or when it runs what the
+        instance ran; a `pid` instance's only in the second case. With the reason if not."""
+        rewritten = None
+        if state.spec.match.pidfile is not None:
+            ok, rewritten = pidfile_rewritten(reference, stamp, identity.start_time)
+            if ok:
+                return True, rewritten
+        ok, detail = same_program(reference, identity.pid)
+        return ok, detail if rewritten is None else f"{detail}, and {rewritten}"
+
+    def _restamp(self, state: InstanceState, identity: ProcessIdentity, stamp: PidfileStamp | None) -> None:
+        """The pidfile was written again for the process already followed (a reload, a periodic
+        rewrite): record it, so that only a write after this one counts as written for a successor."""
+        record = state.adopted
+        if stamp is None or record is None or record.pidfile_stamp == stamp or not _is(record, identity):
+            return
+        state.adopted = dataclasses.replace(record, pidfile_stamp=stamp)
+        self.ledger.put(state.name, state.adopted)
+
+    def _refuse(
+        self,
+        state: InstanceState,
+        reference: AdoptedProcess,
+        identity: ProcessIdentity,
+        detail: str,
+        stamp: PidfileStamp | None,
+    ) -> None:
+        """`identity` holds the instance's pid (or is named by its pidfile) but is not the instance:
+        the instance is gone, and the newcomer is never adopted (so never probed or signalled)."""
+        state.refused = identity
+        self._refused_stamps[state.name] = stamp
+        old = state.pid if state.pid is not None else reference.pid
+        if state.spec.match.pidfile is not None:
+            hint = (
+                f"If that process is {state.name} started another way, write its pid to "
+                f"{state.spec.match.pidfile} again (a service manager's restart does): medic then adopts it"
+            )
+        else:
+            hint = (
+                f"If that process is {state.name} started another way, stop medic, delete "
+                f"{self.ledger.path} and start medic again"
+            )
+        self.events.emit(
+            "instance_down",
+            f"pid {old} is gone; pid {identity.pid} is another process ({detail}): not adopted. {hint}",
+            instance=state.name,
+            severity="warning",
+            pid=old,
+            other_pid=identity.pid,
+            reason="not-the-instance",
+        )
+        if state.status == "up":
+            self._leave(state)
+        state.status = "down"
+        state.status_reason = f"pid {old} is gone; pid {identity.pid} runs another program"
+        if state.spec.match.pidfile is not None:
+            state.status_reason += " and the pidfile was not written anew for it"
+
+    def _count_restart(self, state: InstanceState, before: int) -> None:
+        state.restarts = before + 1
+        self.store.count_restart(state.name)
+
+    def _leave(self, state: InstanceState) -> None:
+        """Forget the process the instance followed (caches of probes included)."""
+        if state.pid is not None and state.start_time is not None:
+            target = ProbeTarget(state.name, state.pid, state.start_time, state.labels)
+            for forget in self.forget_hooks:
+                forget(target)
+        state.reset_process()
+
+    def resolve_memory_limit(self, state: InstanceState) -> None:
+        """The limit to judge against: configured, else the cgroup's, else the host's RAM."""
+        configured = state.spec.memory_limit
+        if configured != "auto":
+            state.memory_limit, state.memory_limit_source = float(configured), "config"
+            return
+        limit = None
+        if state.pid is not None:
+            try:
+                limit = cgroup_memory_limit(state.pid)
+            except ProbeError:
+                limit = None
+        if limit:
+            state.memory_limit, state.memory_limit_source = float(limit), "cgroup"
+        else:
+            state.memory_limit, state.memory_limit_source = float(host_memory_total()), "host"
+
+
+def _is(record: AdoptedProcess, identity: ProcessIdentity) -> bool:
+    return record.pid == identity.pid and same_process(record.start_time, identity.start_time)
