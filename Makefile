@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: help install system-deps run demo test lint format bench clean
+.PHONY: help install system-deps run demo test test-fast lint typecheck format bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -26,12 +26,22 @@ demo: install  ## real onnxruntime servers (healthy, leaking, slow) and medic re
 	$(BIN)/pip install -q -e '.[demo]'
 	$(BIN)/medic demo
 
-test: system-deps install lint  ## install everything and run the whole test suite
+test: system-deps install lint typecheck  ## install everything and run the whole test suite
 	$(BIN)/python -m pytest
+
+test-fast: install lint  ## unit tests only (no slow, root or native ones): under 2 minutes
+	$(BIN)/python -m pytest -q -m "not slow and not root and not native"
 
 lint: install  ## ruff lint and format check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# the modules held to mypy (strict, pyproject.toml); the rest of the tree is read for its types only
+TYPED := agent/core agent/config probes/base.py probes/linux remediation/model.py remediation/planner.py \
+	remediation/budget.py native_hooks/errors.py medic_hook
+
+typecheck: install  ## mypy on the typed modules
+	$(BIN)/mypy $(TYPED)
 
 format: install  ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .

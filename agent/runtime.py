@@ -36,7 +36,6 @@ from agent.jobs.detection import Detection
 from agent.jobs.remediation import Remediation
 from agent.notify.service import start_notifier
 from agent.state.eventlog import EventLog
-from agent.state.histograms import attach as attach_histograms
 from agent.state.store import Store
 from agent.watch.collector import KEEPALIVE, SAMPLES_PER_BUCKET, Collector
 from agent.watch.supervisor import exit_status
@@ -103,9 +102,6 @@ class Agent:
         token, token_path = load_or_create_token(cfg.token_file, Path(cfg.state_dir))
         log.info("admin token for mutating endpoints: %s", token_path)
         self.events = EventLog(self.store)
-        attach_histograms(
-            self.store
-        )  # probes publish class/type/site snapshots here (agent/state/histograms.py)
         self.tracker = Tracker(self.config.instances, self.store, self.events)
         self.telemetry = Telemetry(self.tracker)
         self.notifier = start_notifier(self)  # events → Alertmanager/webhook/Slack (agent/notify)

@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from native_hooks.heapprofile import parse_heap_profile
 from native_hooks.heapsites import allocation_sites
-from native_hooks.symbolize import Symbolizer, read_maps
+from native_hooks.symbolize import Symbolizer
+from probes.linux.maps import read_maps
 
 JAVA = r"""
 import java.util.*;

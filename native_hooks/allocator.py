@@ -1,12 +1,12 @@
 """The allocator that serves `malloc` in this process, behind one interface: figures, purge, heap profiles.
 
-It runs inside targets, so it lives in `medic_hook` (the hook's one self-contained module); this name
-re-exports it for medic's own tools and tests. docs/allocators.md maps the figure names.
+It runs inside targets, so it lives in `medic_hook.allocator` (the hook's self-contained package); this
+name re-exports it for medic's own tools and tests. docs/allocators.md maps the figure names.
 """
 
 from __future__ import annotations
 
-from medic_hook import (
+from medic_hook.allocator import (
     DlInfo,
     GlibcAllocator,
     JemallocAllocator,

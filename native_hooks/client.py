@@ -18,6 +18,7 @@ import os
 import socket
 import struct
 import time
+from pathlib import Path
 from typing import Any
 
 from native_hooks import protocol, sockets
@@ -30,6 +31,7 @@ from native_hooks.errors import (
     HookRequestError,
     HookTimeout,
 )
+from probes.linux.procfs import HOST_ROOT
 
 
 class HookClient:
@@ -41,12 +43,12 @@ class HookClient:
         timeout: float = 2.0,
         *,
         pid: int | None = None,
-        proc: str = "/proc",
+        root: Path = HOST_ROOT,
     ) -> None:
         self.path = os.fspath(path)
         self.timeout = timeout
         self.pid = pid  # the target: only its own listener is trusted
-        self.proc = proc
+        self.root = root  # the file system root whose /proc names the target
         self._sock: socket.socket | None = None
         self._buffer = bytearray()
 
@@ -170,7 +172,7 @@ class HookClient:
         peer_pid, peer_uid, _gid = _UCRED.unpack(
             sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
         )
-        if peer_pid not in sockets.namespace_pids(pid, self.proc):
+        if peer_pid not in sockets.namespace_pids(pid, self.root):
             raise HookNotFound(
                 f"hook at {self.path} belongs to pid {peer_pid} (uid {peer_uid}, per SO_PEERCRED), "
                 f"not to pid {pid}: "

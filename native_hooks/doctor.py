@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agent.core.errors import ProbeError
 from native_hooks.errors import ShimNotBuilt
 from native_hooks.sockets import find_socket
 from native_hooks.which_allocator import AllocatorGuess, detect_allocator
+from probes.linux.procfs import HOST_ROOT, proc_path
 
 AUTOSTART_HINT = (
     "MEDIC_HOOK_SOCKET=auto plus `medic hook install-pth` once per environment (a .pth line that "
@@ -73,7 +75,7 @@ def _shim() -> str:
         return "$(medic hook path)"
 
 
-def _probe_hook(socket: str | None, timeout: float, pid: int, proc: str) -> HookStatus:
+def _probe_hook(socket: str | None, timeout: float, pid: int, root: Path) -> HookStatus:
     from native_hooks.client import HookClient
 
     status = HookStatus(socket=socket)
@@ -81,7 +83,7 @@ def _probe_hook(socket: str | None, timeout: float, pid: int, proc: str) -> Hook
         status.error = "no hook socket found"
         return status
     try:
-        with HookClient(socket, timeout, pid=pid, proc=proc) as client:  # only pid's own listener
+        with HookClient(socket, timeout, pid=pid, root=root) as client:  # only pid's own listener
             stats = client.request("stats")
     except ProbeError as exc:
         status.error = str(exc)
@@ -95,16 +97,18 @@ def _probe_hook(socket: str | None, timeout: float, pid: int, proc: str) -> Hook
     return status
 
 
-def diagnose(pid: int, socket: str | None = None, timeout: float = 2.0, proc: str = "/proc") -> DoctorReport:
+def diagnose(
+    pid: int, socket: str | None = None, timeout: float = 2.0, root: Path = HOST_ROOT
+) -> DoctorReport:
     """Diagnose `pid`; never raises for what it can report (a vanished pid raises `TargetGone`)."""
     problems: list[str] = []
     try:
-        detected: AllocatorGuess | None = detect_allocator(pid, proc)
+        detected: AllocatorGuess | None = detect_allocator(pid, root)
     except ProbeError as exc:
-        if not os.path.exists(f"{proc}/{pid}"):
+        if not os.path.exists(proc_path(root, pid)):
             raise
         detected, problems = None, [f"outside detection failed: {exc}"]
-    hook = _probe_hook(socket or find_socket(pid, proc), timeout, pid, proc)
+    hook = _probe_hook(socket or find_socket(pid, root), timeout, pid, root)
     allocator = hook.allocator or (detected.allocator if detected else "unknown")
     report = DoctorReport(pid=pid, allocator=allocator, detected=detected, hook=hook, problems=problems)
     report.advice = advise(report)

@@ -21,7 +21,7 @@ ProbeError
 from __future__ import annotations
 
 from agent.core.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable
-from medic_hook import AllocatorError, MallctlError
+from medic_hook.errors import AllocatorError, MallctlError
 
 __all__ = [
     "HOOK_HOWTO",

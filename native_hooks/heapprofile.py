@@ -24,6 +24,7 @@ from typing import Literal, NoReturn
 
 from agent.core.errors import ProbeError, UnsafePath
 from probes.linux.fstrust import open_owned_file
+from probes.linux.maps import Mapping, parse_maps_line
 
 MAX_PROFILE_BYTES = 512 * 2**20  # larger dumps are refused rather than read into memory
 MAX_FRAMES = 512  # jemalloc's own limit is 128 (PROF_BT_MAX)
@@ -42,9 +43,6 @@ _JE_FAST_HEAD = re.compile(r"heap_v2/(\d+)\n  t\*: \d+: \d+ \[\d+: \d+\]\n" + _J
 _JE_FAST_RECORD = re.compile(
     r"@((?: 0x[0-9a-fA-F]+)+)\n  t\*: (\d+): (\d+) \[(\d+): (\d+)\]\n" + _JE_FAST_THREADS + r"\n*"
 )
-_MAPS_LINE = re.compile(
-    r"([0-9a-fA-F]+)-([0-9a-fA-F]+)\s+([-rwxsp]{4})\s+([0-9a-fA-F]+)\s+\S+\s+\d+(?:\s+(.*))?"
-)
 MAPS_MARKER = "MAPPED_LIBRARIES:"
 _hex = partial(int, base=16)
 
@@ -59,21 +57,6 @@ class HeapProfileRefused(HeapProfileError):
     """A dump medic will not read: a symlink, not a regular file, another user's, or too large."""
 
     reason = "unsafe"
-
-
-@dataclass(frozen=True, slots=True)
-class Mapping:
-    """One line of `/proc/PID/maps`."""
-
-    start: int
-    end: int
-    perms: str
-    offset: int
-    path: str  # "" for anonymous mappings
-
-    @property
-    def executable(self) -> bool:
-        return "x" in self.perms
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,17 +288,6 @@ def _parse_maps(text: str, first_line: int, source: str) -> Iterator[Mapping]:
                 source, number, line, "expected a /proc/PID/maps line 'start-end perms offset dev inode path'"
             )
         yield mapping
-
-
-def parse_maps_line(line: str) -> Mapping | None:
-    """One `/proc/PID/maps` line, or None if it is not one."""
-    match = _MAPS_LINE.fullmatch(line.rstrip("\n"))
-    if match is None:
-        return None
-    start, end = int(match.group(1), 16), int(match.group(2), 16)
-    if end < start or end >= 2**64:
-        return None
-    return Mapping(start, end, match.group(3), int(match.group(4), 16), (match.group(5) or "").strip())
 
 
 def _fail(source: str, number: int, line: str, expected: str) -> NoReturn:

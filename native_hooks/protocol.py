@@ -3,9 +3,10 @@ stream socket.
 
 Requests: `{"op": "ping" | "stats" | "purge" | "prof_dump" | "prof_active" | "histogram", ...}`.
 Replies: `{"ok": true, "op": ..., ...}` or `{"ok": false, "code": CODE, "error": "what and what to do"}`.
-The rules (limits, ops, error codes, request parsing) live in `medic_hook`, the module that runs inside
-Python targets; this module re-exports them and adds the reading of replies. The C shim (`shim.c`)
-implements the same rules; `tests/test_hook_contract.py` runs one suite on both hooks.
+The rules (limits, ops, error codes, request parsing) live in `medic_hook.protocol`, part of the
+package that runs inside Python targets; this module re-exports them and adds the reading of replies.
+The C shim (`shim.c`) implements the same rules; `tests/test_hook_contract.py` runs one suite on both
+hooks.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from medic_hook import (
+from medic_hook.errors import RequestError
+from medic_hook.protocol import (
     ERROR_CODES,
     MAX_REPLY_BYTES,
     MAX_REQUEST_BYTES,
     OPS,
     PROTOCOL_VERSION,
     SHIM_OPS,
-    RequestError,
     decode_request,
     encode,
     error_reply,

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from native_hooks.client import HookClient
+from probes.linux.procfs import HOST_ROOT
 
 DEFAULT_TIMEOUT_S = 10.0  # a trim of a large fragmented glibc heap walks every free chunk
 
@@ -38,7 +40,7 @@ def purge(
     gc: bool = False,
     *,
     pid: int | None = None,
-    proc: str = "/proc",
+    root: Path = HOST_ROOT,
 ) -> PurgeResult:
     """Purge through the hook at `socket`; `gc=True` also runs Python's collector first (Python hook only).
 
@@ -47,7 +49,7 @@ def purge(
     or `HookRequestError`.
     """
     params = {"gc": True} if gc else {}
-    with HookClient(socket, timeout, pid=pid, proc=proc) as client:
+    with HookClient(socket, timeout, pid=pid, root=root) as client:
         reply = client.request("purge", **params)
     before, after = int(reply["rss_before"]), int(reply["rss_after"])
     return PurgeResult(

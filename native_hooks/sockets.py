@@ -9,8 +9,9 @@ the conventional path `<dir>/hook.<pid>.sock`, where `<dir>` is the first of
 3. `$XDG_RUNTIME_DIR/medic`,
 4. `/tmp/medic-<uid>`.
 
-These rules and the target's side (binding a socket safely) live in `medic_hook`, the one module that
-runs inside Python targets; they are re-exported here. The C shim applies the same rules (`shim.c`).
+These rules and the target's side (binding a socket safely) live in `medic_hook.paths`, part of the
+package that runs inside Python targets; they are re-exported here. The C shim applies the same rules
+(`shim.c`).
 medic finds a target's socket by reading the target's environment (`/proc/PID/environ`), falling
 back to the conventional directories for its uid, and removes sockets whose process is gone.
 """
@@ -25,7 +26,8 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from medic_hook import (  # noqa: F401 - the path rules, re-exported for medic's side
+from agent.core.errors import ProbeError
+from medic_hook.paths import (  # noqa: F401 - the path rules, re-exported for medic's side
     AUTO,
     ENV_DIR,
     ENV_SOCKET,
@@ -38,59 +40,38 @@ from medic_hook import (  # noqa: F401 - the path rules, re-exported for medic's
     is_live,
     socket_name,
 )
+from probes.linux.procfs import HOST_ROOT, proc_path, read_environ, read_nspid, read_status
 
 SOCKET_NAME = re.compile(r"^hook\.(\d+)\.sock$")
 STALE_GRACE_SECONDS = 10.0  # a socket younger than this may be between bind() and listen()
 
 
 # -- medic side ----------------------------------------------------------------------------------
-def parse_environ(data: bytes) -> dict[str, str]:
-    """`/proc/PID/environ` (NUL-separated `KEY=VALUE`) as a dict; entries without `=` are skipped."""
-    env: dict[str, str] = {}
-    for entry in data.split(b"\x00"):
-        key, sep, value = entry.partition(b"=")
-        if sep and key:
-            env[os.fsdecode(key)] = os.fsdecode(value)
-    return env
-
-
-def _read_environ(pid: int, proc: str) -> dict[str, str]:
+def _read_environ(pid: int, root: Path) -> dict[str, str]:
     try:
-        with open(f"{proc}/{pid}/environ", "rb") as f:
-            return parse_environ(f.read())
-    except OSError:
+        return read_environ(pid, root)
+    except ProbeError:
         return {}
 
 
-def _status_ids(pid: int, proc: str) -> tuple[int | None, int]:
+def _status_ids(pid: int, root: Path) -> tuple[int | None, int]:
     """(real uid, innermost namespace pid) of a process; uid None when it cannot be read."""
-    uid, ns_pid = None, pid
     try:
-        with open(f"{proc}/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Uid:"):
-                    uid = int(line.split()[1])
-                elif line.startswith(b"NSpid:"):
-                    ns_pid = int(line.split()[-1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return uid, ns_pid
+        status = read_status(pid, root)
+    except ProbeError:
+        return None, pid
+    return status.real_uid, status.ns_pids[-1] if status.ns_pids else pid
 
 
-def namespace_pids(pid: int, proc: str = "/proc") -> set[int]:
+def namespace_pids(pid: int, root: Path = HOST_ROOT) -> set[int]:
     """Every pid the process has, from the host's down to its innermost pid namespace (NSpid)."""
-    pids = {pid}
     try:
-        with open(f"{proc}/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"NSpid:"):
-                    pids.update(int(value) for value in line.split()[1:])
-    except (OSError, ValueError):
-        pass
-    return pids
+        return {pid, *read_nspid(pid, root)}
+    except ProbeError:
+        return {pid}
 
 
-def candidate_paths(pid: int, proc: str = "/proc", env: Mapping[str, str] | None = None) -> list[str]:
+def candidate_paths(pid: int, root: Path = HOST_ROOT, env: Mapping[str, str] | None = None) -> list[str]:
     """Paths where the hook socket of `pid` may be, most specific first (no existence check).
 
     The target's own `MEDIC_HOOK_SOCKET` comes first; then the conventional directories for its uid
@@ -98,8 +79,8 @@ def candidate_paths(pid: int, proc: str = "/proc", env: Mapping[str, str] | None
     tried through `/proc/PID/root`.
     """
     env = os.environ if env is None else env
-    uid, ns_pid = _status_ids(pid, proc)
-    target_env = _read_environ(pid, proc)
+    uid, ns_pid = _status_ids(pid, root)
+    target_env = _read_environ(pid, root)
     paths: list[str] = []
     template = target_env.get(ENV_SOCKET)
     if template and uid is not None:
@@ -116,11 +97,11 @@ def candidate_paths(pid: int, proc: str = "/proc", env: Mapping[str, str] | None
         ):
             paths.append(os.path.join(directory, socket_name(ns_pid)))
     if ns_pid != pid:
-        paths += [f"{proc}/{pid}/root{path}" for path in list(paths)]
+        paths += [proc_path(root, pid, "root") + path for path in list(paths)]
     return list(dict.fromkeys(paths))
 
 
-def find_socket(pid: int, proc: str = "/proc", env: Mapping[str, str] | None = None) -> str | None:
+def find_socket(pid: int, root: Path = HOST_ROOT, env: Mapping[str, str] | None = None) -> str | None:
     """The first existing socket among `candidate_paths(pid)` that the target's user (or root, or
     medic's user) created, or None.
 
@@ -128,8 +109,8 @@ def find_socket(pid: int, proc: str = "/proc", env: Mapping[str, str] | None = N
     symlink or a socket another user bound there is skipped: the kernel sets a socket file's owner
     at bind() and nobody else can change it. `HookClient(path, pid=pid)` then checks the listener.
     """
-    owners = _socket_owners(pid, proc)
-    for path in candidate_paths(pid, proc, env):
+    owners = _socket_owners(pid, root)
+    for path in candidate_paths(pid, root, env):
         with contextlib.suppress(OSError):
             info = os.lstat(path)
             if stat.S_ISSOCK(info.st_mode) and info.st_uid in owners:
@@ -137,16 +118,11 @@ def find_socket(pid: int, proc: str = "/proc", env: Mapping[str, str] | None = N
     return None
 
 
-def _socket_owners(pid: int, proc: str) -> set[int]:
+def _socket_owners(pid: int, root: Path) -> set[int]:
     """Who may own the hook socket of `pid`: its uids (real, effective, saved, fs), root and medic."""
     owners = {0, os.geteuid()}
-    try:
-        with open(f"{proc}/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Uid:"):
-                    owners.update(int(value) for value in line.split()[1:])
-    except (OSError, ValueError):
-        pass
+    with contextlib.suppress(ProbeError):
+        owners.update(read_status(pid, root).uids)
     return owners
 
 

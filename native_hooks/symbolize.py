@@ -1,7 +1,7 @@
 """Code addresses → function names, from a memory map and the ELF symbol tables of the mapped objects.
 
     symbolizer = Symbolizer()
-    frames = symbolizer.symbolize(addresses, profile.mappings)   # or read_maps(pid)
+    frames = symbolizer.symbolize(addresses, profile.mappings)   # or probes.linux.maps.read_maps(pid)
 
 For each address: the mapping that holds it gives the object file and the file offset; the object's
 `PT_LOAD` segments turn the offset into its link-time address; the symbol (`.symtab`, else `.dynsym`,
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.errors import UnsafePath
-from native_hooks.heapprofile import Mapping, parse_maps_line
 from probes.linux.fstrust import open_regular_file, trusted_program
+from probes.linux.maps import Mapping
 
 DEMANGLE_TIMEOUT_S = 20.0
 MAX_OBJECT_BYTES = 16 * 2**30  # larger "objects" are not what a process maps for code
@@ -48,22 +48,6 @@ class Frame:
     function: str  # demangled name, or `object+0xoffset`, or `0x…` outside every mapping
     object: str  # path of the mapped object ("" when unknown)
     known: bool  # a symbol named it
-
-
-def read_maps(pid: int, proc: str = "/proc") -> list[Mapping]:
-    """The memory map of a live process (needs ptrace-read rights: same uid or root)."""
-    from agent.core.errors import ProbeAccessDenied, TargetGone
-
-    try:
-        with open(f"{proc}/{pid}/maps", encoding="utf-8", errors="replace") as handle:
-            lines = handle.read().splitlines()
-    except FileNotFoundError:
-        raise TargetGone(f"process {pid} is gone: no memory map to symbolize with") from None
-    except PermissionError:
-        raise ProbeAccessDenied(
-            f"cannot read /proc/{pid}/maps: run medic as the target's user or as root"
-        ) from None
-    return [m for m in map(parse_maps_line, lines) if m is not None]
 
 
 class ElfSymbols:

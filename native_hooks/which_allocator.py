@@ -21,11 +21,13 @@ import re
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from agent.core.errors import ProbeAccessDenied, ProbeError, TargetGone, UnsafePath
-from native_hooks.sockets import parse_environ
+from agent.core.errors import ProbeError, TargetGone, UnsafePath
 from probes.linux.fstrust import open_regular_file
+from probes.linux.maps import Mapping, read_maps
+from probes.linux.procfs import HOST_ROOT, proc_path, read_environ, read_exe
 
 MAX_ELF_BYTES = 16 * 2**30
 
@@ -36,20 +38,6 @@ _LIBRARY_ALLOCATORS = (
     (re.compile(r"^libc\.so"), "glibc"),
     (re.compile(r"^libc\.musl|^ld-musl"), "musl"),
 )
-_MAPS_LINE = re.compile(
-    r"^(?P<start>[0-9a-f]+)-(?P<end>[0-9a-f]+)\s+(?P<perms>[rwxsp-]{4})\s+(?P<offset>[0-9a-f]+)\s+"
-    r"(?P<dev>[0-9a-f]+:[0-9a-f]+)\s+(?P<inode>\d+)\s*(?P<path>.*)$"
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Mapping:
-    start: int
-    end: int
-    perms: str
-    offset: int
-    inode: int
-    path: str
 
 
 @dataclass(slots=True)
@@ -82,33 +70,11 @@ class AllocatorGuess:
         }
 
 
-def parse_maps(text: str) -> list[Mapping]:
-    """`/proc/PID/maps` lines as records; raises `ProbeError` naming the first line it cannot read."""
-    mappings = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        match = _MAPS_LINE.match(line)
-        if not match:
-            raise ProbeError(f"/proc/PID/maps line {number} is not in the kernel's format: {line[:120]!r}")
-        mappings.append(
-            Mapping(
-                start=int(match["start"], 16),
-                end=int(match["end"], 16),
-                perms=match["perms"],
-                offset=int(match["offset"], 16),
-                inode=int(match["inode"]),
-                path=match["path"].strip(),
-            )
-        )
-    return mappings
-
-
 def mapped_files(mappings: list[Mapping]) -> list[str]:
     """Distinct file-backed objects (absolute paths), in address order; deleted files are skipped."""
     seen: dict[str, None] = {}
     for mapping in mappings:
-        if mapping.inode and mapping.path.startswith("/") and not mapping.path.endswith("(deleted)"):
+        if mapping.inode and mapping.path.startswith("/") and not mapping.deleted:
             seen.setdefault(mapping.path, None)
     return list(seen)
 
@@ -218,27 +184,18 @@ def _static_allocator(elf: _Elf) -> tuple[str, list[str]]:
 
 
 # -- the verdict -----------------------------------------------------------------------------------
-def _read(path: str, binary: bool = False) -> Any:
-    with open(path, "rb" if binary else "r") as f:
-        return f.read()
-
-
-def detect_allocator(pid: int, proc: str = "/proc") -> AllocatorGuess:
+def detect_allocator(pid: int, root: Path = HOST_ROOT) -> AllocatorGuess:
     """Which allocator serves `malloc` in `pid`; raises `TargetGone` / `ProbeAccessDenied`."""
     try:
-        maps = parse_maps(_read(f"{proc}/{pid}/maps"))
-        exe = os.readlink(f"{proc}/{pid}/exe")
-    except FileNotFoundError:
+        maps = read_maps(pid, root)
+    except TargetGone:
         raise TargetGone(f"process {pid} does not exist") from None
-    except PermissionError:
-        raise ProbeAccessDenied(
-            f"cannot read /proc/{pid}/maps or exe: run medic as the target's user or as root"
-        ) from None
+    exe = read_exe(pid, root) or ""
     try:
-        env = parse_environ(_read(f"{proc}/{pid}/environ", binary=True))
-    except OSError:
+        env = read_environ(pid, root)
+    except ProbeError:
         env = {}
-    root = f"{proc}/{pid}/root"
+    target_root = proc_path(root, pid, "root")
     files = mapped_files(maps)
     guess = AllocatorGuess(allocator="unknown")
     guess.env = {
@@ -258,7 +215,7 @@ def detect_allocator(pid: int, proc: str = "/proc") -> AllocatorGuess:
     def elf(path: str) -> _Elf | None:
         if path not in elves:
             elves[path] = None
-            for candidate in (root + path, path):
+            for candidate in (target_root + path, path):
                 try:
                     elves[path] = _Elf(candidate)
                     break

@@ -9,6 +9,7 @@ every allocator (docs/allocators.md); figures an allocator lacks are not emitted
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import ClassVar
 
 from agent.core.errors import ProbeUnavailable, TargetGone
@@ -17,6 +18,7 @@ from native_hooks.client import HookClient
 from native_hooks.errors import HOOK_HOWTO, HookNotFound
 from native_hooks.sockets import find_socket, namespace_pids
 from probes.base import Schedule
+from probes.linux.procfs import HOST_ROOT, proc_path
 
 # hook figure -> metric (agent/core/catalog.py, source "allocator")
 FIGURE_METRICS = {
@@ -31,12 +33,12 @@ FIGURE_METRICS = {
 }
 
 
-def hook_socket_for(target: ProbeTarget, proc: str = "/proc") -> str:
+def hook_socket_for(target: ProbeTarget, root: Path = HOST_ROOT) -> str:
     """The hook socket of `target`; raises `HookNotFound` saying how to get one."""
     configured = (target.settings.get("hook") or {}).get("socket")
     if configured:
         return configured.replace("%p", str(target.pid))
-    found = find_socket(target.pid, proc)
+    found = find_socket(target.pid, root)
     if found is None:
         raise HookNotFound(f"no allocator hook for pid {target.pid} ({target.instance}): {HOOK_HOWTO}")
     return found
@@ -46,19 +48,19 @@ class AllocatorProbe:
     name: ClassVar[str] = "allocator"
     schedule: ClassVar[Schedule] = "fast"
 
-    def __init__(self, timeout: float = 1.0, proc: str = "/proc") -> None:
+    def __init__(self, timeout: float = 1.0, root: Path = HOST_ROOT) -> None:
         self.timeout = timeout
-        self.proc = proc
+        self.root = root
 
     def collect(self, target: ProbeTarget, now: float) -> ProbeResult:
-        if not os.path.exists(f"{self.proc}/{target.pid}"):
+        if not os.path.exists(proc_path(self.root, target.pid)):
             raise TargetGone(f"process {target.pid} of {target.instance} is gone")
-        path = hook_socket_for(target, self.proc)
+        path = hook_socket_for(target, self.root)
         timeout = (target.settings.get("hook") or {}).get("timeout") or self.timeout
-        with HookClient(path, timeout, pid=target.pid, proc=self.proc) as client:
+        with HookClient(path, timeout, pid=target.pid, root=self.root) as client:
             reply = client.request("stats")
         pid = reply.get("pid")
-        if isinstance(pid, int) and pid not in namespace_pids(target.pid, self.proc):
+        if isinstance(pid, int) and pid not in namespace_pids(target.pid, self.root):
             raise ProbeUnavailable(
                 f"hook at {path} belongs to pid {pid}, not to {target.instance}'s pid {target.pid}: "
                 "put %p in the socket path so that each process gets its own"

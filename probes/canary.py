@@ -114,6 +114,17 @@ class CanaryProbe:
         with self._lock:
             self._schedules.pop((target.pid, target.start_time), None)
 
+    def close(self, timeout: float = 5.0) -> None:
+        """Wait for the canaries in flight, then close the kept-alive connections: the agent's probe lives
+        as long as the agent, a test's does not."""
+        with self._lock:
+            running = [s.in_flight for s in self._schedules.values() if s.in_flight is not None]
+        for thread in running:
+            thread.join(timeout)
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
     def _due(self, schedule: _Schedule, interval: float) -> bool:
         return schedule.last_start is None or self._clock() - schedule.last_start >= interval
 

@@ -6,7 +6,7 @@ start time) and again every `RELOCATE_AFTER` seconds, in case the process was mo
 Figures this host does not have are left out; files that cannot be read are reported as problems. Liveness is the `process` probe's job: cgroup files outlive
 the processes in them, so this probe does not reread `/proc/PID/stat` every tick.
 
-For "memory_limit: auto" use `probes.linux.cgroupfs.cgroup_memory_limit(pid)`, then
+For "memory_limit: auto" use `probes.linux.cgroupfiles.cgroup_memory_limit(pid)`, then
 `probes.linux.procfs.host_memory_total()`.
 """
 
@@ -19,8 +19,9 @@ from typing import ClassVar
 
 from agent.core.records import ProbeResult, ProbeTarget
 from probes.base import Schedule
-from probes.linux import cgroupfs
-from probes.linux.cgroupfs import CgroupLocation, CpuQuota, locate_cgroups
+from probes.linux import cgroupfiles
+from probes.linux.cgroupfiles import CpuQuota
+from probes.linux.cgroupfs import CgroupLocation, locate_cgroups
 from probes.linux.procfs import HOST_ROOT
 from probes.process import add_samples
 
@@ -66,7 +67,7 @@ class CgroupProbe:
     def _locate(self, target: ProbeTarget, now: float) -> _Located:
         location = locate_cgroups(target.pid, self.root)
         problems: list[Exception] = []
-        quota = cgroupfs.read_cpu_quota(location.cpu, problems) if location.cpu else None
+        quota = cgroupfiles.read_cpu_quota(location.cpu, problems) if location.cpu else None
         return _Located(location, now, quota, tuple(problems))
 
     def _read(self, located: _Located, target: ProbeTarget, now: float) -> tuple[ProbeResult, bool]:
@@ -85,7 +86,7 @@ class CgroupProbe:
         problems: list[Exception] = []
         stale = False
         if location.memory:
-            memory = cgroupfs.read_memory(location.memory, problems)
+            memory = cgroupfiles.read_memory(location.memory, problems)
             stale |= memory.usage_bytes is None and not os.path.isdir(location.memory.path)
             figures.update(
                 {
@@ -99,7 +100,7 @@ class CgroupProbe:
                 },
             )
         if location.cpu:
-            cpu = cgroupfs.read_cpu(location.cpu, problems)
+            cpu = cgroupfiles.read_cpu(location.cpu, problems)
             stale |= cpu.periods is None and not os.path.isdir(location.cpu.path)
             figures.update(
                 {
@@ -110,8 +111,8 @@ class CgroupProbe:
                 },
             )
         if location.unified:
-            memory_psi = cgroupfs.read_pressure(location.unified, "memory", problems)
-            cpu_psi = cgroupfs.read_pressure(location.unified, "cpu", problems)
+            memory_psi = cgroupfiles.read_pressure(location.unified, "memory", problems)
+            cpu_psi = cgroupfiles.read_pressure(location.unified, "cpu", problems)
             stale |= memory_psi is None and cpu_psi is None and not os.path.isdir(location.unified.path)
             figures.update(
                 {

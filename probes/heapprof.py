@@ -28,19 +28,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from agent.config.model import HeapProfiles
-from agent.core.errors import ProbeError, ProbeUnavailable, StoreError, TargetGone
+from agent.core.errors import ProbeError, ProbeUnavailable, TargetGone
+from agent.core.histograms import HistogramRow, Snapshot
 from agent.core.records import ProbeResult, ProbeTarget, Sample
-from agent.state import histograms
 from native_hooks.client import HookClient
 from native_hooks.errors import HookNotFound, HookOpUnavailable
 from native_hooks.heapprofile import HeapProfile, read_heap_profile
 from native_hooks.heapsites import allocation_sites
 from native_hooks.sockets import namespace_pids
-from native_hooks.symbolize import Symbolizer, read_maps
+from native_hooks.symbolize import Symbolizer
 from probes.allocator import hook_socket_for
 from probes.base import Schedule
 from probes.linux.helpers import process_ids, run_as
+from probes.linux.maps import read_maps
+from probes.linux.procfs import HOST_ROOT, proc_path, read_environ
+from probes.settings import HeapProfiles, opted_in, settings_for
 
 SETTLE_S = 1.0  # a dump younger than this may still be being written
 HOWTO = (
@@ -64,57 +66,51 @@ class HeapProfileProbe:
     name: ClassVar[str] = "heapprof"
     schedule: ClassVar[Schedule] = "slow"
 
-    def __init__(self, proc: str = "/proc") -> None:
-        self.proc = proc
+    def __init__(self, root: Path = HOST_ROOT) -> None:
+        self.root = root
         self.symbolizer = Symbolizer()
         self._states: dict[tuple[str, int, float], _State] = {}
         self._lock = threading.Lock()
 
     def collect(self, target: ProbeTarget, now: float) -> ProbeResult:
-        spec = histograms.settings_for(target, "heap_profiles", HeapProfiles)
-        if spec is None:
-            return ProbeResult()  # opt-in
+        if not opted_in(target, "heap_profiles"):
+            return ProbeResult()
+        spec = settings_for(target, "heap_profiles", HeapProfiles)
         key = (target.instance, target.pid, target.start_time)
         with self._lock:
             state = self._states.setdefault(key, _State())
         if now < state.next_at:
             return ProbeResult()
-        if not os.path.exists(f"{self.proc}/{target.pid}"):
+        if not os.path.exists(proc_path(self.root, target.pid)):
             raise TargetGone(f"process {target.pid} of {target.instance} is gone")
         state.next_at = now + spec.interval  # a failed dump waits its interval too
         path = self._dump_through_hook(target, spec, state) if state.hook is not False else None
         written_at = now
         if path is None:
-            found = newest_dump(spec.dir, target, state.consumed, self.proc)
+            found = newest_dump(spec.dir, target, state.consumed, self.root)
             if found is None:
-                if state.consumed is None and not writes_dumps(target.pid, self.proc):
+                if state.consumed is None and not writes_dumps(target.pid, self.root):
                     raise ProbeUnavailable(f"no heap profiles of pid {target.pid} in {spec.dir}: {HOWTO}")
                 return ProbeResult()  # no new dump yet
             path, mtime_ns = found
             state.consumed = (os.path.basename(path), mtime_ns)
             written_at = mtime_ns / 1e9
-        ids = process_ids(target.pid, self.proc)
+        ids = process_ids(target.pid, self.root)
         profile = read_heap_profile(path, owners={ids.uid, os.geteuid()})  # written by the target
         self.symbolizer.run_as = run_as(ids, os.geteuid())
         snapshot = self.snapshot(target, profile, spec.frames, written_at)
-        result = ProbeResult(
-            samples=[Sample(target.instance, "heap_profile_live_bytes", now, profile.live_bytes)]
+        return ProbeResult(
+            samples=[Sample(target.instance, "heap_profile_live_bytes", now, profile.live_bytes)],
+            snapshots=[snapshot],
         )
-        try:
-            histograms.publish(snapshot)
-        except StoreError as exc:
-            result.problems.append(exc)
-        return result
 
-    def snapshot(
-        self, target: ProbeTarget, profile: HeapProfile, frames: int, ts: float
-    ) -> histograms.Snapshot:
+    def snapshot(self, target: ProbeTarget, profile: HeapProfile, frames: int, ts: float) -> Snapshot:
         """The allocation-site snapshot of one dump (symbolized through the target's root when it runs)."""
-        maps = profile.mappings or read_maps(target.pid, self.proc)
-        root = f"{self.proc}/{target.pid}/root"
+        maps = profile.mappings or read_maps(target.pid, self.root)
+        root = proc_path(self.root, target.pid, "root")
         self.symbolizer.root = root if os.access(root, os.R_OK) else ""
         sites = allocation_sites(profile, self.symbolizer, frames, maps)
-        rows = [histograms.HistogramRow(s.name, s.live_objects, s.live_bytes, _stack(s.stack)) for s in sites]
+        rows = [HistogramRow(s.name, s.live_objects, s.live_bytes, _stack(s.stack)) for s in sites]
         meta = {
             "file": profile.source,
             "format": profile.format,
@@ -122,7 +118,7 @@ class HeapProfileProbe:
             "frames": frames,
             "alloc_bytes": sum(s.alloc_bytes for s in sites),
         }
-        return histograms.Snapshot(
+        return Snapshot(
             target.instance,
             profile.format,
             ts,
@@ -143,7 +139,7 @@ class HeapProfileProbe:
     def _dump_through_hook(self, target: ProbeTarget, spec: HeapProfiles, state: _State) -> str | None:
         """Path of a fresh dump written by the target through its hook, or None when it cannot dump."""
         try:
-            socket = hook_socket_for(target, self.proc)
+            socket = hook_socket_for(target, self.root)
         except HookNotFound:
             return None  # no hook (yet): the allocator's own dumps, if any; the hook is tried again next time
         timeout = max(float((target.settings.get("hook") or {}).get("timeout") or 1.0), 30.0)
@@ -151,9 +147,9 @@ class HeapProfileProbe:
         prefix = directory / f"medic.{target.instance}.{target.pid}"
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with HookClient(socket, timeout, pid=target.pid, proc=self.proc) as client:
+            with HookClient(socket, timeout, pid=target.pid, root=self.root) as client:
                 pid = client.request("ping").get("pid")
-                if isinstance(pid, int) and pid not in namespace_pids(target.pid, self.proc):
+                if isinstance(pid, int) and pid not in namespace_pids(target.pid, self.root):
                     state.hook = False
                     return None
                 if state.hook is None:
@@ -195,10 +191,10 @@ def _remove(path: str) -> None:
 
 # ---------------------------------------------------------------------------------- file mode
 def newest_dump(
-    directory: str | Path, target: ProbeTarget, consumed: tuple[str, int] | None, proc: str = "/proc"
+    directory: str | Path, target: ProbeTarget, consumed: tuple[str, int] | None, root: Path = HOST_ROOT
 ) -> tuple[str, int] | None:
     """The newest settled dump of `target` in `directory` other than `consumed`: (path, mtime_ns)."""
-    pattern = _dump_pattern(target.pid, proc)
+    pattern = _dump_pattern(target.pid, root)
     best: tuple[int, str] | None = None
     settled = time.time_ns() - int(SETTLE_S * 1e9)
     born = int((target.start_time - 1.0) * 1e9)
@@ -229,13 +225,13 @@ def newest_dump(
     return os.path.join(str(directory), best[1]), best[0]
 
 
-def _dump_pattern(pid: int, proc: str) -> re.Pattern[str]:
+def _dump_pattern(pid: int, root: Path) -> re.Pattern[str]:
     """File names the allocator of `pid` writes: from its MALLOC_CONF prof_prefix and HEAPPROFILE when
     readable, else any jemalloc dump naming one of its pids or any gperftools dump."""
-    pids = "|".join(str(p) for p in sorted(namespace_pids(pid, proc)))
+    pids = "|".join(str(p) for p in sorted(namespace_pids(pid, root)))
     jemalloc_tail = rf"\.(?:{pids})\.\d+\.(?:[imu]\d+|f)\.heap$"
     gperf_tail = rf"(?:_(?:{pids}))?\.\d{{4,}}\.heap$"
-    env = _environ(pid, proc) or {}
+    env = _environ(pid, root) or {}
     choices = []
     conf = env.get("MALLOC_CONF", "")
     # file names only: the directory is the configured one (and gperftools garbles the first byte of its
@@ -249,19 +245,18 @@ def _dump_pattern(pid: int, proc: str) -> re.Pattern[str]:
     return re.compile("|".join(f"(?:{c})" for c in choices))
 
 
-def writes_dumps(pid: int, proc: str = "/proc") -> bool:
+def writes_dumps(pid: int, root: Path = HOST_ROOT) -> bool:
     """Whether the allocator of `pid` was told to write dumps by itself (unknown environment: assume so)."""
-    env = _environ(pid, proc)
+    env = _environ(pid, root)
     if env is None:
         return True
     conf = env.get("MALLOC_CONF", "")
     return bool(env.get("HEAPPROFILE")) or ("prof:true" in conf and "lg_prof_interval" in conf)
 
 
-def _environ(pid: int, proc: str) -> dict[str, str] | None:
+def _environ(pid: int, root: Path) -> dict[str, str] | None:
+    """The target's environment, or None when it cannot be read."""
     try:
-        with open(f"{proc}/{pid}/environ", "rb") as handle:
-            entries = handle.read().decode("utf-8", errors="replace").split("\0")
-    except OSError:
+        return read_environ(pid, root)
+    except ProbeError:
         return None
-    return dict(entry.split("=", 1) for entry in entries if "=" in entry)

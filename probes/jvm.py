@@ -27,17 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from agent.config.model import JvmHistograms
 from agent.core.errors import (
-    ProbeAccessDenied,
     ProbeError,
     ProbeUnavailable,
-    StoreError,
     TargetGone,
     UnsafePath,
 )
+from agent.core.histograms import HistogramRow, Snapshot
 from agent.core.records import ProbeResult, ProbeTarget, Sample
-from agent.state import histograms
 from probes.base import Schedule
 from probes.jvmtext import (
     ClassHistogram,
@@ -52,6 +49,9 @@ from probes.jvmtext import (
 )
 from probes.linux.fstrust import check_trusted_path, trusted_program
 from probes.linux.helpers import process_ids, run_as
+from probes.linux.maps import read_maps
+from probes.linux.procfs import HOST_ROOT, proc_path, read_cmdline, read_environ, read_nspid
+from probes.settings import JvmHistograms, settings_for
 
 JCMD_HOWTO = "install a JDK with jcmd (Debian: openjdk-17-jdk-headless) or set histograms.jvm.jcmd"
 _OPTION_VARS = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
@@ -70,13 +70,13 @@ class JvmProbe:
     name: ClassVar[str] = "jvm"
     schedule: ClassVar[Schedule] = "slow"
 
-    def __init__(self, proc: str = "/proc") -> None:
-        self.proc = proc
+    def __init__(self, root: Path = HOST_ROOT) -> None:
+        self.root = root
         self._due: dict[tuple[str, int, float], _Due] = {}
         self._lock = threading.Lock()
 
     def collect(self, target: ProbeTarget, now: float) -> ProbeResult:
-        settings = histograms.settings_for(target, "jvm", JvmHistograms)
+        settings = settings_for(target, "jvm", JvmHistograms)
         key = (target.instance, target.pid, target.start_time)
         with self._lock:
             due = self._due.setdefault(key, _Due())
@@ -85,11 +85,11 @@ class JvmProbe:
         if not (want_heap or want_histogram):
             return ProbeResult()
         if due.jvm is None:
-            due.jvm = is_jvm(target.pid, self.proc)
+            due.jvm = is_jvm(target.pid, self.root)
         if not due.jvm:
             return ProbeResult()  # not a JVM: nothing to say (other probes cover it)
         if not due.checked:
-            refusal = attach_refusal(target.pid, self.proc)
+            refusal = attach_refusal(target.pid, self.root)
             if refusal is not None:
                 raise refusal
             due.checked = True
@@ -120,8 +120,8 @@ class JvmProbe:
             self._due.pop((target.instance, target.pid, target.start_time), None)
 
     def _jcmd(self, pid: int, commands: list[str], settings: JvmHistograms) -> str:
-        jcmd = find_jcmd(pid, settings.jcmd, self.proc)
-        as_target = run_as(process_ids(pid, self.proc), os.geteuid())
+        jcmd = find_jcmd(pid, settings.jcmd, self.root)
+        as_target = run_as(process_ids(pid, self.root), os.geteuid())
         workdir = _command_dir(commands, as_target)
         try:
             done = subprocess.run(
@@ -144,7 +144,7 @@ class JvmProbe:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)  # fd-based: safe in a directory the target owned
         if done.returncode != 0 or "Exception" in done.stderr:
-            if not os.path.exists(f"{self.proc}/{pid}"):
+            if not os.path.exists(proc_path(self.root, pid)):
                 raise TargetGone(f"the JVM {pid} is gone")
             raise attach_failure(pid, done.returncode, done.stdout, done.stderr)
         return done.stdout
@@ -201,8 +201,8 @@ def _nmt_samples(result: ProbeResult, target: ProbeTarget, now: float, nmt: Nati
     result.samples.extend(
         Sample(target.instance, m, now, float(v)) for m, v in figures.items() if v is not None
     )
-    rows = [histograms.HistogramRow(name, 0.0, float(c)) for name, (_r, c) in nmt.categories.items()]
-    snapshot = histograms.Snapshot(
+    rows = [HistogramRow(name, 0.0, float(c)) for name, (_r, c) in nmt.categories.items()]
+    snapshot = Snapshot(
         target.instance,
         "nmt",
         now,
@@ -214,7 +214,7 @@ def _nmt_samples(result: ProbeResult, target: ProbeTarget, now: float, nmt: Nati
         len(rows),
         {"reserved_bytes": nmt.reserved, "malloc_bytes": nmt.malloc},
     )
-    _publish(result, snapshot)
+    result.snapshots.append(snapshot)
 
 
 def _histogram_samples(
@@ -229,11 +229,11 @@ def _histogram_samples(
     result.samples.append(
         Sample(target.instance, "jvm_histogram_instances", now, float(histo.total_instances))
     )
-    rows = [histograms.HistogramRow(r.name, float(r.instances), float(r.bytes), r.module) for r in histo.rows]
+    rows = [HistogramRow(r.name, float(r.instances), float(r.bytes), r.module) for r in histo.rows]
     meta = {"variant": "live" if live else "all", "bad_rows": histo.bad_rows}
     if heap is not None:
         meta["collector"] = heap.collector
-    snapshot = histograms.Snapshot(
+    snapshot = Snapshot(
         target.instance,
         "jvm",
         now,
@@ -245,48 +245,30 @@ def _histogram_samples(
         len(rows),
         meta,
     )
-    _publish(result, snapshot)
-
-
-def _publish(result: ProbeResult, snapshot: histograms.Snapshot) -> None:
-    try:
-        histograms.publish(snapshot)
-    except StoreError as exc:
-        result.problems.append(exc)
+    result.snapshots.append(snapshot)
 
 
 # ------------------------------------------------------------------------------- before attaching
-def is_jvm(pid: int, proc: str = "/proc") -> bool:
+def is_jvm(pid: int, root: Path = HOST_ROOT) -> bool:
     """Whether `pid` maps libjvm.so; raises `TargetGone` / `ProbeAccessDenied`."""
-    try:
-        with open(f"{proc}/{pid}/maps", encoding="utf-8", errors="replace") as handle:
-            return any("/libjvm.so" in line for line in handle)
-    except FileNotFoundError:
-        raise TargetGone(f"process {pid} is gone") from None
-    except PermissionError:
-        raise ProbeAccessDenied(
-            f"cannot read /proc/{pid}/maps to tell whether it is a JVM: run medic as its user or as root"
-        ) from None
+    return any("/libjvm.so" in mapping.path for mapping in read_maps(pid, root))
 
 
-def attach_refusal(pid: int, proc: str = "/proc") -> ProbeError | None:
+def attach_refusal(pid: int, root: Path = HOST_ROOT) -> ProbeError | None:
     """Why jcmd must not attach to `pid` (its SIGQUIT would do harm), or None when it may."""
     try:
-        if not is_jvm(pid, proc):
+        if not is_jvm(pid, root):
             return ProbeUnavailable(f"pid {pid} is not a JVM (no libjvm.so mapped): no class histograms")
-        with open(f"{proc}/{pid}/cmdline", "rb") as handle:
-            argv = handle.read().decode("utf-8", errors="replace").split("\0")
-    except FileNotFoundError:
-        return TargetGone(f"process {pid} is gone")
+        argv = read_cmdline(pid, root)
     except ProbeError as exc:
         return exc
-    options = [*argv, *_environ_options(pid, proc)]
+    options = [*argv, *_environ_options(pid, root)]
     if "-XX:+DisableAttachMechanism" in options:
         return ProbeUnavailable(
             f"the JVM {pid} runs with -XX:+DisableAttachMechanism: medic does not attach (the attempt would "
             "make it print a thread dump); remove the flag to get class histograms"
         )
-    if ("-Xrs" in options or "-XX:+ReduceSignalUsage" in options) and not _attach_socket(pid, proc):
+    if ("-Xrs" in options or "-XX:+ReduceSignalUsage" in options) and not _attach_socket(pid, root):
         return ProbeUnavailable(
             f"the JVM {pid} runs with -Xrs and its attach socket /tmp/.java_pid* is missing: attaching would "
             "send a SIGQUIT it does not handle (it would exit); restart it to recreate the socket"
@@ -294,33 +276,23 @@ def attach_refusal(pid: int, proc: str = "/proc") -> ProbeError | None:
     return None
 
 
-def _environ_options(pid: int, proc: str) -> list[str]:
+def _environ_options(pid: int, root: Path) -> list[str]:
     try:
-        with open(f"{proc}/{pid}/environ", "rb") as handle:
-            entries = handle.read().decode("utf-8", errors="replace").split("\0")
-    except OSError:
+        env = read_environ(pid, root)
+    except ProbeError:
         return []
-    words = []
-    for entry in entries:
-        name, _, value = entry.partition("=")
-        if name in _OPTION_VARS:
-            words.extend(value.split())
-    return words
+    return [word for name in _OPTION_VARS for word in env.get(name, "").split()]
 
 
-def _attach_socket(pid: int, proc: str) -> bool:
-    nspid = str(pid)
+def _attach_socket(pid: int, root: Path) -> bool:
     try:
-        with open(f"{proc}/{pid}/status", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("NSpid:"):
-                    nspid = line.split()[-1]
-    except OSError:
-        pass
-    return os.path.exists(f"{proc}/{pid}/root/tmp/.java_pid{nspid}")
+        ns_pid = read_nspid(pid, root)[-1]
+    except ProbeError:
+        ns_pid = pid
+    return os.path.exists(proc_path(root, pid, "root", "tmp", f".java_pid{ns_pid}"))
 
 
-def find_jcmd(pid: int, configured: str | None = None, proc: str = "/proc") -> Path:
+def find_jcmd(pid: int, configured: str | None = None, root: Path = HOST_ROOT) -> Path:
     """The jcmd to run for `pid`: `configured`, else the one beside the target's own `java`, else the one
     on PATH. Each must be root's or medic's and writable by nobody else (`fstrust.check_trusted_path`):
     a jcmd in a JDK another user can change is refused, never run, since medic may be root."""
@@ -334,7 +306,7 @@ def find_jcmd(pid: int, configured: str | None = None, proc: str = "/proc") -> P
                 f"histograms.jvm.jcmd {configured} is not an executable file: {JCMD_HOWTO}"
             )
         return found
-    sibling = _sibling_jcmd(pid, proc)
+    sibling = _sibling_jcmd(pid, root)
     if sibling is not None:
         try:
             return check_trusted_path(sibling)
@@ -352,13 +324,14 @@ def find_jcmd(pid: int, configured: str | None = None, proc: str = "/proc") -> P
     return found
 
 
-def _sibling_jcmd(pid: int, proc: str) -> str | None:
+def _sibling_jcmd(pid: int, root: Path) -> str | None:
     """The jcmd beside the target's `java` (same version), when the target shares medic's mount namespace
     (a path read from a container's exe names a file of the container, not of the host)."""
     try:
-        if os.readlink(f"{proc}/{pid}/ns/mnt") != os.readlink(f"{proc}/self/ns/mnt"):
+        own_namespace = os.readlink(proc_path(root, "self", "ns", "mnt"))
+        if os.readlink(proc_path(root, pid, "ns", "mnt")) != own_namespace:
             return None
-        sibling = os.path.join(os.path.dirname(os.readlink(f"{proc}/{pid}/exe")), "jcmd")
+        sibling = os.path.join(os.path.dirname(os.readlink(proc_path(root, pid, "exe"))), "jcmd")
     except OSError:
         return None
     return sibling if os.path.lexists(sibling) else None

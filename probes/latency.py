@@ -83,6 +83,12 @@ class LatencyProbe:
         with self._lock:
             self._previous.pop((target.pid, target.start_time), None)
 
+    def close(self) -> None:
+        """Close the kept-alive connections: the agent's probe lives as long as the agent, a test's does not."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
     def scrape(self, spec: Mapping[str, Any], now: float) -> Scrape:
         """GET the exposition and keep the configured histogram and counters."""
         if self._client is None:

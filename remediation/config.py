@@ -18,7 +18,7 @@ import string
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from agent.core.types import (
     DAY,
@@ -27,6 +27,7 @@ from agent.core.types import (
     Interval,
     PositiveDuration,
     Size,
+    Strict,
     Timeout,
     size_within,
     within,
@@ -41,10 +42,6 @@ KUBERNETES_NOT_YET = (
     "the kubernetes backend (Lease objects + the Eviction API honouring PodDisruptionBudgets) is designed "
     "in docs/remediation.md but not implemented yet; use backend: etcd (several hosts) or local (one host)"
 )
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _check_template(value: str) -> str:
@@ -74,14 +71,14 @@ def _check_url(value: str) -> str:
 Span = Annotated[Duration, within(0, 7 * DAY)]  # a wait or a window the engine keeps in mind: up to a week
 
 
-class BudgetSection(_Strict):
+class BudgetSection(Strict):
     max_concurrent: int = Field(1, ge=1, le=1000)
     min_interval: Annotated[Duration, within(0, DAY)] = 600.0
     max_per_hour: int | None = Field(6, ge=1, le=3600)
     cooldown: Span = 3600.0
 
 
-class PlanSection(_Strict):
+class PlanSection(Strict):
     safety_margin: Span = 3600.0
     restart_duration: Annotated[
         Duration, within(0, DAY, above=True, why="how long one restart holds its slot")
@@ -89,13 +86,13 @@ class PlanSection(_Strict):
     deadline_granularity: Annotated[Duration, within(0, DAY)] = 300.0
 
 
-class CrashLoopSection(_Strict):
+class CrashLoopSection(Strict):
     max_restarts: int = Field(3, ge=1, le=1000)
     window: Span = 3600.0
     reset_after: Span = 1800.0
 
 
-class LadderSection(_Strict):
+class LadderSection(Strict):
     purge_settle: Annotated[Duration, within(0, DAY)] = 120.0
     slow_confirm: Annotated[Duration, within(0, DAY)] = 120.0
     clear_check: Annotated[Duration, within(0, DAY)] = 600.0
@@ -103,11 +100,11 @@ class LadderSection(_Strict):
 
 
 # ----------------------------------------------------------------------------- coordinator
-class LocalCoordinatorSection(_Strict):
+class LocalCoordinatorSection(Strict):
     path: Path | None = None  # default: <state_dir>/coordinator.db (share a directory to share a budget)
 
 
-class EtcdCoordinatorSection(_Strict):
+class EtcdCoordinatorSection(Strict):
     endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:2379"], min_length=1)
     prefix: str = "/medic"
 
@@ -132,7 +129,7 @@ class EtcdCoordinatorSection(_Strict):
 Ttl = Annotated[Duration, within(2, HOUR, why="etcd's minimum lease TTL is 2s")]
 
 
-class CoordinatorSection(_Strict):
+class CoordinatorSection(Strict):
     backend: Literal["local", "etcd", "kubernetes"] = "local"
     namespace: str = "default"  # agents with the same namespace share one budget and one plan
     lease_ttl: Ttl = 30.0  # a dead agent's restart slot frees itself after this
@@ -157,7 +154,7 @@ class CoordinatorSection(_Strict):
 
 
 # ----------------------------------------------------------------------------- blockers, windows
-class WindowSection(_Strict):
+class WindowSection(Strict):
     days: str | list[str] | None = None  # mon-fri, "sat,sun", [mon, wed]; default every day
     start: str
     end: str
@@ -178,7 +175,7 @@ class WindowSection(_Strict):
         return value
 
 
-class PrometheusBlockerSection(_Strict):
+class PrometheusBlockerSection(Strict):
     url: str  # e.g. http://prometheus:9090; medic reads <url>/api/v1/alerts
     match: list[str] = Field(default_factory=list)  # alertname regexes that block; empty: any alert
     ignore: list[str] = Field(default_factory=list)  # alertname regexes that never block
@@ -200,20 +197,20 @@ class PrometheusBlockerSection(_Strict):
         return value
 
 
-class CapacityBlockerSection(_Strict):
+class CapacityBlockerSection(Strict):
     # instances of a fleet down at once, the one restarted included
     max_unavailable: int = Field(1, ge=1, le=10_000)
     min_ready_fraction: float | None = Field(None, ge=0.0, le=1.0)
 
 
-class BlockersSection(_Strict):
+class BlockersSection(Strict):
     min_uptime: Span = 600.0
     capacity: CapacityBlockerSection = Field(default_factory=CapacityBlockerSection)
     prometheus: PrometheusBlockerSection | None = None
 
 
 # ----------------------------------------------------------------------------- evidence, actuators
-class EvidenceSection(_Strict):
+class EvidenceSection(Strict):
     enabled: bool = True
     dir: Path | None = None  # default: <state_dir>/evidence
     timeout: Timeout = 30.0
@@ -221,7 +218,7 @@ class EvidenceSection(_Strict):
     keep: int = Field(5, ge=1, le=1000)  # last N restarts' evidence per instance
 
 
-class DrainSection(_Strict):
+class DrainSection(Strict):
     http: str | None = None  # POSTed before the restart
     command: list[str] | None = None  # or run (argv, no shell)
     timeout: Timeout = 30.0
@@ -242,7 +239,7 @@ class DrainSection(_Strict):
         return self
 
 
-class VerifySection(_Strict):
+class VerifySection(Strict):
     timeout: Annotated[Duration, within(0, DAY, above=True)] = 300.0  # the slot is held this long at most
     stable_for: Annotated[Duration, within(0, HOUR)] = 5.0  # the new process must stay up this long
     health_url: str | None = None  # must answer 2xx
@@ -254,7 +251,7 @@ class VerifySection(_Strict):
         return None if value is None else _check_url(value)
 
 
-class SignalActuatorSection(_Strict):
+class SignalActuatorSection(Strict):
     type: Literal["signal"]
     signal: Literal["TERM", "INT", "HUP", "QUIT", "USR1", "USR2"] = "TERM"
     grace: Annotated[Duration, within(0, HOUR)] = 30.0  # then KILL
@@ -262,7 +259,7 @@ class SignalActuatorSection(_Strict):
     start_timeout: Timeout = 120.0  # for the supervisor to bring a new process up
 
 
-class ExecActuatorSection(_Strict):
+class ExecActuatorSection(Strict):
     type: Literal["exec"]
     command: list[str] = Field(min_length=1)  # argv, placeholders {instance} {pid} {fleet}
     timeout: Timeout = 120.0
@@ -276,12 +273,12 @@ class ExecActuatorSection(_Strict):
         return value
 
 
-class ManagedActuatorSection(_Strict):
+class ManagedActuatorSection(Strict):
     type: Literal["managed"]
     timeout: Timeout = 60.0
 
 
-class HttpActuatorSection(_Strict):
+class HttpActuatorSection(Strict):
     type: Literal["http"]
     url: str
     method: Literal["POST", "PUT"] = "POST"
@@ -300,7 +297,7 @@ ActuatorSection = Annotated[
 ]
 
 
-class InstanceRemediationSection(_Strict):
+class InstanceRemediationSection(Strict):
     actuator: ActuatorSection | None = None
     drain: DrainSection | None = None
     verify: VerifySection | None = None
@@ -308,7 +305,7 @@ class InstanceRemediationSection(_Strict):
 
 
 # ----------------------------------------------------------------------------- the section
-class RemediationSection(_Strict):
+class RemediationSection(Strict):
     mode: Literal["off", "dry-run", "enforce"] = "dry-run"
     interval: Interval = 10.0  # how often the runtime calls Engine.step
     exclude: list[str] = Field(default_factory=list)  # instance names never remedied

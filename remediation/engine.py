@@ -11,12 +11,11 @@
 Every instance with a request ends the step with one Decision (stage, code, reason); the ledger
 keeps it when it changes, and the event log says what a person needs to know. Dry-run walks the
 same path and stops before the lock, recording what it would have done and counting that against
-a local copy of the budget, so its plan advances as it would in enforce mode.
+a local copy of the budget, so its plan advances as it would in enforce mode. The pause (the kill
+switch, `remediation.pause`) holds in memory at once, even when the ledger cannot be written.
 
-The pause (the kill switch) lives in memory first: `pause()` takes effect at once, for the next
-gate and for every request submitted after it, even when the ledger cannot be written (disk
-full); storing it is retried at the start of every step until it succeeds, and the answer says
-whether it is stored yet. `resume()` and an expiry work the same way.
+The engine sees the agent only through ports (`agent.core.ports`): an event sink, a table store
+for its ledger, and the hooks (`remediation.hooks`) that find and act on processes.
 """
 
 from __future__ import annotations
@@ -27,13 +26,12 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from agent.core.errors import StoreError
-from agent.state.eventlog import EventLog
-from agent.state.store import Store
+from agent.core.ports import EventSink, TableStore
 from remediation import planner, policy
 from remediation.budget import HOUR
 from remediation.config import RemediationSection
@@ -51,35 +49,13 @@ from remediation.model import (
     Plan,
     RemediationRequest,
     RestartRecord,
+    StepReport,
 )
+from remediation.pause import KillSwitch, pause_decision
 from remediation.restarts import UNAVAILABLE, Restarts
-from remediation.text import at
 
 log = logging.getLogger("medic.remediation")
 _DB_ERRORS = (sqlite3.Error, StoreError)
-_STORE_ERRORS = (*_DB_ERRORS, OSError)
-
-
-@dataclass
-class StepReport:
-    now: float
-    mode: str
-    plan: Plan
-    decisions: dict[str, Decision] = field(default_factory=dict)
-    intents: dict[str, Intent] = field(default_factory=dict)
-    started: list[str] = field(default_factory=list)
-    coordinator_error: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "now": self.now,
-            "mode": self.mode,
-            "plan": self.plan.to_dict(),
-            "decisions": {k: v.to_dict() for k, v in sorted(self.decisions.items())},
-            "intents": {k: v.to_dict() for k, v in sorted(self.intents.items())},
-            "started": self.started,
-            "coordinator_error": self.coordinator_error,
-        }
 
 
 class Engine:
@@ -87,12 +63,12 @@ class Engine:
         self,
         config: RemediationSection,
         *,
-        store: Store,
-        events: EventLog,
+        store: TableStore,
+        events: EventSink,
         coordinator: Coordinator,
         agent_id: str,
+        state_dir: Path,
         hooks: EngineHooks | None = None,
-        state_dir: Path | None = None,
         background: bool = True,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -110,9 +86,7 @@ class Engine:
         self.windows = config.time_windows()
         self.grace = max(5 * config.interval, 60.0)  # a finding not reported this long has cleared
         self._lock = threading.RLock()  # one step at a time
-        self._pause_lock = threading.Lock()  # never held while a step runs: a pause never waits
-        self._pause: dict[str, Any] | None = self.ledger.pause()
-        self._pause_unsaved: str | None = None  # why the in-memory pause is not in the ledger yet
+        self.switch = KillSwitch(self.ledger, events, clock)
         self._store_error: str | None = None
         self._stop = threading.Event()
         self.intake = Intake(
@@ -132,10 +106,10 @@ class Engine:
             events=events,
             agent_id=agent_id,
             hooks=self.hooks,
-            evidence_dir=config.evidence.dir or (Path(state_dir or store.dir) / "evidence"),
+            evidence_dir=config.evidence.dir or (Path(state_dir) / "evidence"),
             stop=self._stop,
             clock=clock,
-            paused=self.paused,
+            paused=self.switch.paused,
         )
         self._owns_coordinator = False
         self._coordinator_error: str | None = None
@@ -157,8 +131,8 @@ class Engine:
         cls,
         config: RemediationSection,
         *,
-        store: Store,
-        events: EventLog,
+        store: TableStore,
+        events: EventSink,
         agent_id: str,
         state_dir: Path,
         hooks: EngineHooks | None = None,
@@ -191,92 +165,18 @@ class Engine:
 
         It holds in memory at once; `pause_storage()` says whether it is also in the ledger yet.
         """
-        now = self.clock()
-        if not reason or not reason.strip():
-            raise ValueError("a pause needs a reason (who is doing what, for how long)")
-        if not math.isfinite(until) or until <= now:
-            raise ValueError("a pause needs an expiry in the future")
-        value = {"reason": reason.strip(), "until": until, "by": by, "since": now}
-        with self._pause_lock:
-            self._pause = value
-            stored = self._save_pause()
-        self.events.emit(
-            "remediation_paused",
-            f"remediation paused until {at(until)} by {by or 'an operator'}: {reason}"
-            + ("" if stored else " (held in memory: the state database cannot be written yet)"),
-            severity="warning",
-            persisted=stored,
-            **value,
-        )
-        return dict(value)
+        return self.switch.pause(reason, until, by)
 
     def resume(self, by: str | None = None) -> dict[str, Any] | None:
-        with self._pause_lock:
-            previous, self._pause = self._pause, None
-            stored = self._save_pause() if previous is not None or self._pause_unsaved else True
-        if previous is not None:
-            self.events.emit(
-                "remediation_resumed",
-                f"remediation resumed by {by or 'an operator'}"
-                + ("" if stored else " (in memory: the state database cannot be written yet)"),
-                by=by,
-                persisted=stored,
-            )
-        return previous
+        return self.switch.resume(by)
 
     def paused(self, now: float) -> dict[str, Any] | None:
         """The pause in force at `now` (from memory: no store read); an expired one is lifted."""
-        with self._pause_lock:
-            pause = self._pause
-            if pause is None or pause["until"] > now:
-                return dict(pause) if pause else None
-            self._pause = None
-            self._save_pause()
-        self.events.emit("remediation_resumed", f"the pause ({pause['reason']}) expired", **pause)
-        return None
+        return self.switch.paused(now)
 
     def pause_storage(self) -> dict[str, Any]:
         """`{"persisted": True}`, or False with a warning that says what holds and what is retried."""
-        with self._pause_lock:
-            error, pause = self._pause_unsaved, self._pause
-        if error is None:
-            return {"persisted": True}
-        what = "the pause" if pause is not None else "the resume"
-        lost = "forgets the pause" if pause is not None else "brings the old pause back"
-        return {
-            "persisted": False,
-            "warning": f"{what} could not be stored ({error}; disk full?): {what} holds in memory now "
-            f"and storing it is retried on every remediation step; an agent restart before then {lost}",
-        }
-
-    def _save_pause(self) -> bool:
-        """Write the in-memory pause (or its absence) to the ledger; called with `_pause_lock` held."""
-        try:
-            if self._pause is None:
-                self.ledger.clear_pause()
-            else:
-                p = self._pause
-                self.ledger.set_pause(p["reason"], p["until"], p["by"], p["since"])
-        except _STORE_ERRORS as exc:
-            if self._pause_unsaved is None:
-                log.error("the pause state cannot be stored (%s); it holds in memory, retried each step", exc)
-            self._pause_unsaved = str(exc)
-            return False
-        self._pause_unsaved = None
-        return True
-
-    def _retry_pause(self) -> None:
-        with self._pause_lock:
-            if self._pause_unsaved is None or not self._save_pause():
-                return
-            pause = self._pause
-        self.events.emit(
-            "remediation_pause_stored",
-            "the pause is now stored in the state database"
-            if pause is not None
-            else "the resume is now stored in the state database",
-            paused=pause is not None,
-        )
+        return self.switch.storage()
 
     def submit(self, request: RemediationRequest) -> Decision:
         """A one-shot request (manual, external): kept until carried out or `SUBMITTED_TTL` passes."""
@@ -285,7 +185,7 @@ class Engine:
         if decision.ok and pause is not None:  # kept, but nothing happens before the pause ends
             return Decision.allow(
                 "pause",
-                f"request held: {_pause_decision(pause).reason}; it goes through the {self.mode} "
+                f"request held: {pause_decision(pause).reason}; it goes through the {self.mode} "
                 f"pipeline after `medic resume` or when the pause expires (dropped if still paused "
                 f"{SUBMITTED_TTL / 60:g} min after it was made)",
                 code="held",
@@ -302,7 +202,7 @@ class Engine:
     def step(
         self, now: float, requests: Iterable[RemediationRequest] = (), instances: Iterable[InstanceView] = ()
     ) -> StepReport:
-        self._retry_pause()
+        self.switch.retry()
         with self._lock:
             try:
                 report = self._step(now, requests, {v.name: v for v in instances})
@@ -398,7 +298,7 @@ class Engine:
         """The kill switch and the exclusion list: no action on the instance at all."""
         pause = self.paused(now)
         if pause is not None:
-            return _pause_decision(pause)
+            return pause_decision(pause)
         if self.config.excluded(view.name):
             return Decision.block(
                 "exclude", "excluded", f"{view.name} is excluded from remediation in the config"
@@ -538,16 +438,6 @@ class Engine:
             self._reap()
         if self._owns_coordinator:
             self.coordinator.close()
-
-
-def _pause_decision(pause: Mapping[str, Any]) -> Decision:
-    who = pause.get("by") or "an operator"
-    return Decision.block(
-        "pause",
-        "paused",
-        f"remediation paused by {who} until {at(pause['until'])}: {pause['reason']}",
-        pause["until"],
-    )
 
 
 def _slot(plan: Plan, name: str) -> tuple[float, str]:

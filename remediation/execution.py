@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.state.eventlog import EventLog
+from agent.core.ports import EventSink
 from remediation.actuators.base import Actuator
 from remediation.coordinator.base import Coordinator, Grant
 from remediation.drain import Drain
@@ -54,7 +54,7 @@ class Execution:
         *,
         coordinator: Coordinator,
         ledger: Ledger,
-        events: EventLog,
+        events: EventSink,
         stop: threading.Event,
         clock: Callable[[], float] = time.time,
         paused: Callable[[float], object] = lambda now: None,

@@ -12,7 +12,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 
-from agent.state.eventlog import EventLog
+from agent.core.ports import EventSink
 from probes.linux.procfs import same_process
 from remediation import policy
 from remediation.ledger import Ledger
@@ -26,7 +26,7 @@ class Intake:
     def __init__(
         self,
         ledger: Ledger,
-        events: EventLog,
+        events: EventSink,
         *,
         clear_check: float,
         grace: float,

@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Container
+from typing import Any
 
-from agent.state.eventlog import EventLog
+from agent.core.ports import EventSink
 from remediation.hooks import EngineHooks
 from remediation.ledger import Ledger
 from remediation.model import Decision, InstanceView, Intent, RemediationRequest
@@ -26,7 +27,7 @@ class LadderActions:
     def __init__(
         self,
         ledger: Ledger,
-        events: EventLog,
+        events: EventSink,
         hooks: EngineHooks,
         *,
         reset_after: float,
@@ -44,7 +45,13 @@ class LadderActions:
 
     def purge(self, view: InstanceView, request: RemediationRequest, intent: Intent, now: float) -> Decision:
         mode = self.mode()
-        common = {"instance": view.name, "action": "purge", "mode": mode, "reason": intent.reason, "now": now}
+        common: dict[str, Any] = {
+            "instance": view.name,
+            "action": "purge",
+            "mode": mode,
+            "reason": intent.reason,
+            "now": now,
+        }
         if mode == "dry-run":
             self.ledger.open_action(
                 **common,

@@ -17,7 +17,8 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from agent.state.store import Store, where_clause
+from agent.core.ports import TableStore
+from agent.core.sql import where_clause
 from probes.linux.procfs import CLOCK_TICKS
 from remediation.model import Decision, RemediationRequest, RestartRecord
 from remediation.policy import CaseHistory, related_kinds
@@ -102,7 +103,7 @@ FINISHED = ("succeeded", "failed", "interrupted", "dry-run", "purged", "escalate
 
 
 class Ledger:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: TableStore) -> None:
         self.store = store
         store.ensure_schema(_SCHEMA)
         self._add_columns()
@@ -152,7 +153,8 @@ class Ledger:
                 f"INSERT INTO remediation_actions ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                 tuple(row.values()),
             )
-            return int(cur.lastrowid)
+            assert cur.lastrowid is not None  # an INSERT into a rowid table always has one
+            return cur.lastrowid
 
     def update_action(self, action_id: int, **fields: Any) -> None:
         if not fields:

@@ -4,15 +4,15 @@ the API and the coordinator backends agree on field names.
 Inputs: `RemediationRequest` (a finding asks for help) and `InstanceView` (what is running now).
 Outputs: `Decision` (one stage's verdict with its reason), `Intent` (what the ladder wants),
 `FleetEntry` (what an agent publishes about an instance), `RestartRecord` (one restart the budget
-counts), `PlanEntry`/`Plan` (the schedule).
+counts), `PlanEntry`/`Plan` (the schedule), `StepReport` (one engine step).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Any, Literal, TypeVar, get_args, get_type_hints
 
 RequestKind = Literal["leak", "oom-risk", "fragmentation", "slow", "external", "manual"]
 REQUEST_KINDS: tuple[str, ...] = ("leak", "oom-risk", "fragmentation", "slow", "external", "manual")
@@ -68,18 +68,7 @@ class RemediationRequest:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "instance": self.instance,
-            "kind": self.kind,
-            "finding_id": self.finding_id,
-            "reason": self.reason,
-            "deadline": self.deadline,
-            "evidence": dict(self.evidence),
-            "start_time": self.start_time,
-            "requested_at": self.requested_at,
-            "force": self.force,
-            "requested_by": self.requested_by,
-        }
+        return record_dict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,14 +117,7 @@ class Decision:
         return cls(False, stage, code, reason, retry_at, data)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "stage": self.stage,
-            "code": self.code,
-            "reason": self.reason,
-            "retry_at": self.retry_at,
-            "data": dict(self.data),
-        }
+        return record_dict(self)
 
 
 Action = Literal["none", "wait", "purge", "restart", "escalate"]
@@ -151,7 +133,7 @@ class Intent:
     deadline: float | None = None  # restart intents: by when; None means as soon as allowed
 
     def to_dict(self) -> dict[str, Any]:
-        return {"action": self.action, "code": self.code, "reason": self.reason, "deadline": self.deadline}
+        return record_dict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,39 +152,12 @@ class FleetEntry:
     updated_at: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "instance": self.instance,
-            "fleet": self.fleet,
-            "agent": self.agent,
-            "ready": self.ready,
-            "wants_restart": self.wants_restart,
-            "kind": self.kind,
-            "finding_id": self.finding_id,
-            "deadline": self.deadline,
-            "requested_at": self.requested_at,
-            "updated_at": self.updated_at,
-        }
+        return record_dict(self)
 
     @classmethod
     def from_dict(cls, data: Any) -> FleetEntry:
         """Parse what another agent wrote; ValueError says which field is wrong."""
-        if not isinstance(data, dict):
-            raise ValueError(f"expected an object, got {type(data).__name__}")
-        try:
-            return cls(
-                instance=_text(data, "instance"),
-                fleet=_text(data, "fleet"),
-                agent=_text(data, "agent"),
-                ready=bool(data.get("ready", True)),
-                wants_restart=bool(data.get("wants_restart", False)),
-                kind=_opt_text(data, "kind"),
-                finding_id=_opt_text(data, "finding_id"),
-                deadline=_opt_time(data, "deadline"),
-                requested_at=_opt_time(data, "requested_at"),
-                updated_at=_opt_time(data, "updated_at") or 0.0,
-            )
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"bad fleet entry: {exc}") from None
+        return record_from_dict(cls, data, "fleet entry")
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,35 +177,12 @@ class RestartRecord:
         return self.finished_at is None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "instance": self.instance,
-            "fleet": self.fleet,
-            "holder": self.holder,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "outcome": self.outcome,
-            "token": self.token,
-        }
+        return record_dict(self)
 
     @classmethod
     def from_dict(cls, data: Any) -> RestartRecord:
-        if not isinstance(data, dict):
-            raise ValueError(f"bad restart record: expected an object, got {type(data).__name__}")
-        try:
-            started = _opt_time(data, "started_at")
-            if started is None:
-                raise ValueError("started_at is missing")
-            return cls(
-                instance=_text(data, "instance"),
-                fleet=_text(data, "fleet"),
-                holder=_text(data, "holder"),
-                started_at=started,
-                finished_at=_opt_time(data, "finished_at"),
-                outcome=_opt_text(data, "outcome"),
-                token=str(data.get("token") or ""),
-            )
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"bad restart record: {exc}") from None
+        """Parse a record of the coordinator's history; ValueError says which field is wrong."""
+        return record_from_dict(cls, data, "restart record")
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,29 +198,16 @@ class PlanEntry:
     kind: str | None
     finding_id: str | None
     late: bool
+    hopeless: bool  # even its earliest slot ends after the projected OOM: not acted on
     reason: str
     after: str | None = None  # the instance planned just before in the same fleet
-    hopeless: bool = False  # even its earliest slot ends after the projected OOM: not acted on
 
     @property
     def actionable(self) -> bool:
         return not self.hopeless and math.isfinite(self.slot_at)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "instance": self.instance,
-            "fleet": self.fleet,
-            "agent": self.agent,
-            "slot_at": self.slot_at,
-            "latest_start": self.latest_start,
-            "deadline": self.deadline,
-            "kind": self.kind,
-            "finding_id": self.finding_id,
-            "late": self.late,
-            "hopeless": self.hopeless,
-            "reason": self.reason,
-            "after": self.after,
-        }
+        return record_dict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,31 +236,87 @@ class Plan:
         return {
             "computed_at": self.computed_at,
             "feasible": self.feasible,
-            "problems": list(self.problems),
-            "entries": [entry.to_dict() for entry in self.entries],
+            **record_dict(self, skip=("computed_at",)),
         }
 
 
-def _text(data: dict, key: str) -> str:
-    value = data.get(key)
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{key} must be a non-empty string, got {value!r}")
+@dataclass
+class StepReport:
+    """What one engine step decided: the plan, each instance's decision and intent, what started."""
+
+    now: float
+    mode: str
+    plan: Plan
+    decisions: dict[str, Decision] = field(default_factory=dict)
+    intents: dict[str, Intent] = field(default_factory=dict)
+    started: list[str] = field(default_factory=list)
+    coordinator_error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "now": self.now,
+            "mode": self.mode,
+            "plan": self.plan.to_dict(),
+            "decisions": {k: v.to_dict() for k, v in sorted(self.decisions.items())},
+            "intents": {k: v.to_dict() for k, v in sorted(self.intents.items())},
+            "started": self.started,
+            "coordinator_error": self.coordinator_error,
+        }
+
+
+# ----------------------------------------------------------------------------- dicts of records
+def record_dict(record: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A record's fields in order, ready for JSON: mappings copied as dicts, tuples as lists
+    (of dicts, for tuples of records)."""
+    return {f.name: _plain(getattr(record, f.name)) for f in fields(record) if f.name not in skip}
+
+
+def _plain(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return record_dict(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
     return value
 
 
-def _opt_text(data: dict, key: str) -> str | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ValueError(f"{key} must be a string, got {value!r}")
-    return value
+_R = TypeVar("_R")
 
 
-def _opt_time(data: dict, key: str) -> float | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{key} must be a finite number, got {value!r}")
-    return float(value)
+def record_from_dict(cls: type[_R], data: Any, what: str) -> _R:
+    """A record from what another agent wrote, each field checked against its annotation (`str`
+    non-empty unless it has a default, `float` finite, `bool` taken as truthy; None or missing means
+    the default); ValueError names the field that is wrong."""
+    if not isinstance(data, dict):
+        raise ValueError(f"bad {what}: expected an object, got {type(data).__name__}")
+    hints = get_type_hints(cls)
+    values: dict[str, Any] = {}
+    try:
+        for f in fields(cls):  # type: ignore[arg-type]
+            value = data.get(f.name)
+            if value is None:
+                if f.default is MISSING:
+                    if type(None) not in get_args(hints[f.name]):
+                        raise ValueError(f"{f.name} is missing")
+                    values[f.name] = None
+                continue
+            values[f.name] = _checked(f.name, value, hints[f.name], required=f.default is MISSING)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"bad {what}: {exc}") from None
+    return cls(**values)
+
+
+def _checked(name: str, value: Any, hint: Any, *, required: bool) -> Any:
+    kinds = set(get_args(hint)) - {type(None)} or {hint}
+    if kinds == {bool}:
+        return bool(value)
+    if kinds == {float}:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+        return float(value)
+    if kinds == {str}:
+        if not isinstance(value, str) or (required and not value):
+            raise ValueError(f"{name} must be a {'non-empty ' if required else ''}string, got {value!r}")
+        return value
+    raise TypeError(f"{name}: no parser for {hint!r}")

@@ -116,11 +116,11 @@ def _plan_fleet(
     # backward pass: as late as possible, one gap apart, inside windows
     tentative: dict[str, float] = {}
     next_slot = math.inf
-    for entry in sorted(
+    for backward in sorted(
         timed, key=lambda e: (latest[e.instance], e.deadline, hashes[e.instance]), reverse=True
     ):
-        slot = windows.latest_at_or_before(min(latest[entry.instance], next_slot - gap))
-        tentative[entry.instance] = slot
+        slot = windows.latest_at_or_before(min(latest[backward.instance], next_slot - gap))
+        tentative[backward.instance] = slot
         next_slot = slot
 
     # forward pass: through the real budget, earliest first; free slots go to requests without deadline

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.state.eventlog import EventLog
+from agent.core.ports import EventSink
 from remediation.actuators import Actuator, ActuatorHooks, create_actuator
 from remediation.blockers import (
     Blocker,
@@ -57,7 +57,7 @@ class Restarts:
         *,
         coordinator: Coordinator,
         ledger: Ledger,
-        events: EventLog,
+        events: EventSink,
         agent_id: str,
         hooks: EngineHooks,
         evidence_dir: Path,

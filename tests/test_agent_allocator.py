@@ -8,9 +8,9 @@ import tempfile
 
 import httpx
 import pytest
-from conftest import PYTHON, REPO, wait_until
 
 from native_hooks.workloads import TargetIO, build_c_target, target_env
+from support.procs import PYTHON, REPO, wait_until
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
 MiB = 2**20

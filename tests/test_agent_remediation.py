@@ -7,7 +7,8 @@ import os
 import subprocess
 
 import pytest
-from conftest import PYTHON, REPO, wait_until, workload_argv
+
+from support.procs import PYTHON, REPO, wait_until, workload_argv
 
 pytestmark = pytest.mark.slow
 LIMIT = 320 * 2**20

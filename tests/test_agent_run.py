@@ -9,7 +9,8 @@ import sys
 import time
 
 import pytest
-from conftest import PYTHON, REPO, wait_until, workload_argv
+
+from support.procs import PYTHON, REPO, wait_until, workload_argv
 
 pytestmark = pytest.mark.slow
 FAST = {"interval": "0.2s", "slow_interval": "1s", "discovery_interval": "0.5s", "flush_interval": "0.3s"}

@@ -20,15 +20,16 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import pytest
-from conftest import wait_until, workload_argv
-from notify_support import free_port, hook_server_fixture, start_alertmanager, start_prometheus  # noqa: F401
 
 from agent.notify.model import parse_rfc3339
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
+from support.notify import start_alertmanager, start_prometheus
+from support.procs import free_port, wait_until, workload_argv
 
 pytestmark = pytest.mark.slow
 FAST = {"interval": "0.2s", "slow_interval": "1s", "discovery_interval": "0.5s", "flush_interval": "0.3s"}
@@ -105,7 +106,7 @@ def test_prometheus_alertmanager_and_medic_round_trip(agent, spawn, workload, ho
         }
     )
     fast_rules = tmp_path / "medic-rules.yml"
-    fast_rules.write_text(re.sub(r"for: \d+m", "for: 1s", open(RULES).read()))
+    fast_rules.write_text(re.sub(r"for: \d+m", "for: 1s", Path(RULES).read_text()))
     user_rules = tmp_path / "user-rules.yml"
     user_rules.write_text(USER_RULES)
     prom = start_prometheus(spawn, tmp_path, [f"127.0.0.1:{port}"], [fast_rules, user_rules], am.url)

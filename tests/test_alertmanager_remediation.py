@@ -9,9 +9,10 @@ it is expired.
 from __future__ import annotations
 
 import pytest
-from conftest import wait_until
-from notify_support import hook_server_fixture, start_alertmanager  # noqa: F401
 from test_agent_remediation import config as remediation_config
+
+from support.notify import start_alertmanager
+from support.procs import wait_until
 
 pytestmark = pytest.mark.slow
 

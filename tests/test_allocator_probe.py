@@ -4,21 +4,19 @@ labels or by convention, clear errors without a hook, for a vanished process, or
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
 
 import pytest
-from conftest import wait_until
 
 from agent.core.catalog import CATALOG
 from agent.core.errors import ProbeUnavailable, TargetGone
 from agent.core.records import ProbeTarget
 from native_hooks.errors import HookNotFound
-from native_hooks.workloads import TargetIO, build_c_target, python_argv, target_env
+from native_hooks.workloads import build_c_target, python_argv, target_env
 from probes.allocator import AllocatorProbe, hook_socket_for
 from probes.registry import PROBES, create_probe
+from support.native import start_target
+from support.procs import wait_until
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
 MiB = 1024 * 1024
@@ -27,17 +25,6 @@ MiB = 1024 * 1024
 @pytest.fixture(scope="module")
 def c_binary(tmp_path_factory: pytest.TempPathFactory) -> str:
     return build_c_target(tmp_path_factory.mktemp("bin"))
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="mp-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _start(spawn, argv: list[str], env: dict[str, str]) -> TargetIO:
-    return TargetIO(spawn(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
 
 
 def _target(pid: int, hook_socket: str | None = None) -> ProbeTarget:
@@ -56,7 +43,7 @@ def test_samples_from_a_shim_target_found_by_convention(
     spawn, c_binary: str, sock_dir: str, allocator: str
 ) -> None:
     env = target_env(allocator, "auto", shim=True, extra={"MEDIC_HOOK_DIR": sock_dir})
-    target = _start(spawn, [c_binary], env)
+    target = start_target(spawn, [c_binary], env)
     target.command(f"alloc 32 {MiB}")
     wait_until(lambda: os.path.exists(f"{sock_dir}/hook.{target.pid}.sock"))
     result = AllocatorProbe().collect(_target(target.pid), now=100.0)
@@ -73,7 +60,7 @@ def test_samples_from_a_shim_target_found_by_convention(
 
 def test_python_target_through_a_configured_socket_label(spawn, sock_dir: str) -> None:
     template = f"{sock_dir}/api.%p.sock"
-    target = _start(spawn, python_argv(), target_env("jemalloc", template))
+    target = start_target(spawn, python_argv(), target_env("jemalloc", template))
     probe_target = _target(target.pid, hook_socket=template)
     assert hook_socket_for(probe_target) == f"{sock_dir}/api.{target.pid}.sock"
     values = {s.metric: s.value for s in AllocatorProbe().collect(probe_target, now=1.0).samples}
@@ -82,7 +69,7 @@ def test_python_target_through_a_configured_socket_label(spawn, sock_dir: str) -
 
 
 def test_no_hook_is_unavailable_and_says_how_to_get_one(spawn, c_binary: str) -> None:
-    target = _start(spawn, [c_binary], target_env("glibc"))
+    target = start_target(spawn, [c_binary], target_env("glibc"))
     with pytest.raises(
         HookNotFound, match=r"LD_PRELOAD=\$\(medic hook path\) MEDIC_HOOK_SOCKET=auto"
     ) as caught:
@@ -93,7 +80,7 @@ def test_no_hook_is_unavailable_and_says_how_to_get_one(spawn, c_binary: str) ->
 def test_a_stale_socket_is_unavailable(sock_dir: str, spawn, c_binary: str) -> None:
     import socket
 
-    target = _start(spawn, [c_binary], target_env("glibc"))
+    target = start_target(spawn, [c_binary], target_env("glibc"))
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(f"{sock_dir}/dead.sock")
     stale.close()
@@ -109,8 +96,8 @@ def test_a_vanished_process_is_target_gone() -> None:
 
 
 def test_a_socket_of_another_process_is_refused(spawn, c_binary: str, sock_dir: str) -> None:
-    other = _start(spawn, [c_binary], target_env("glibc", f"{sock_dir}/h.%p.sock", shim=True))
-    mine = _start(spawn, [c_binary], target_env("glibc"))
+    other = start_target(spawn, [c_binary], target_env("glibc", f"{sock_dir}/h.%p.sock", shim=True))
+    mine = start_target(spawn, [c_binary], target_env("glibc"))
     foreign = f"{sock_dir}/h.{other.pid}.sock"
     with pytest.raises(ProbeUnavailable, match=f"belongs to pid {other.pid}"):
         AllocatorProbe().collect(_target(mine.pid, hook_socket=foreign), now=1.0)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import series_jsonl
 from agent.core.errors import MedicError, SeriesFormatError
+from agent.series import jsonl as series_jsonl
 from agent.series.reader import read_files, read_text
 
 

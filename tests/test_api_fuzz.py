@@ -14,11 +14,11 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from http_guard_support import TOKEN, World
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.api.guard import api_routes
+from support.http_guard import TOKEN, World
 
 NASTY_TEXT = [
     "inf",

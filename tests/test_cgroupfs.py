@@ -1,5 +1,6 @@
-"""Cgroup discovery and parsing: a real hybrid v1 capture, a v2 tree in the kernel-documented format,
-container layouts built in tmp_path, fuzzing, and this machine's own cgroups."""
+"""Cgroup discovery (probes.linux.cgroupfs) and cgroup files (probes.linux.cgroupfiles): a real hybrid
+v1 capture, a v2 tree in the kernel-documented format, container layouts built in tmp_path, fuzzing,
+and this machine's own cgroups."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.core.errors import ProbeError, ProbeUnavailable, TargetGone
-from probes.linux import cgroupfs
+from probes.linux import cgroupfiles, cgroupfs
 from probes.linux.cgroupfs import CgroupMount, ControllerDir
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -111,56 +112,58 @@ def test_resolve_directory(mount_root, cgroup_path, expected):
 
 
 def test_limits_and_sentinels():
-    assert cgroupfs.parse_v1_limit(b"9223372036854771712\n") is None
-    assert cgroupfs.parse_v1_limit(b"9223372036854710272\n") is None  # the sentinel with 64 KiB pages
-    assert cgroupfs.parse_v1_limit(b"314572800\n") == 300 * MiB
-    assert cgroupfs.parse_v2_limit(b"max\n") is None
-    assert cgroupfs.parse_v2_limit(b"536870912\n") == 512 * MiB
+    assert cgroupfiles.parse_v1_limit(b"9223372036854771712\n") is None
+    assert cgroupfiles.parse_v1_limit(b"9223372036854710272\n") is None  # the sentinel with 64 KiB pages
+    assert cgroupfiles.parse_v1_limit(b"314572800\n") == 300 * MiB
+    assert cgroupfiles.parse_v2_limit(b"max\n") is None
+    assert cgroupfiles.parse_v2_limit(b"536870912\n") == 512 * MiB
     with pytest.raises(ProbeError, match=r"memory\.max"):
-        cgroupfs.parse_v2_limit(b"lots\n")
+        cgroupfiles.parse_v2_limit(b"lots\n")
 
 
 def test_cpu_quotas():
-    assert cgroupfs.parse_cpu_max(b"max 100000\n") == cgroupfs.CpuQuota(None, 0.1)
-    assert cgroupfs.parse_cpu_max(b"150000 100000\n").quota_cores == pytest.approx(1.5)
-    assert cgroupfs.v1_cpu_quota(-1, 100000).quota_cores is None
-    assert cgroupfs.v1_cpu_quota(20000, 100000).quota_cores == pytest.approx(0.2)
+    assert cgroupfiles.parse_cpu_max(b"max 100000\n") == cgroupfiles.CpuQuota(None, 0.1)
+    assert cgroupfiles.parse_cpu_max(b"150000 100000\n").quota_cores == pytest.approx(1.5)
+    assert cgroupfiles.v1_cpu_quota(-1, 100000).quota_cores is None
+    assert cgroupfiles.v1_cpu_quota(20000, 100000).quota_cores == pytest.approx(0.2)
     with pytest.raises(ProbeError, match="period"):
-        cgroupfs.parse_cpu_max(b"50000 0\n")
+        cgroupfiles.parse_cpu_max(b"50000 0\n")
     with pytest.raises(ProbeError, match="cfs_period_us"):
-        cgroupfs.v1_cpu_quota(20000, 0)
+        cgroupfiles.v1_cpu_quota(20000, 0)
 
 
 def test_pressure_totals_are_seconds():
-    pressure = cgroupfs.parse_pressure(
+    pressure = cgroupfiles.parse_pressure(
         (V1_ROOT / "sys/fs/cgroup/unified/medic-fixture/cpu.pressure").read_bytes()
     )
     assert pressure.some.total_seconds == pytest.approx(2.564239)
     assert pressure.some.avg10 == pytest.approx(14.12)
     assert pressure.full is not None
-    some_only = cgroupfs.parse_pressure(b"some avg10=0.00 avg60=0.00 avg300=0.00 total=5\n")
+    some_only = cgroupfiles.parse_pressure(b"some avg10=0.00 avg60=0.00 avg300=0.00 total=5\n")
     assert some_only.full is None and some_only.some.total_seconds == pytest.approx(5e-6)
     with pytest.raises(ProbeError, match="no 'some' line"):
-        cgroupfs.parse_pressure(b"full avg10=0.00 avg60=0.00 avg300=0.00 total=5\n")
+        cgroupfiles.parse_pressure(b"full avg10=0.00 avg60=0.00 avg300=0.00 total=5\n")
 
 
 def test_memory_stat_keeps_what_medic_uses():
-    v1 = cgroupfs.parse_memory_stat(
+    v1 = cgroupfiles.parse_memory_stat(
         (V1_ROOT / "sys/fs/cgroup/memory/process_api/session/medic-fixture/memory.stat").read_bytes()
     )
     assert v1["hierarchical_memory_limit"] == 300 * MiB and v1["total_rss"] == 48984064
     assert "rss_huge" not in v1 and "total_rss_huge" not in v1
-    v2 = cgroupfs.parse_memory_stat((V2_ROOT / f"sys/fs/cgroup{V2_CONTAINER}/memory.stat").read_bytes())
+    v2 = cgroupfiles.parse_memory_stat((V2_ROOT / f"sys/fs/cgroup{V2_CONTAINER}/memory.stat").read_bytes())
     assert (v2["anon"], v2["file"], v2["inactive_file"]) == (268435456, 125829120, 104857600)
     assert "file_mapped" not in v2
     with pytest.raises(ProbeError, match=r"memory\.stat"):
-        cgroupfs.parse_memory_stat(b"pgfault 12\n")
+        cgroupfiles.parse_memory_stat(b"pgfault 12\n")
 
 
 def test_flat_keyed_files():
-    assert cgroupfs.parse_flat_keyed(b"oom_kill_disable 0\nunder_oom 0\noom_kill 2\n", "x")["oom_kill"] == 2
+    assert (
+        cgroupfiles.parse_flat_keyed(b"oom_kill_disable 0\nunder_oom 0\noom_kill 2\n", "x")["oom_kill"] == 2
+    )
     with pytest.raises(ProbeError, match="not 'key value'"):
-        cgroupfs.parse_flat_keyed(b"nr_periods\n", "cpu.stat")
+        cgroupfiles.parse_flat_keyed(b"nr_periods\n", "cpu.stat")
 
 
 # --------------------------------------------------------------------------- whole trees
@@ -175,8 +178,8 @@ def test_hybrid_v1_capture_end_to_end():
     assert location.cpu.version == 1 and location.cpu.path.endswith("/cpu/medic-fixture")
     assert location.unified.version == 2 and location.unified.path.endswith("/unified/medic-fixture")
     problems: list[Exception] = []
-    memory = cgroupfs.read_memory(location.memory, problems)
-    assert memory == cgroupfs.CgroupMemory(
+    memory = cgroupfiles.read_memory(location.memory, problems)
+    assert memory == cgroupfiles.CgroupMemory(
         limit_bytes=300 * MiB,
         usage_bytes=49377280,
         working_set_bytes=49377280,  # total_inactive_file was 0
@@ -185,21 +188,21 @@ def test_hybrid_v1_capture_end_to_end():
         oom_kills=0,
         limit_hits=0,
     )
-    cpu = cgroupfs.read_cpu(location.cpu, problems)
-    assert cpu == cgroupfs.CgroupCpu(
+    cpu = cgroupfiles.read_cpu(location.cpu, problems)
+    assert cpu == cgroupfiles.CgroupCpu(
         periods=35, throttled_periods=33, throttled_seconds=pytest.approx(2.561798214)
     )
-    assert cgroupfs.read_cpu_quota(location.cpu, problems).quota_cores == pytest.approx(0.2)
-    assert cgroupfs.read_pressure(location.unified, "memory", problems).some.total_seconds == 0
+    assert cgroupfiles.read_cpu_quota(location.cpu, problems).quota_cores == pytest.approx(0.2)
+    assert cgroupfiles.read_pressure(location.unified, "memory", problems).some.total_seconds == 0
     assert problems == []
-    assert cgroupfs.cgroup_memory_limit(V1_PID, V1_ROOT) == 300 * MiB
+    assert cgroupfiles.cgroup_memory_limit(V1_PID, V1_ROOT) == 300 * MiB
 
 
 def test_v1_walk_over_ancestors_matches_hierarchical_limit():
     location = cgroupfs.locate_cgroups(V1_PID, V1_ROOT)
     chain = cgroupfs.ancestors(location.memory)
     assert [Path(p).name for p in chain] == ["medic-fixture", "session", "process_api", "memory"]
-    assert cgroupfs.effective_limit(location.memory, []) == 300 * MiB
+    assert cgroupfiles.effective_limit(location.memory, []) == 300 * MiB
 
 
 def test_v2_tree_end_to_end_with_a_tighter_parent_limit():
@@ -208,7 +211,7 @@ def test_v2_tree_end_to_end_with_a_tighter_parent_limit():
     assert location.memory == location.cpu == location.unified
     assert location.memory.path.endswith(V2_CONTAINER)
     problems: list[Exception] = []
-    memory = cgroupfs.read_memory(location.memory, problems)
+    memory = cgroupfiles.read_memory(location.memory, problems)
     assert memory.limit_bytes == 512 * MiB  # the pod's memory.max, below the container's 1 GiB
     assert memory.usage_bytes == 402653184
     assert memory.working_set_bytes == 402653184 - 104857600
@@ -218,13 +221,13 @@ def test_v2_tree_end_to_end_with_a_tighter_parent_limit():
         1,
         17,
     )
-    cpu = cgroupfs.read_cpu(location.cpu, problems)
+    cpu = cgroupfiles.read_cpu(location.cpu, problems)
     assert (cpu.periods, cpu.throttled_periods, cpu.throttled_seconds) == (1200, 310, pytest.approx(42.5))
-    assert cgroupfs.read_cpu_quota(location.cpu, problems).quota_cores == pytest.approx(0.5)
-    memory_psi = cgroupfs.read_pressure(location.unified, "memory", problems)
+    assert cgroupfiles.read_cpu_quota(location.cpu, problems).quota_cores == pytest.approx(0.5)
+    memory_psi = cgroupfiles.read_pressure(location.unified, "memory", problems)
     assert memory_psi.some.total_seconds == pytest.approx(3.25) and memory_psi.full.total_seconds == 1.2
     assert problems == []
-    assert cgroupfs.cgroup_memory_limit(V2_PID, V2_ROOT) == 512 * MiB
+    assert cgroupfiles.cgroup_memory_limit(V2_PID, V2_ROOT) == 512 * MiB
 
 
 def test_v2_inside_a_cgroup_namespace_reads_the_mounted_cgroup_own_limit(tmp_path):
@@ -240,9 +243,9 @@ def test_v2_inside_a_cgroup_namespace_reads_the_mounted_cgroup_own_limit(tmp_pat
             "sys/fs/cgroup/memory.current": "1000\n",
         },
     )
-    assert cgroupfs.cgroup_memory_limit(7, root) == 256 * MiB
+    assert cgroupfiles.cgroup_memory_limit(7, root) == 256 * MiB
     problems: list[Exception] = []
-    memory = cgroupfs.read_memory(cgroupfs.locate_cgroups(7, root).memory, problems)
+    memory = cgroupfiles.read_memory(cgroupfs.locate_cgroups(7, root).memory, problems)
     assert (memory.usage_bytes, memory.oom_kills, memory.working_set_bytes) == (1000, None, None)
     assert problems == []  # missing memory.stat / memory.events are figures this host lacks
 
@@ -265,8 +268,8 @@ def test_v1_container_without_namespace_uses_the_mount_root(tmp_path):
     location = cgroupfs.locate_cgroups(8, root)
     assert location.layout == "v1" and location.unified is None
     assert location.cpu.path.endswith("/sys/fs/cgroup/cpu,cpuacct")
-    assert cgroupfs.cgroup_memory_limit(8, root) == 1024 * MiB
-    assert cgroupfs.read_cpu_quota(location.cpu, []).quota_cores is None
+    assert cgroupfiles.cgroup_memory_limit(8, root) == 1024 * MiB
+    assert cgroupfiles.read_cpu_quota(location.cpu, []).quota_cores is None
 
 
 def test_hybrid_v2_tree_without_memory_controller_is_not_used_for_memory(tmp_path):
@@ -280,7 +283,7 @@ def test_hybrid_v2_tree_without_memory_controller_is_not_used_for_memory(tmp_pat
     )
     location = cgroupfs.locate_cgroups(9, root)
     assert location.memory is None and location.cpu is None and location.unified is not None
-    assert cgroupfs.cgroup_memory_limit(9, root) is None
+    assert cgroupfiles.cgroup_memory_limit(9, root) is None
 
 
 def test_unreadable_file_is_a_problem_missing_file_is_not(tmp_path):
@@ -288,11 +291,11 @@ def test_unreadable_file_is_a_problem_missing_file_is_not(tmp_path):
     (tmp_path / "memory.current").mkdir()  # reading a directory fails with EISDIR
     (tmp_path / "memory.stat").write_text("anon 1\nfile 2\ninactive_file 1\n")
     problems: list[Exception] = []
-    memory = cgroupfs.read_memory(directory, problems)
+    memory = cgroupfiles.read_memory(directory, problems)
     assert memory.usage_bytes is None and memory.anon_bytes == 1
     assert len(problems) == 1 and "memory.current" in str(problems[0])
     (tmp_path / "cpu.max").write_text("garbage\n")
-    assert cgroupfs.read_cpu_quota(directory, problems) is None
+    assert cgroupfiles.read_cpu_quota(directory, problems) is None
     assert "cpu.max" in str(problems[-1])
 
 
@@ -319,7 +322,7 @@ def test_this_process_cgroups_on_this_machine():
     assert location.memory is None or os.path.isdir(location.memory.path)
     problems: list[Exception] = []
     if location.memory:
-        assert cgroupfs.read_memory(location.memory, problems).usage_bytes > 0
+        assert cgroupfiles.read_memory(location.memory, problems).usage_bytes > 0
     assert problems == []
 
 
@@ -333,19 +336,19 @@ def _v1(name: str) -> bytes:
 PARSERS = {
     "proc_cgroup": (cgroupfs.parse_proc_cgroup, (V1_ROOT / f"proc/{V1_PID}/cgroup").read_bytes()),
     "mountinfo": (cgroupfs.parse_mountinfo, (V1_ROOT / "proc/self/mountinfo").read_bytes()),
-    "memory_stat": (cgroupfs.parse_memory_stat, _v1("memory.stat")),
+    "memory_stat": (cgroupfiles.parse_memory_stat, _v1("memory.stat")),
     "flat_keyed": (
-        lambda data: cgroupfs.parse_flat_keyed(data, "memory.oom_control"),
+        lambda data: cgroupfiles.parse_flat_keyed(data, "memory.oom_control"),
         _v1("memory.oom_control"),
     ),
-    "int": (lambda data: cgroupfs.parse_int(data, "memory.usage_in_bytes"), _v1("memory.usage_in_bytes")),
-    "v1_limit": (cgroupfs.parse_v1_limit, _v1("memory.limit_in_bytes")),
-    "v2_limit": (cgroupfs.parse_v2_limit, b"max\n"),
+    "int": (lambda data: cgroupfiles.parse_int(data, "memory.usage_in_bytes"), _v1("memory.usage_in_bytes")),
+    "v1_limit": (cgroupfiles.parse_v1_limit, _v1("memory.limit_in_bytes")),
+    "v2_limit": (cgroupfiles.parse_v2_limit, b"max\n"),
     "pressure": (
-        cgroupfs.parse_pressure,
+        cgroupfiles.parse_pressure,
         (V2_ROOT / f"sys/fs/cgroup{V2_CONTAINER}/cpu.pressure").read_bytes(),
     ),
-    "cpu_max": (cgroupfs.parse_cpu_max, b"50000 100000\n"),
+    "cpu_max": (cgroupfiles.parse_cpu_max, b"50000 100000\n"),
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.cli.main import main
-from agent.config.model import load_config, parse_config
+from agent.config.detect import MemoryDetection, SlowDetection
+from agent.config.loader import load_config, parse_config
 from agent.core.errors import ConfigError
+from agent.detect.latency_rules import SlowParams
+from agent.detect.params import DetectParams
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "medic.yaml"
@@ -26,6 +30,30 @@ def test_commented_example_is_valid_and_complete():
     assert config.agent.raw_retention == 48 * 3600
     assert config.instances[1].memory_limit == 8 * 2**30
     assert config.instances[2].match.command == ["python3", "-m", "http.server", "8501"]
+
+
+def test_the_detect_sections_are_the_detectors_params_key_for_key():
+    """Every tunable of the detectors is a typed config key with the detector's own default."""
+    assert set(MemoryDetection.model_fields) == {f.name for f in fields(DetectParams)}
+    assert set(SlowDetection.model_fields) == {f.name for f in fields(SlowParams)}
+    defaults = parse_config("").detect
+    assert defaults.memory_params() == DetectParams()
+    assert defaults.slow_params() == SlowParams()
+
+
+def test_detect_sections_take_units_and_keep_defaults_for_empty_keys():
+    config = parse_config(
+        "detect: {memory: {window: 2h, warmup: , frag_min_bytes: 64Mi, min_buckets: '5'},"
+        " slow: {peer_window: 10m, peer_floor: 5ms, trend_buckets: 8.0}}"
+    )
+    memory, slow = config.detect.memory_params(), config.detect.slow_params()
+    assert (memory.window, memory.warmup, memory.frag_min_bytes, memory.min_buckets) == (
+        7200.0,
+        DetectParams().warmup,
+        64.0 * 2**20,
+        5,
+    )
+    assert (slow.peer_window, slow.peer_floor, slow.trend_buckets) == (600.0, 0.005, 8)
 
 
 def test_empty_file_gives_defaults(tmp_path):

@@ -12,7 +12,6 @@ import time
 import uuid
 
 import pytest
-from remediation_support import NEEDS_ETCD, etcd_server, free_port, silent_server
 
 from remediation.budget import BudgetLimits, BudgetState, admit
 from remediation.coordinator.base import EXPIRED, SlotRequest
@@ -20,6 +19,8 @@ from remediation.coordinator.etcd import EtcdCoordinator
 from remediation.coordinator.local import LocalCoordinator
 from remediation.errors import CoordinatorUnavailable, LeaseLost
 from remediation.model import Decision, FleetEntry
+from support.procs import free_port
+from support.remediation import NEEDS_ETCD, etcd_server, silent_server
 
 TTL = 2.0  # etcd's minimum
 EXPIRY_WAIT = TTL + 1.8  # etcd's leader checks expiry about once a second

@@ -18,14 +18,13 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, wait_until
-from remediation_support import NEEDS_ETCD, etcd_server, silent_server
 
 from remediation.coordinator.etcd import EtcdCoordinator
 from remediation.coordinator.local import LocalCoordinator
+from support.procs import PYTHON, REPO, wait_until
+from support.remediation import NEEDS_ETCD, etcd_server, silent_server
 
 pytestmark = pytest.mark.slow
-SUPPORT = REPO / "tests" / "remediation_support.py"
 TTL = 3.0
 MIN_INTERVAL = 0.8
 CONFIG = {
@@ -68,11 +67,12 @@ def backend(request, tmp_path):
 def start_agent(spawn, tmp_path: Path, agent: str, coordinator: str, instances: list[str], config=None):
     config = config or CONFIG
     argv = [
-        PYTHON, str(SUPPORT), "agent", "--config", json.dumps(config), "--state", str(tmp_path / agent),
+        PYTHON, "-m", "support.remediation", "agent", "--config", json.dumps(config), "--state", str(tmp_path / agent),
         "--agent", agent, "--coordinator", coordinator, "--instances", ",".join(instances), "--duration", "60",
     ]  # fmt: skip
-    log = open(tmp_path / f"{agent}.log", "wb")
-    return spawn(argv, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log, stderr=subprocess.STDOUT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    with open(tmp_path / f"{agent}.log", "wb") as log:  # the child keeps its own copy of the descriptor
+        return spawn(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def ledger(tmp_path: Path, agent: str, sql: str, args=()) -> list[tuple]:

@@ -24,11 +24,12 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 import pytest
-from conftest import PYTHON, AgentRunner, _reap, wait_until, workload_argv
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.api.dashboard import CONTENT_SECURITY_POLICY, WEB_DIR, dashboard_routes, static_files
+from support.agent_runner import AgentRunner
+from support.procs import PYTHON, reap, wait_until, workload_argv
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 LIMIT = 200 * 2**20
@@ -78,7 +79,7 @@ def leaking_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentRun
     yield runner
     runner.close()  # SIGTERM (the agent stops the workloads it launched), then kills what is left
     for proc in children:
-        _reap(proc)
+        reap(proc)
 
 
 def chromium_argv(profile: Path, *extra: str) -> list[str]:
@@ -103,11 +104,11 @@ def run_chromium(argv: list[str], timeout: float = 30.0) -> subprocess.Completed
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _reap(proc)
+        reap(proc)
         raise AssertionError(f"chromium did not finish within {timeout}s") from None
     finally:
         if proc.poll() is None:
-            _reap(proc)
+            reap(proc)
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # helpers (zygote, crashpad) left behind
     except ProcessLookupError:
@@ -280,7 +281,8 @@ def test_static_table_lists_only_plain_files_of_known_types(tmp_path: Path) -> N
 
 def test_missing_files_say_what_to_do(tmp_path: Path) -> None:
     from fastapi import FastAPI
-    from notify_support import ServedApp
+
+    from support.notify import ServedApp
 
     app = FastAPI()
     app.include_router(dashboard_routes(tmp_path / "missing"))
@@ -500,7 +502,7 @@ class DevTools:
             self.call("Browser.close", timeout=3)
         except (AssertionError, OSError):
             pass
-        _reap(self.proc)
+        reap(self.proc)
         os.close(self._to_chrome)
         os.close(self._from_chrome)
 

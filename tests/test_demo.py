@@ -14,14 +14,15 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from conftest import PYTHON, REPO, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from support.procs import PYTHON, REPO, wait_until
 
 pytest.importorskip("onnxruntime", reason="pip install 'sidecar-medic[demo]'")
 pytest.importorskip("onnx", reason="pip install 'sidecar-medic[demo]'")
 
-from agent.config.model import validate_config
+from agent.config.loader import validate_config
 from agent.core.errors import MedicError, UsageError
 from agent.demo.config import DemoSettings, demo_config, plan_servers
 from agent.demo.load import request_body

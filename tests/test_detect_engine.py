@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from detect_shapes import DAY, PARAMS, T0, cut_at_oom, series
 
 from agent.detect import InstanceSeries, analyze, analyze_instance, evaluate, tick_for, update
+from support.detect_shapes import DAY, PARAMS, T0, cut_at_oom, series
 
 
 def _online(s: InstanceSeries, cadence: float, history: float | None = None):

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import random
 
-from detect_shapes import DAY, PARAMS, T0, kinds, series
-
 from agent.detect import InstanceSeries, analyze_instance, evaluate
+from support.detect_shapes import DAY, PARAMS, T0, kinds, series
 
 MiB = 2**20
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from detect_shapes import DAY, PARAMS, SCALE, T0, cut_at_oom, kinds, oom_time, series
 
 from agent.detect import analyze_instance, evaluate
+from support.detect_shapes import DAY, PARAMS, SCALE, T0, cut_at_oom, kinds, oom_time, series
 
 HEALTHY = {
     "flat": {},

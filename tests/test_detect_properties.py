@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from detect_shapes import DAY, PARAMS, T0, series
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.detect import InstanceSeries, analyze_instance
+from support.detect_shapes import DAY, PARAMS, T0, series
 
 SHAPES = st.sampled_from(
     [

@@ -9,7 +9,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from histo_support import build_c, clean_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +23,7 @@ from native_hooks.heapprofile import (
 )
 from native_hooks.heapsites import allocation_sites
 from native_hooks.symbolize import Symbolizer
+from support.histo import build_c, clean_env
 
 MAPS = "55d0c0000000-55d0c0001000 r-xp 00001000 fe:00 42   /opt/app/server\n"
 

@@ -11,16 +11,16 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, wait_until
-from histo_support import build_c, clean_env, read_ready
 
-from agent import histograms
 from agent.core.errors import ProbeUnavailable
 from agent.core.records import ProbeTarget
 from agent.detect.suspects import suspects_for
+from agent.state.histograms import HistogramStore
 from agent.state.store import Store
 from native_hooks.workloads import ensure_shim
 from probes.heapprof import HeapProfileProbe
+from support.histo import build_c, clean_env, read_ready
+from support.procs import PYTHON, REPO, wait_until
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
 FAST = {"interval": "0.5s", "slow_interval": "1s", "flush_interval": "0.3s"}
@@ -132,19 +132,20 @@ def test_the_other_two_ways_to_get_dumps(spawn, binary, tmp_path, mode):
     }
     target = ProbeTarget("c1", pid, time.time() - 1.0, {}, settings)
     store = Store(tmp_path / "state")
-    histograms.attach(store)
+    histos = HistogramStore(store)
     try:
         probe = HeapProfileProbe()
         for _ in range(8):  # the first dump or two may predate the profiler (tcmalloc) or the leak's growth
             time.sleep(1.0)
             result = probe.collect(target, time.time())
             assert result.problems == []
+            for snapshot in result.snapshots:  # what the collector does with them
+                histos.add(snapshot)
         suspects = suspects_for(store, "c1", time.time() - 60, time.time() + 1)
-        history = histograms.HistogramStore(store).history("c1", "site", 0, time.time() + 1)
+        history = histos.history("c1", "site", 0, time.time() + 1)
         seen = [(round(s.ts, 2), [(r.name, round(r.bytes)) for r in s.rows[:3]]) for s in history]
         assert suspects and suspects[0].name == "leak_records" and suspects[0].kind == "site", seen
     finally:
-        histograms.detach()
         store.close()
 
 

@@ -1,9 +1,10 @@
-"""Histogram snapshots in the store (compaction, queries, retention, the publish sink), their diffs, the
+"""Histogram snapshots in the store (compaction, queries, retention, from the collector), their diffs, the
 `/api/v1/instances/{name}/histograms…` routes of the real app, and the tables `medic histo` prints."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from types import SimpleNamespace
 
@@ -13,15 +14,18 @@ from fastapi import FastAPI
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent import histograms
 from agent.api.histograms import histogram_routes
 from agent.cli.heap import render_attribution
 from agent.cli.histo import render_diff, render_snapshot, render_suspects
-from agent.config.model import validate_config
-from agent.core.records import Sample
+from agent.config.loader import validate_config
+from agent.core.errors import StoreError
+from agent.core.histograms import HistogramRow, Snapshot, compact
+from agent.core.records import ProbeResult, ProbeTarget, Sample
+from agent.detect.histodiff import diff, same_process
 from agent.state.eventlog import EventLog
-from agent.state.histograms import HistogramRow, HistogramStore, Snapshot, compact, diff
+from agent.state.histograms import HistogramStore
 from agent.state.store import Store
+from agent.watch.collector import Collector
 from agent.watch.tracker import Tracker
 
 
@@ -63,17 +67,51 @@ def test_snapshots_round_trip_and_expire(tmp_path):
     assert store.query("SELECT count(*) FROM histo_names")[0][0] == 5  # names are interned once
 
 
-def test_published_snapshots_wait_for_a_store(tmp_path):
-    histograms.detach()
-    try:
-        assert histograms.publish(snapshot(1.0, {"a": (1, 1)})) is None
-        store = Store(tmp_path)
-        sink = histograms.attach(store)
-        assert len(sink.snapshots("svc", 0, 10)) == 1
-        assert histograms.publish(snapshot(2.0, {"a": (2, 2)})) is not None
-        assert len(sink.snapshots("svc", 0, 10)) == 2
-    finally:
-        histograms.detach()
+class SnapshotProbe:
+    """A probe whose every run returns one sample and one snapshot."""
+
+    name = "histo"
+    schedule = "slow"
+
+    def collect(self, target: ProbeTarget, now: float) -> ProbeResult:
+        return ProbeResult(
+            [Sample(target.instance, "up", now, 1.0)], snapshots=[snapshot(now, {"a": (1, 1)})]
+        )
+
+    def forget(self, target: ProbeTarget) -> None:
+        pass
+
+
+class BrokenHistograms(HistogramStore):
+    def add(self, snapshot: Snapshot) -> int:
+        raise StoreError("disk full")
+
+
+def _collector(store: Store, histos: HistogramStore | None = None) -> Collector:
+    config = validate_config({"instances": [{"name": "svc", "match": {"pid": os.getpid()}}]})
+    events = EventLog(store)
+    tracker = Tracker(config.instances, store, events)
+    state = tracker.states["svc"]
+    state.status, state.pid, state.start_time = "up", os.getpid(), 100.0
+    return Collector(tracker, store, events, [SnapshotProbe()], histograms=histos)
+
+
+def test_the_collector_stores_the_snapshots_probes_return(tmp_path):
+    store = Store(tmp_path)
+    collector = _collector(store)
+    assert collector.run("slow", now=1.0) == 1
+    collector.run("slow", now=2.0)
+    assert [s.ts for s in HistogramStore(store).history("svc", "class", 0, 10)] == [1.0, 2.0]
+
+
+def test_a_snapshot_that_cannot_be_stored_is_a_partial_failure(tmp_path):
+    store = Store(tmp_path)
+    collector = _collector(store, BrokenHistograms(store))
+    assert collector.run("slow", now=1.0) == 1  # the samples are kept
+    health = collector.tracker.states["svc"].probes["histo"]
+    assert not health.ok and health.last_error == "disk full"
+    failed = [e for e in store.events(instance="svc") if e.kind == "probe_error"]
+    assert failed and failed[0].data["partial"] is True
 
 
 def test_diff_marks_rows_only_one_side_kept():
@@ -87,7 +125,7 @@ def test_diff_marks_rows_only_one_side_kept():
     assert rows["b"].delta_bytes == -500 and rows["b"].approximate
     assert result.to_dict()["rows"][0]["bytes_per_second"] == pytest.approx(200 / 60)
     assert result.to_dict()["same_process"]
-    assert not histograms.same_process(before, snapshot(1.0, {}, pid=8))
+    assert not same_process(before, snapshot(1.0, {}, pid=8))
 
 
 @settings(max_examples=200, deadline=None)

@@ -9,14 +9,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 
 import pytest
-from conftest import REPO
 
 from agent.cli.hook import parse_params
 from agent.core.errors import UsageError
 from native_hooks.workloads import TargetIO, ensure_shim, python_argv, target_env
+from support.procs import REPO
 
 
 def medic(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -28,13 +27,6 @@ def medic(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
         timeout=30,
         env=env,
     )
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="mc-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.native

@@ -10,22 +10,20 @@ requests, fork and multi-threaded allocation.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
-from conftest import REPO, wait_until
 
 from native_hooks.client import HookClient
 from native_hooks.errors import HookOpUnavailable
 from native_hooks.purge import purge
 from native_hooks.workloads import TargetIO, build_c_target, python_argv, target_env
+from support.procs import REPO, wait_until
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
 
@@ -47,14 +45,6 @@ def fd_count(pid: int) -> int:
 @pytest.fixture(scope="module")
 def c_binary(tmp_path_factory: pytest.TempPathFactory) -> str:
     return build_c_target(tmp_path_factory.mktemp("bin"))
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[str]:
-    """A short private directory: Unix socket paths are limited to 107 bytes."""
-    path = tempfile.mkdtemp(prefix="mh-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 
 import pytest
-from conftest import REPO, wait_until
 
 import medic_hook
 from agent.cli.hook import PTH_LINE
@@ -22,13 +19,7 @@ from medic_hook import SocketPathError
 from native_hooks import protocol
 from native_hooks.client import HookClient
 from native_hooks.errors import HookOpUnavailable, HookRequestError
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="mi-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+from support.procs import REPO, wait_until
 
 
 @pytest.fixture

@@ -11,14 +11,12 @@ import subprocess
 import time
 
 import pytest
-from conftest import PYTHON, REPO, wait_until
-from histo_support import build_java, clean_env, read_ready
 
-from agent import histograms
 from agent.core.errors import ProbeUnavailable
 from agent.core.records import ProbeTarget
-from agent.state.store import Store
 from probes.jvm import JvmProbe
+from support.histo import build_java, clean_env, read_ready
+from support.procs import PYTHON, REPO, wait_until
 
 pytestmark = [
     pytest.mark.slow,
@@ -63,34 +61,28 @@ def test_a_jvm_refusing_attach_is_unavailable_and_gets_no_signal(spawn, classes)
     assert "Full thread dump" not in output  # what the attach handshake's SIGQUIT would have printed
 
 
-def test_heap_nmt_and_histograms_from_one_probe_run(spawn, classes, tmp_path):
+def test_heap_nmt_and_histograms_from_one_probe_run(spawn, classes):
     _proc, pid = _jvm(spawn, classes, "-XX:NativeMemoryTracking=summary")
-    store = Store(tmp_path / "state")
-    histograms.attach(store)
-    try:
-        probe = JvmProbe()
-        now = time.time()
-        target = _target(pid, live=True, live_floor=60.0)
-        result = probe.collect(target, now)
-        assert result.problems == []
-        metrics = {s.metric: s.value for s in result.samples}
-        assert 0 < metrics["jvm_heap_after_gc_bytes"] <= metrics["jvm_heap_used_bytes"]
-        assert metrics["jvm_heap_used_bytes"] <= metrics["jvm_heap_committed_bytes"] <= 128 * 2**20
-        assert metrics["jvm_nmt_heap_committed_bytes"] == metrics["jvm_heap_committed_bytes"]
-        assert metrics["jvm_nmt_committed_bytes"] > metrics["jvm_nmt_heap_committed_bytes"]
-        assert metrics["jvm_histogram_bytes"] > 0
-        # not due again yet: nothing is run
-        assert probe.collect(target, now + 0.5).samples == []
-        again = probe.collect(target, now + 1.5)
-        assert again.problems == [] and "jvm_histogram_bytes" in {s.metric for s in again.samples}
-        hs = histograms.HistogramStore(store)
-        classes_ = hs.snapshots("jvm0", 0, now + 10, kind="class")
-        assert [s.meta["variant"] for s in classes_] == ["live", "all"]  # live at most once per live_floor
-        nmt = hs.nearest("jvm0", "nmt", now + 10)
-        assert nmt is not None and "Java Heap" in {r.name for r in nmt.rows}
-    finally:
-        histograms.detach()
-        store.close()
+    probe = JvmProbe()
+    now = time.time()
+    target = _target(pid, live=True, live_floor=60.0)
+    result = probe.collect(target, now)
+    assert result.problems == []
+    metrics = {s.metric: s.value for s in result.samples}
+    assert 0 < metrics["jvm_heap_after_gc_bytes"] <= metrics["jvm_heap_used_bytes"]
+    assert metrics["jvm_heap_used_bytes"] <= metrics["jvm_heap_committed_bytes"] <= 128 * 2**20
+    assert metrics["jvm_nmt_heap_committed_bytes"] == metrics["jvm_heap_committed_bytes"]
+    assert metrics["jvm_nmt_committed_bytes"] > metrics["jvm_nmt_heap_committed_bytes"]
+    assert metrics["jvm_histogram_bytes"] > 0
+    # not due again yet: nothing is run
+    assert probe.collect(target, now + 0.5).samples == []
+    again = probe.collect(target, now + 1.5)
+    assert again.problems == [] and "jvm_histogram_bytes" in {s.metric for s in again.samples}
+    snapshots = result.snapshots + again.snapshots
+    classes_ = [s for s in snapshots if s.kind == "class"]
+    assert [s.meta["variant"] for s in classes_] == ["live", "all"]  # live at most once per live_floor
+    nmt = [s for s in snapshots if s.kind == "nmt"]
+    assert nmt and "Java Heap" in {r.name for r in nmt[0].rows}
 
 
 def medic(*args: str) -> subprocess.CompletedProcess:

@@ -6,11 +6,11 @@ import bisect
 import math
 import random
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from latency_app import start_app
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
@@ -18,6 +18,7 @@ from agent.core.errors import ProbeError
 from agent.core.records import ProbeTarget
 from probes.latency import LatencyProbe, interval_result, read_scrape
 from probes.registry import PROBES, create_probe
+from support.latency_app import start_app
 
 BOUNDS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, math.inf]
 SPEC = {
@@ -43,14 +44,21 @@ def drive(app, latencies_ms: list[float], workers: int = 16) -> None:
             assert response.status_code == 200
 
 
+@pytest.fixture
+def probe() -> Iterator[LatencyProbe]:
+    """A latency probe whose kept-alive connections are closed at teardown."""
+    latency = LatencyProbe()
+    yield latency
+    latency.close()
+
+
 def bucket_of(value: float) -> tuple[float, float]:
     index = bisect.bisect_left(BOUNDS, value)
     return (BOUNDS[index - 1] if index else 0.0), BOUNDS[index]
 
 
-def test_quantiles_match_the_raw_latencies_within_bucket_resolution(spawn):
+def test_quantiles_match_the_raw_latencies_within_bucket_resolution(spawn, probe):
     app = start_app(spawn)
-    probe = LatencyProbe()
     target = target_for(app.url())
     rng = random.Random(42)
     assert probe.collect(target, time.time()).samples == []  # the first scrape is the baseline
@@ -76,9 +84,8 @@ def test_quantiles_match_the_raw_latencies_within_bucket_resolution(spawn):
         assert got["error_rate"] == 0 and got["error_ratio"] == 0
 
 
-def test_error_rate_and_no_traffic(spawn):
+def test_error_rate_and_no_traffic(spawn, probe):
     app = start_app(spawn)
-    probe = LatencyProbe()
     target = target_for(app.url())
     probe.collect(target, time.time())
     with httpx.Client() as client:
@@ -138,10 +145,9 @@ def test_counter_reset_between_scrapes_counts_from_zero():
         ("/metrics", {"errors_counter": "missing_total"}, r"no counter 'missing_total'"),
     ],
 )
-def test_broken_targets_give_a_clear_probe_error(spawn, path, extra, message):
+def test_broken_targets_give_a_clear_probe_error(spawn, probe, path, extra, message):
     app = start_app(spawn)
     httpx.get(app.url("/work?ms=1"))  # the histogram has a series
-    probe = LatencyProbe()
     started = time.monotonic()
     with pytest.raises(ProbeError, match=message):
         probe.collect(target_for(app.url(path), **extra), time.time())
@@ -159,9 +165,8 @@ def test_refused_connection_and_http_errors(spawn):
         LatencyProbe().collect(target_for(f"http://127.0.0.1:{port}/metrics"), time.time())
 
 
-def test_new_process_is_a_new_baseline_and_forget_drops_state(spawn):
+def test_new_process_is_a_new_baseline_and_forget_drops_state(spawn, probe):
     app = start_app(spawn)
-    probe = LatencyProbe()
     first, second = target_for(app.url(), pid=10, start=1.0), target_for(app.url(), pid=11, start=2.0)
     probe.collect(first, time.time())
     drive(app, [5.0] * 10)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.config.model import parse_config, validate_config
+from agent.config.loader import parse_config, validate_config
 from agent.core.errors import ConfigError
 
 BASE = "instances: [{name: a, match: {pid: 3}, latency: %s}]"

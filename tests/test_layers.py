@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("agent", "probes", "remediation", "native_hooks", "dashboards")
-TOP_MODULES = ("medic_hook",)
+PACKAGES = ("agent", "probes", "remediation", "native_hooks", "dashboards", "medic_hook")
 
 # room -> the rooms it may import (its own room is always allowed). `agent` alone is the package
 # root (it holds only `__version__`), which every room may import.
@@ -65,9 +64,7 @@ def module_name(path: Path, root: Path = REPO) -> str:
 
 
 def source_modules() -> dict[str, Path]:
-    found = {module_name(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
-    found.update({name: REPO / f"{name}.py" for name in TOP_MODULES if (REPO / f"{name}.py").exists()})
-    return found
+    return {module_name(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
 
 
 def room_of(module: str) -> str:
@@ -121,7 +118,7 @@ def imported_modules(path: Path, known: set[str], root: Path = REPO) -> set[str]
     visit(ast.parse(path.read_text(encoding="utf-8")).body)
     resolved = set()
     for name in names:
-        if name.split(".")[0] not in (*PACKAGES, *TOP_MODULES):
+        if name.split(".")[0] not in PACKAGES:
             continue
         while name and name not in known:
             name = name.rpartition(".")[0]
@@ -243,3 +240,18 @@ def test_type_checking_and_function_level_imports_are_not_edges(tmp_path):
     )
     known = {"agent.api.app", "agent.watch.tracker", "agent.core.errors", "agent.core.units", "agent.state.x"}
     assert imported_modules(module, known, root=tmp_path) == {"agent.core.errors", "agent.core.units"}
+
+
+def test_the_architecture_doc_lists_every_module_in_its_room():
+    """docs/architecture.md names each module by its path; a new module must be placed there too."""
+    doc = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    missing = []
+    for path in sorted(source_modules().values()):
+        relative = path.relative_to(REPO).as_posix()
+        if path.name == "__init__.py" or "/workloads/" in relative:
+            continue
+        short = relative.rsplit("/", 1)[-1]
+        room = relative.rsplit("/", 1)[0] if "/" in relative else ""
+        if f"`{relative}`" not in doc and not (room and f"`{room}/`" in doc and f"`{short}`" in doc):
+            missing.append(relative)
+    assert not missing, "modules missing from docs/architecture.md: " + ", ".join(missing)

@@ -6,52 +6,24 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 
 import pytest
-from conftest import REPO, wait_until
 
 from agent.core.errors import TargetGone
 from native_hooks.doctor import diagnose, render
 from native_hooks.which_allocator import detect_allocator
-from native_hooks.workloads import (
-    TargetIO,
-    build_c_target,
-    build_library_needing_jemalloc,
-    build_static_jemalloc,
-    ensure_shim,
-    python_argv,
-    target_env,
-)
+from native_hooks.workloads import ensure_shim, python_argv, target_env
+from support.native import build_native_bins, start_target
+from support.procs import REPO, wait_until
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def bins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    out = tmp_path_factory.mktemp("doctor-bins")
-    return {
-        "target": build_c_target(out),
-        "static": build_static_jemalloc(out, "static_je"),
-        "stripped": build_static_jemalloc(out, "static_je_stripped", strip=True),
-        "rdynamic": build_static_jemalloc(out, "static_je_rdyn", rdynamic=True),
-        "libfoo": build_library_needing_jemalloc(out),
-    }
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="md-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _start(spawn, argv: list[str], env: dict[str, str]) -> TargetIO:
-    return TargetIO(spawn(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
+    return build_native_bins(tmp_path_factory.mktemp("doctor-bins"))
 
 
 @pytest.mark.parametrize(
@@ -64,7 +36,7 @@ def _start(spawn, argv: list[str], env: dict[str, str]) -> TargetIO:
     ],
 )
 def test_detect_preloaded_and_plain(spawn, bins, allocator: str, expected: str, profiler: bool) -> None:
-    target = _start(spawn, [bins["target"]], target_env(allocator))
+    target = start_target(spawn, [bins["target"]], target_env(allocator))
     guess = detect_allocator(target.pid)
     assert guess.allocator == expected and not guess.static and guess.heap_profiler is profiler
     if allocator != "glibc":
@@ -73,7 +45,7 @@ def test_detect_preloaded_and_plain(spawn, bins, allocator: str, expected: str, 
 
 @pytest.mark.parametrize(("name", "exported"), [("static", False), ("stripped", False), ("rdynamic", True)])
 def test_detect_static_jemalloc(spawn, bins, name: str, exported: bool) -> None:
-    target = _start(spawn, [bins[name]], target_env("glibc"))
+    target = start_target(spawn, [bins[name]], target_env("glibc"))
     guess = detect_allocator(target.pid)
     assert guess.allocator == "jemalloc" and guess.static and guess.stats_exported is exported
     if name == "stripped":
@@ -82,13 +54,13 @@ def test_detect_static_jemalloc(spawn, bins, name: str, exported: bool) -> None:
 
 def test_detect_mapped_but_unused_jemalloc(spawn, bins) -> None:
     env = target_env("glibc", extra={"LD_PRELOAD": bins["libfoo"]})
-    guess = detect_allocator(_start(spawn, [bins["target"]], env).pid)
+    guess = detect_allocator(start_target(spawn, [bins["target"]], env).pid)
     assert guess.allocator == "glibc"
     assert "jemalloc is mapped but does not serve malloc" in guess.evidence
 
 
 def test_detect_a_python_process(spawn) -> None:
-    guess = detect_allocator(_start(spawn, python_argv(), target_env("glibc")).pid)
+    guess = detect_allocator(start_target(spawn, python_argv(), target_env("glibc")).pid)
     assert guess.is_python and guess.allocator == "glibc"
 
 
@@ -101,7 +73,7 @@ def test_detect_a_vanished_process() -> None:
 
 # -- diagnose --------------------------------------------------------------------------------------
 def test_native_glibc_without_hook_gets_the_shim_line_and_jemalloc_advice(spawn, bins) -> None:
-    target = _start(spawn, [bins["target"]], target_env("glibc"))
+    target = start_target(spawn, [bins["target"]], target_env("glibc"))
     report = diagnose(target.pid)
     assert report.allocator == "glibc" and not report.hook.reachable
     advice = " ".join(report.advice)
@@ -112,7 +84,7 @@ def test_native_glibc_without_hook_gets_the_shim_line_and_jemalloc_advice(spawn,
 
 def test_jemalloc_with_shim_is_reached_and_asked_for_profiling(spawn, bins, sock_dir: str) -> None:
     env = target_env("jemalloc", "auto", shim=True, extra={"MEDIC_HOOK_DIR": sock_dir})
-    target = _start(spawn, [bins["target"]], env)
+    target = start_target(spawn, [bins["target"]], env)
     wait_until(lambda: os.path.exists(f"{sock_dir}/hook.{target.pid}.sock"))
     report = diagnose(target.pid, socket=f"{sock_dir}/hook.{target.pid}.sock")
     assert report.hook.reachable and report.hook.kind == "shim" and report.allocator == "jemalloc"
@@ -123,20 +95,20 @@ def test_jemalloc_with_shim_is_reached_and_asked_for_profiling(spawn, bins, sock
 
 def test_jemalloc_with_profiling_and_hook_has_nothing_to_add(spawn, bins, sock_dir: str) -> None:
     env = target_env("jemalloc", f"{sock_dir}/h.%p.sock", shim=True, extra={"MALLOC_CONF": "prof:true"})
-    target = _start(spawn, [bins["target"]], env)
+    target = start_target(spawn, [bins["target"]], env)
     report = diagnose(target.pid, socket=f"{sock_dir}/h.{target.pid}.sock")
     assert report.advice == []
     assert "nothing to add" in render(report)
 
 
 def test_tcmalloc_minimal_is_told_about_the_full_library(spawn, bins) -> None:
-    report = diagnose(_start(spawn, [bins["target"]], target_env("tcmalloc_minimal")).pid)
+    report = diagnose(start_target(spawn, [bins["target"]], target_env("tcmalloc_minimal")).pid)
     assert any("libtcmalloc.so.4" in item for item in report.advice)
 
 
 def test_python_target_with_hook_is_told_about_pymalloc(spawn, sock_dir: str) -> None:
     env = target_env("jemalloc", f"{sock_dir}/h.%p.sock")
-    target = _start(spawn, python_argv(), env)
+    target = start_target(spawn, python_argv(), env)
     report = diagnose(target.pid, socket=f"{sock_dir}/h.{target.pid}.sock")
     assert report.hook.kind == "python" and report.hook.python["pymalloc"] is True
     assert any("PYTHONMALLOC=malloc" in item for item in report.advice)
@@ -145,7 +117,7 @@ def test_python_target_with_hook_is_told_about_pymalloc(spawn, sock_dir: str) ->
 def test_a_socket_served_by_another_process_is_not_believed(spawn, sock_dir: str) -> None:
     """The hook at the given path answers, but for another process: its figures are not the target's."""
     env = target_env("jemalloc", f"{sock_dir}/h.%p.sock")
-    target, other = _start(spawn, python_argv(), env), _start(spawn, python_argv(), env)
+    target, other = start_target(spawn, python_argv(), env), start_target(spawn, python_argv(), env)
     wait_until(lambda: os.path.exists(f"{sock_dir}/h.{other.pid}.sock"))
     report = diagnose(target.pid, socket=f"{sock_dir}/h.{other.pid}.sock")
     assert not report.hook.reachable and report.hook.allocator is None
@@ -154,23 +126,23 @@ def test_a_socket_served_by_another_process_is_not_believed(spawn, sock_dir: str
 
 
 def test_python_target_without_hook_is_told_about_the_autostart(spawn) -> None:
-    report = diagnose(_start(spawn, python_argv(), target_env("glibc")).pid)
+    report = diagnose(start_target(spawn, python_argv(), target_env("glibc")).pid)
     assert any("medic hook install-pth" in item and "medic_hook" in item for item in report.advice)
 
 
 def test_a_variable_without_a_serving_hook_is_explained(spawn, bins, sock_dir: str) -> None:
     env = target_env("glibc", f"{sock_dir}/h.%p.sock")  # the variable, but no shim loaded
-    report = diagnose(_start(spawn, [bins["target"]], env).pid)
+    report = diagnose(start_target(spawn, [bins["target"]], env).pid)
     assert any("MEDIC_HOOK_DEBUG=1" in item for item in report.advice)
 
 
 def test_static_jemalloc_without_exported_mallctl_is_told_about_rdynamic(spawn, bins) -> None:
-    report = diagnose(_start(spawn, [bins["stripped"]], target_env("glibc")).pid)
+    report = diagnose(start_target(spawn, [bins["stripped"]], target_env("glibc")).pid)
     assert any("-rdynamic" in item for item in report.advice)
 
 
 def test_medic_doctor_cli_prints_json(spawn, bins) -> None:
-    target = _start(spawn, [bins["target"]], target_env("jemalloc"))
+    target = start_target(spawn, [bins["target"]], target_env("jemalloc"))
     out = subprocess.run(
         [sys.executable, "-m", "agent.cli.main", "doctor", "--pid", str(target.pid), "--json"],
         capture_output=True,

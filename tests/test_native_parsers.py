@@ -16,9 +16,11 @@ from native_hooks import protocol
 from native_hooks.allocator import glibc_figures, jemalloc_figures, tcmalloc_figures
 from native_hooks.errors import AllocatorError, HookProtocolError
 from native_hooks.glibc import MALLINFO2_FIELDS, GlibcMalloc, parse_malloc_info
-from native_hooks.sockets import SocketPathError, expand, has_pid, parse_environ
-from native_hooks.which_allocator import mapped_files, parse_maps
+from native_hooks.sockets import SocketPathError, expand, has_pid
+from native_hooks.which_allocator import mapped_files
 from probes.allocator import samples_from_stats
+from probes.linux.maps import parse_maps
+from probes.linux.procfs import parse_environ
 
 # -- malloc_info -----------------------------------------------------------------------------------
 REAL_SNIPPET = """<malloc version="1">
@@ -111,7 +113,7 @@ def test_malloc_info_round_trip(heaps: list, mmap_bytes: int, mmap_count: int) -
 
 # -- /proc/PID/maps and environ --------------------------------------------------------------------
 def test_maps_of_this_process() -> None:
-    with open("/proc/self/maps") as f:
+    with open("/proc/self/maps", "rb") as f:
         mappings = parse_maps(f.read())
     files = mapped_files(mappings)
     assert any("libc.so" in path for path in files)
@@ -120,7 +122,7 @@ def test_maps_of_this_process() -> None:
 
 def test_maps_error_names_the_line() -> None:
     with pytest.raises(ProbeError, match="line 2"):
-        parse_maps("00400000-00401000 r-xp 00000000 fe:00 123 /bin/x\nnonsense\n")
+        parse_maps(b"00400000-00401000 r-xp 00000000 fe:00 123 /bin/x\nnonsense\n")
 
 
 maps_line = st.builds(
@@ -140,7 +142,7 @@ maps_line = st.builds(
 
 @given(st.lists(maps_line, max_size=20))
 def test_maps_round_trip(lines: list[str]) -> None:
-    mappings = parse_maps("\n".join(lines))
+    mappings = parse_maps("\n".join(lines).encode())
     assert len(mappings) == len(lines)
     for path in mapped_files(mappings):
         assert path.startswith("/") and not path.endswith("(deleted)")
@@ -149,7 +151,7 @@ def test_maps_round_trip(lines: list[str]) -> None:
 @given(st.text(max_size=400))
 def test_maps_parser_only_raises_probe_error(text: str) -> None:
     try:
-        parse_maps(text)
+        parse_maps(text.encode("utf-8", "surrogatepass"))
     except ProbeError:
         pass
 

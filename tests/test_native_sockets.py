@@ -4,12 +4,9 @@ socket through its environment, and removing sockets of processes that are gone.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -23,13 +20,6 @@ from native_hooks.sockets import (
     namespace_pids,
     remove_stale_sockets,
 )
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="mk-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_bind_listener_is_private_and_creates_its_directory(sock_dir: str) -> None:

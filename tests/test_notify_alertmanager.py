@@ -5,14 +5,14 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import wait_until
-from notify_support import hook_server_fixture, start_alertmanager  # noqa: F401 (the hook_server fixture)
 
-from agent.config.model import validate_config
+from agent.config.loader import validate_config
 from agent.notify.model import parse_rfc3339
 from agent.notify.service import Notifier
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
+from support.notify import start_alertmanager
+from support.procs import wait_until
 
 pytestmark = pytest.mark.slow
 

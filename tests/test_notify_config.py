@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.config.model import parse_config, validate_config
+from agent.config.loader import parse_config, validate_config
 from agent.core.errors import ConfigError
 from agent.notify.config import sink_names
 from agent.notify.sinks import create_sinks

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.config.model import validate_config
+from agent.config.loader import validate_config
 from agent.notify.event_alerts import ALIASES, ROUTES, canonical
 from agent.notify.outbox import Outbox
 from agent.notify.router import Router

@@ -9,9 +9,8 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from notify_support import hook_server_fixture  # noqa: F401 (the hook_server fixture)
 
-from agent.config.model import validate_config
+from agent.config.loader import validate_config
 from agent.notify.model import Notification, parse_rfc3339, rfc3339
 from agent.notify.signing import SignatureError, sign, signature_headers, verify
 from agent.notify.sinks import DeliveryError, create_sinks

@@ -9,17 +9,16 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from notify_support import hook_server_fixture  # noqa: F401 (the hook_server fixture)
 
-from agent.config.model import validate_config
+from agent.config.loader import validate_config
 from agent.notify.config import RetrySpec
 from agent.notify.outbox import Outbox, backoff_delay
 from agent.notify.service import Notifier
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
+from support.procs import wait_until
 
 SECRET = "0123456789abcdef0123"
 T0 = 1_800_000_000.0

@@ -9,8 +9,8 @@ import signal
 import subprocess
 
 import pytest
-from conftest import PYTHON, REPO, wait_until
-from notify_support import hook_server_fixture  # noqa: F401 (the hook_server fixture)
+
+from support.procs import PYTHON, REPO, wait_until
 
 pytestmark = pytest.mark.slow
 FAST = {"interval": "0.2s", "slow_interval": "1s", "discovery_interval": "0.5s", "flush_interval": "0.3s"}

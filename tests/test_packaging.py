@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, wait_until
 
 from agent.cli.hook import INSTALLED_SHIM, find_library, install_hook
-from agent.config.model import load_config, parse_config
+from agent.config.loader import load_config, parse_config
 from agent.core.errors import UsageError
 from agent.core.units import parse_size
+from support.procs import REPO, wait_until
 
 MANIFEST = REPO / "deploy/kubernetes/sidecar.yaml"
 UNIT = REPO / "deploy/systemd/medic@.service"

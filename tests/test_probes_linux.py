@@ -15,17 +15,17 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, wait_ready, wait_until, workload_argv
 
 from agent.core.catalog import CATALOG
 from agent.core.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable, TargetGone
 from agent.core.records import ProbeResult, ProbeTarget
 from probes.cgroup import CgroupProbe
 from probes.linux import procfs
-from probes.linux.cgroupfs import cgroup_memory_limit
+from probes.linux.cgroupfiles import cgroup_memory_limit
 from probes.process import ProcessProbe
 from probes.registry import PROBES, create_probe
 from probes.smaps import SmapsProbe
+from support.procs import REPO, wait_ready, wait_until, workload_argv
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PROC_ROOT = FIXTURES / "proc"

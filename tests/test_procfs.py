@@ -15,11 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.core.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable, TargetGone
-from probes.linux import procfs
+from native_hooks.sockets import candidate_paths, namespace_pids
+from probes.linux import maps, procfs
 
 ROOT = Path(__file__).parent / "fixtures" / "proc"
 FIXTURE = ROOT / "proc"
-WEIRD, KTHREAD, ZOMBIE = 10299, 2, 10300  # see tests/fixtures/README.md
+WEIRD, KTHREAD, ZOMBIE, NESTED = 10299, 2, 10300, 16791  # see tests/fixtures/README.md
 BTIME = 1795954422
 
 
@@ -160,6 +161,153 @@ def test_fd_count_and_identity_from_a_fixture_root():
     assert identity.start_time == pytest.approx(BTIME + 54124 / procfs.CLOCK_TICKS)
 
 
+# --------------------------------------------------------------------------- environ, NSpid, maps
+
+
+def test_environ_keeps_odd_bytes_and_equal_signs():
+    env = procfs.read_environ(NESTED, ROOT)
+    assert env["EQ"] == "a=b=c" and env["EMPTY"] == ""
+    assert os.fsencode(env["ODD"]) == b"caf\xe9\x01tab\there"  # a non-UTF-8 byte survives a round trip
+    assert env["JAVA_TOOL_OPTIONS"] == "-Xrs -Dx=1"
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        (b"", {}),
+        (b"A=1", {"A": "1"}),
+        (b"A=1\0\0NOEQUALS\0=nokey\0B=\0", {"A": "1", "B": ""}),
+        (b"A=1\0A=2\0", {"A": "2"}),
+        (b"K\xff=v\xfe\0", {os.fsdecode(b"K\xff"): os.fsdecode(b"v\xfe")}),
+    ],
+)
+def test_parse_environ_forms(data, expected):
+    assert procfs.parse_environ(data) == expected
+
+
+def test_environ_of_a_vanished_pid_is_target_gone():
+    with pytest.raises(TargetGone):
+        procfs.read_environ(999999, ROOT)
+
+
+@given(
+    st.dictionaries(
+        st.binary(min_size=1).filter(lambda k: b"=" not in k and b"\0" not in k),
+        st.binary().filter(lambda v: b"\0" not in v),
+        max_size=8,
+    )
+)
+def test_environ_round_trips_any_bytes(env):
+    raw = b"".join(key + b"=" + value + b"\0" for key, value in env.items())
+    decoded = procfs.parse_environ(raw)
+    assert {os.fsencode(k): os.fsencode(v) for k, v in decoded.items()} == env
+
+
+def test_nspid_of_a_process_two_pid_namespaces_down():
+    assert procfs.read_nspid(NESTED, ROOT) == (NESTED, 2, 1)
+    assert procfs.read_status(NESTED, ROOT).uids == (0, 0, 0, 0)
+    assert procfs.read_nspid(WEIRD, ROOT) == (WEIRD,)
+    assert namespace_pids(NESTED, ROOT) == {NESTED, 2, 1}
+    assert namespace_pids(999999, ROOT) == {999999}  # unreadable: only the pid itself
+
+
+def test_nspid_absent_on_old_kernels_is_the_pid_itself(tmp_path):
+    status = fixture_bytes(NESTED, "status")
+    old = b"".join(line for line in status.splitlines(keepends=True) if not line.startswith(b"NSpid:"))
+    (tmp_path / "proc" / "77").mkdir(parents=True)
+    (tmp_path / "proc" / "77" / "status").write_bytes(old)
+    assert procfs.read_nspid(77, tmp_path) == (77,)
+
+
+def test_hook_socket_candidates_of_a_nested_pid_go_through_its_root():
+    paths = candidate_paths(NESTED, ROOT, env={})
+    assert "/tmp/medic-0/hook.1.sock" in paths
+    assert f"{FIXTURE}/{NESTED}/root/tmp/medic-0/hook.1.sock" in paths
+
+
+def test_maps_with_spaces_deleted_files_and_kernel_mappings():
+    mappings = maps.read_maps(NESTED, ROOT)
+    assert len(mappings) == 24
+    exe = mappings[1]
+    assert exe.path == "/tmp/cap13/my dir/sl eep (deleted)" and exe.deleted and exe.executable
+    assert (exe.start, exe.end, exe.offset, exe.dev, exe.inode) == (
+        0x55AD88DED000,
+        0x55AD88DF2000,
+        0x2000,
+        "fe:00",
+        2146604,
+    )
+    assert [m.path for m in mappings if m.path.startswith("[")] == [
+        "[heap]",
+        "[vvar]",
+        "[vvar_vclock]",
+        "[vdso]",
+        "[stack]",
+        "[vsyscall]",
+    ]
+    anonymous = mappings[6]
+    assert (anonymous.path, anonymous.inode, anonymous.deleted) == ("", 0, False)
+    assert mappings[-1].end == 0xFFFFFFFFFF601000
+
+
+@pytest.mark.parametrize(
+    "line, path",
+    [
+        ("1000-2000 r-xp 0 08:01 7   /opt/my app/lib.so (deleted)", "/opt/my app/lib.so (deleted)"),
+        ("1000-2000 rw-p 00000000 00:00 0 ", ""),
+        ("1000-2000 rw-p 00000000 00:00 0", ""),
+        ("1000-2000 r--s 00000000 00:05 9 /memfd:x (deleted)", "/memfd:x (deleted)"),
+        ("1000-2000 r--p 00000000 fe:00 9 /a\\012b", "/a\\012b"),  # the kernel escapes a newline
+    ],
+)
+def test_maps_line_forms(line, path):
+    mapping = maps.parse_maps_line(line)
+    assert mapping is not None and mapping.path == path
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "",
+        "garbage",
+        "2000-1000 r-xp 0 08:01 7",
+        "1000-2000 rwx 0 08:01 7 /x",
+        "1000-20000000000000000 r-xp 0 08:01 7 /x",
+    ],
+)
+def test_lines_that_are_not_maps_lines(line):
+    assert maps.parse_maps_line(line) is None
+
+
+def test_maps_error_names_the_line():
+    with pytest.raises(ProbeError, match="line 2 is not in the kernel's format"):
+        maps.parse_maps(b"00400000-00401000 r-xp 00000000 fe:00 123 /bin/x\nnonsense\n")
+    with pytest.raises(TargetGone):
+        maps.read_maps(999999, ROOT)
+
+
+_MAPS_LINE = st.tuples(
+    st.integers(0, 2**47),
+    st.integers(0, 2**30),
+    st.sampled_from(["r--p", "r-xp", "rw-p", "---p", "rw-s"]),
+    st.integers(0, 2**32),
+    st.integers(0, 2**32),
+    st.binary(max_size=30).filter(lambda b: b"\n" not in b and not b[:1].isspace()),
+)
+
+
+@given(st.lists(_MAPS_LINE, max_size=20))
+def test_parse_maps_round_trip(fields):
+    lines = [
+        f"{start:x}-{start + length:x} {perms} {offset:08x} fe:00 {inode}    ".encode() + path
+        for start, length, perms, offset, inode, path in fields
+    ]
+    mappings = maps.parse_maps(b"\n".join(lines) + b"\n")
+    assert [
+        (m.start, m.end - m.start, m.perms, m.offset, m.inode, os.fsencode(m.path)) for m in mappings
+    ] == fields
+
+
 # --------------------------------------------------------------------------- errors at the edge
 
 
@@ -234,10 +382,14 @@ PARSERS = [
     procfs.parse_meminfo,
     procfs.parse_boot_time,
     procfs.parse_cmdline,
+    procfs.parse_environ,
+    maps.parse_maps,
 ]
 SAMPLES = [fixture_bytes(WEIRD, name) for name in ("stat", "statm", "status", "smaps_rollup", "cmdline")] + [
     fixture_bytes("meminfo"),
     fixture_bytes("stat"),
+    fixture_bytes(NESTED, "environ"),
+    fixture_bytes(NESTED, "maps"),
 ]
 
 

@@ -10,11 +10,10 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from notify_support import ServedApp
 
 from agent.api.app import ApiContext, create_app
 from agent.api.metrics import Telemetry
-from agent.config.model import validate_config
+from agent.config.loader import validate_config
 from agent.jobs.detection import Detection
 from agent.notify.external import external_findings, open_external_finding
 from agent.notify.inbound import InboundError, label_fingerprint, parse_webhook
@@ -22,6 +21,7 @@ from agent.notify.signing import signature_headers
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
 from agent.watch.tracker import Tracker
+from support.notify import ServedApp
 
 TOKEN = "t" * 32
 SECRET = "receiver-secret-0123456789"

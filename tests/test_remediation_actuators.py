@@ -11,8 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, wait_until
-from remediation_support import HttpRecorder, free_port
 
 from agent.watch.discovery import by_pid
 from probes.linux.procfs import process_identity, read_cmdline
@@ -27,6 +25,8 @@ from remediation.config import DrainSection
 from remediation.drain import Drain
 from remediation.model import Decision, InstanceView, RemediationRequest
 from remediation.verify import Verifier
+from support.procs import PYTHON, free_port, wait_until
+from support.remediation import HttpRecorder
 
 SUPERVISOR = """
 import os, subprocess, sys, time

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from remediation_support import HttpRecorder, free_port, silent_server
 
 from remediation.blockers import (
     BlockerContext,
@@ -17,6 +16,8 @@ from remediation.blockers import (
 )
 from remediation.model import FleetEntry, InstanceView, RestartRecord
 from remediation.windows import TimeWindow, Windows
+from support.procs import free_port
+from support.remediation import HttpRecorder, silent_server
 
 T0 = 1_700_000_000.0  # 22:13 UTC
 TARGET = InstanceView("s1", 10, T0 - 7200, labels={"fleet": "ranker"})

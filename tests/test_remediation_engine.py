@@ -15,8 +15,6 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from conftest import workload_argv
-from remediation_support import free_port
 
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
@@ -29,6 +27,7 @@ from remediation.coordinator.local import LocalCoordinator
 from remediation.engine import Engine, EngineHooks
 from remediation.model import Decision, InstanceView, RemediationRequest
 from remediation.planner import latest_start
+from support.procs import free_port, workload_argv
 
 pytestmark = pytest.mark.slow
 MiB = 2**20

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import subprocess
 
-from conftest import PYTHON, wait_until
-
 from agent.config.model import InstanceSpec
+from agent.jobs.remediation import tracker_locator, view_from_state
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
 from agent.watch.tracker import Tracker
 from probes.linux.procfs import read_cmdline
 from remediation.actuators.signals import check_identity
-from remediation.views import tracker_locator, view_from_state
+from support.procs import PYTHON, wait_until
 
 SLEEPER = [PYTHON, "-c", "import time; time.sleep(600)"]
 

@@ -15,7 +15,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.config.model import parse_config
+from agent.config.loader import parse_config
 from agent.core.errors import ConfigError
 from agent.core.types import MAX_DURATION
 
@@ -56,12 +56,25 @@ def test_a_lease_ttl_of_a_billion_days_is_a_config_error_not_a_dead_thread():
         ("detect: {interval: 10d}", "detect.interval: must be between 50ms and 1h"),
         (
             "detect: {memory: {window: 999999999d}}",
-            "detect.memory: invalid detection parameters: window must be at most 365d",
+            "detect.memory.window: expected a duration of at most 365d",
         ),
-        ("detect: {memory: {min_buckets: .inf}}", "detect.memory: detection option min_buckets: "),
-        ("detect: {memory: {frag_ratio: .nan}}", "frag_ratio must be a finite number"),
-        ("detect: {slow: {open_after: 1e30}}", "detect.slow: slow detection option open_after: "),
-        ("detect: {slow: {peer_window: 9999999d}}", "detect.slow: slow detection option peer_window: "),
+        (
+            "detect: {memory: {min_buckets: .inf}}",
+            "detect.memory.min_buckets: Input should be a finite number",
+        ),
+        ("detect: {memory: {min_buckets: 1000000}}", "detect.memory.min_buckets: "),
+        ("detect: {memory: {frag_ratio: .nan}}", "detect.memory.frag_ratio: "),
+        (
+            "detect: {memory: {window: 2h, long_window: 1h}}",
+            "detect.memory: invalid detection parameters: long_window",
+        ),
+        ("detect: {slow: {open_after: 1.0e+30}}", "detect.slow.open_after: "),
+        ("detect: {slow: {open_after: true}}", "detect.slow.open_after: expected a number"),
+        (
+            "detect: {slow: {peer_window: 9999999d}}",
+            "detect.slow.peer_window: expected a duration of at most 365d",
+        ),
+        ("detect: {slow: {trend_buckets: 3}}", "detect.slow.trend_buckets: "),
         ("notify: {receiver: {max_body: 1Ti}}", "notify.receiver.max_body: must be between 1Ki and 64Mi"),
         ("notify: {retry: {cap: 2d}}", "notify.retry.cap: must be between 10ms and 1d"),
         ("instances: [{name: a, match: {pid: 99999999999}}]", "instances[0].match.pid: "),

@@ -19,10 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
-from histo_support import build_java, clean_env, read_ready
 
-from agent import histograms
 from agent.core.errors import ProbeUnavailable
 from agent.core.records import ProbeTarget
 from native_hooks.client import HookClient
@@ -32,6 +29,8 @@ from native_hooks.sockets import candidate_paths, find_socket
 from native_hooks.symbolize import Symbolizer
 from probes.heapprof import HeapProfileProbe, newest_dump
 from probes.jvm import JvmProbe, find_jcmd
+from support.histo import build_java, clean_env, read_ready
+from support.procs import wait_until
 
 NOBODY = 65534
 AS_NOBODY = {"user": NOBODY, "group": NOBODY, "extra_groups": []}
@@ -88,13 +87,6 @@ def _wait_exec(pid: int, variable: str) -> None:
 def _jvm_target(pid: int, **jvm) -> ProbeTarget:
     settings = {"histograms": {"jvm": {"interval": 1.0, "heap_interval": 1.0, **jvm}}}
     return ProbeTarget("jvm-nobody", pid, 1000.0, {}, settings)
-
-
-@pytest.fixture
-def no_snapshots_left() -> Iterator[None]:
-    """Snapshots published without a store wait for the next one attached: drop them afterwards."""
-    yield
-    histograms.detach()
 
 
 # ------------------------------------------------------------------------------------------- jcmd
@@ -159,7 +151,7 @@ needs_jdk = pytest.mark.skipif(
 @pytest.mark.slow
 @needs_jdk
 @pytest.mark.skipif(not IS_ROOT, reason="needs root")
-def test_jcmd_runs_as_the_jvms_user_and_still_reads_the_histogram(spawn, scratch, no_snapshots_left):
+def test_jcmd_runs_as_the_jvms_user_and_still_reads_the_histogram(spawn, scratch):
     """A real JVM of `nobody`: the system jcmd attaches as `nobody` (root's supplementary groups and
     uid are dropped), and a configured, trusted jcmd does too."""
     classes = _open_dir("medic-java-")
@@ -311,13 +303,6 @@ while True:
         conn.sendall(json.dumps({"ok": True, "op": "ping", "pid": int(sys.argv[2])}).encode() + b"\n")
     conn.close()
 """
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="mk-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_a_hook_served_by_another_process_is_not_believed(spawn, sock_dir):

@@ -1,9 +1,9 @@
-"""The in-process hook never takes over a target's modules: it is one stdlib-only module, `medic_hook`,
+"""The in-process hook never takes over a target's modules: it is one stdlib-only package, `medic_hook`,
 started by the `.pth` line `medic hook install-pth` writes, and a Python target with packages of its
 own named like ours (`agent`, `probes`) keeps them.
 
 The targets run in a real virtualenv laid out as `pip install sidecar-medic` lays out site-packages:
-`medic_hook.py` at the top, medic's packages importable (a `.pth` pointing at this checkout, processed
+`medic_hook/` at the top, medic's packages importable (a `.pth` pointing at this checkout, processed
 before `medic-hook.pth`), and the `.pth` line written by the real CLI.
 """
 
@@ -15,14 +15,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, wait_until
 
 from native_hooks.client import HookClient
+from support.procs import REPO, wait_until
 
 OURS = ("agent", "probes", "remediation", "native_hooks", "dashboards")
 
@@ -54,7 +52,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
             check=True,
         ).stdout.strip()
     )
-    shutil.copy2(REPO / "medic_hook.py", site / "medic_hook.py")  # `py-modules`: top level in site-packages
+    shutil.copytree(REPO / "medic_hook", site / "medic_hook", ignore=shutil.ignore_patterns("__pycache__"))
     (site / "_medic_packages.pth").write_text(f"{REPO}\n")  # medic's packages, as an install has them
     done = subprocess.run(
         [sys.executable, "-m", "agent.cli.main", "hook", "install-pth", "--dir", str(site)],
@@ -76,13 +74,6 @@ def app(tmp_path: Path) -> Path:
     return tmp_path / "app"
 
 
-@pytest.fixture
-def sock_dir() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="ms-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def target_env(app: Path, **extra: str) -> dict[str, str]:
     env = {
         k: v
@@ -92,16 +83,17 @@ def target_env(app: Path, **extra: str) -> dict[str, str]:
     return {**env, "PYTHONPATH": str(app), **extra}
 
 
-def test_medic_hook_imports_only_the_standard_library() -> None:
-    tree = ast.parse((REPO / "medic_hook.py").read_text())
+def test_medic_hook_imports_only_the_standard_library_and_itself() -> None:
     imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, "medic_hook is a top-level module: no relative imports"
-            imported.add((node.module or "").split(".")[0])
-    assert imported and imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+    for source in (REPO / "medic_hook").rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 0, f"{source.name}: import the hook's modules as medic_hook.<name>"
+                imported.add((node.module or "").split(".")[0])
+    foreign = imported - set(sys.stdlib_module_names) - {"medic_hook"}
+    assert imported and not foreign, foreign
     assert "ctypes" in imported  # the allocator bindings are inside it
 
 
@@ -133,8 +125,10 @@ def test_a_target_keeps_its_own_agent_and_probes_and_sees_only_medic_hook(
     proc.stdin.flush()
     seen = json.loads(proc.stdout.readline())
     modules = seen["modules"]
-    assert modules["medic_hook"] == str(site / "medic_hook.py")
-    foreign = {name: where for name, where in modules.items() if name != "medic_hook"}
+    assert modules["medic_hook"] == str(site / "medic_hook" / "__init__.py")
+    hook = {name: where for name, where in modules.items() if name.split(".")[0] == "medic_hook"}
+    assert all(where.startswith(str(site / "medic_hook")) for where in hook.values()), hook
+    foreign = {name: where for name, where in modules.items() if name not in hook}
     assert sorted(foreign) == ["agent", "probes"]  # the target's own, nothing else of ours
     assert all(where.startswith(str(app)) for where in foreign.values()), foreign
     assert seen["threads"] == [["MainThread", False], ["medic-hook", True]]
@@ -202,9 +196,9 @@ def test_importing_the_hook_starts_and_registers_nothing() -> None:
     assert done.stdout.strip() == "clean", done.stderr
 
 
-def test_the_distribution_ships_the_hook_as_a_top_level_module() -> None:
+def test_the_distribution_ships_the_hook_as_a_top_level_package() -> None:
     import tomllib
 
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert "medic_hook" in config["py-modules"]
-    assert "COPY pyproject.toml setup.py README.md medic_hook.py ./" in (REPO / "Dockerfile").read_text()
+    assert "medic_hook*" in config["packages"]["find"]["include"]
+    assert "COPY medic_hook/ medic_hook/" in (REPO / "Dockerfile").read_text()

@@ -14,11 +14,12 @@ import httpx
 import psutil
 import pytest
 import uvicorn
-from conftest import AgentRunner, wait_until
-from http_guard_support import TOKEN, World, admin
 
 from agent.api.guard import allowed_hosts, host_allowed, is_loopback, json_too_deep
 from agent.api.server import connection_budget, server_config
+from support.agent_runner import AgentRunner
+from support.http_guard import TOKEN, World, admin
+from support.procs import wait_until
 
 IDENTITY = "token:" + hashlib.sha256(TOKEN.encode()).hexdigest()[:8]
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from conftest import PYTHON, REPO, wait_until
 
 from agent.config.model import InstanceSpec
 from agent.core.errors import ConfigError
+from agent.jobs.remediation import view_from_state
 from agent.state.eventlog import EventLog
 from agent.state.identities import AdoptedProcess, IdentityLedger, pidfile_rewritten
 from agent.state.store import Store
@@ -29,7 +29,7 @@ from probes.linux.pidfd import Expected, check, pin, signal_if_same
 from probes.linux.procfs import process_identity
 from remediation.actuators import SignalActuator
 from remediation.model import RemediationRequest
-from remediation.views import view_from_state
+from support.procs import PYTHON, REPO, wait_until
 
 FAST = {"interval": "0.2s", "slow_interval": "1s", "discovery_interval": "0.3s", "flush_interval": "0.3s"}
 REQUEST = RemediationRequest("served", "leak", "f-1", "test")
@@ -483,7 +483,7 @@ def test_select_all_follows_at_most_max_instances_and_says_so_once(agent, spawn)
     ],
 )
 def test_max_instances_is_bounded_and_only_for_select_all(tmp_path, match, error):
-    from agent.config.model import load_config
+    from agent.config.loader import load_config
 
     path = tmp_path / "medic.yaml"
     path.write_text(yaml.safe_dump({"instances": [{"name": "x", "match": match}]}))

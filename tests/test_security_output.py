@@ -19,11 +19,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import REPO, wait_until
 
 from agent.cli.main import main
 from agent.cli.run import PrintableFormatter
 from agent.core.text import echo, printable, render
+from support.procs import REPO, wait_until
 
 ESC = "\x1b"
 EVIL = "\x1b[2J\x1b]0;owned\x07\x9b31m\u202eevil\r\nforged: line"

@@ -19,10 +19,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, wait_until, workload_argv
 
 from agent.api.auth import load_or_create_token
-from agent.config.model import validate_config
+from agent.config.loader import validate_config
 from agent.core.errors import StoreError, UnsafePath
 from agent.core.records import Sample
 from agent.state.eventlog import EventLog
@@ -33,6 +32,7 @@ from remediation.coordinator.local import LocalCoordinator
 from remediation.engine import Engine
 from remediation.evidence import EvidenceStore
 from remediation.model import InstanceView, RemediationRequest
+from support.procs import PYTHON, REPO, wait_until, workload_argv
 
 NOBODY = 65534
 IS_ROOT = os.geteuid() == 0

@@ -13,20 +13,14 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
-from conftest import REPO, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from native_hooks import shim_path
 from native_hooks.client import HookClient, request
-from native_hooks.workloads import (
-    TargetIO,
-    build_c_target,
-    build_library_needing_jemalloc,
-    build_static_jemalloc,
-    ensure_shim,
-    target_env,
-)
+from native_hooks.workloads import TargetIO, ensure_shim, target_env
+from support.native import build_native_bins, start_target
+from support.procs import REPO, wait_until
 
 pytestmark = pytest.mark.native
 
@@ -38,24 +32,7 @@ def shim() -> str:
 
 @pytest.fixture(scope="module")
 def bins(tmp_path_factory: pytest.TempPathFactory, shim: str) -> dict[str, str]:
-    out = tmp_path_factory.mktemp("shim-bins")
-    return {
-        "target": build_c_target(out),
-        "static_je": build_static_jemalloc(out, "static_je"),
-        "static_rdyn": build_static_jemalloc(out, "static_rdyn", rdynamic=True),
-        "libfoo": build_library_needing_jemalloc(out),
-    }
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="ms-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _start(spawn, argv: list[str], env: dict[str, str]) -> TargetIO:
-    return TargetIO(spawn(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
+    return build_native_bins(tmp_path_factory.mktemp("shim-bins"))
 
 
 def test_shim_path_names_the_built_library_which_exports_one_symbol(shim: str) -> None:
@@ -76,9 +53,9 @@ def test_medic_hook_path_prints_it(shim: str) -> None:
 
 def test_without_the_variable_the_shim_does_nothing(spawn, bins: dict[str, str], shim: str) -> None:
     env = target_env("jemalloc")
-    plain = _start(spawn, [bins["target"]], env)
+    plain = start_target(spawn, [bins["target"]], env)
     env["LD_PRELOAD"] += ":" + shim
-    shimmed = _start(spawn, [bins["target"]], env)
+    shimmed = start_target(spawn, [bins["target"]], env)
     for target in (plain, shimmed):
         target.command("alloc 10 4096")
     assert len(os.listdir(f"/proc/{shimmed.pid}/task")) == len(os.listdir(f"/proc/{plain.pid}/task")) == 1
@@ -86,7 +63,7 @@ def test_without_the_variable_the_shim_does_nothing(spawn, bins: dict[str, str],
 
 
 def test_server_thread_is_named_and_blocks_signals(spawn, bins: dict[str, str], sock_dir: str) -> None:
-    target = _start(spawn, [bins["target"]], target_env("glibc", f"{sock_dir}/h.%p.sock", shim=True))
+    target = start_target(spawn, [bins["target"]], target_env("glibc", f"{sock_dir}/h.%p.sock", shim=True))
     tasks = [t for t in os.listdir(f"/proc/{target.pid}/task") if int(t) != target.pid]
     assert len(tasks) == 1
     with open(f"/proc/{target.pid}/task/{tasks[0]}/comm") as f:
@@ -100,12 +77,12 @@ def test_server_thread_is_named_and_blocks_signals(spawn, bins: dict[str, str], 
 
 @pytest.mark.parametrize(
     ("name", "expected"),
-    [("static_je", "unknown"), ("static_rdyn", "jemalloc")],
+    [("static", "unknown"), ("rdynamic", "jemalloc")],
 )
 def test_a_static_allocator_is_served_only_when_it_exports_mallctl(
     spawn, bins: dict[str, str], sock_dir: str, name: str, expected: str
 ) -> None:
-    target = _start(spawn, [bins[name]], target_env("glibc", f"{sock_dir}/h.%p.sock", shim=True))
+    target = start_target(spawn, [bins[name]], target_env("glibc", f"{sock_dir}/h.%p.sock", shim=True))
     reply = request(f"{sock_dir}/h.{target.pid}.sock", "stats")
     assert reply["allocator"] == expected  # never glibc's zeros for an allocator that is not glibc
     if expected == "unknown":
@@ -119,7 +96,7 @@ def test_a_mapped_but_unused_jemalloc_is_not_reported(spawn, bins: dict[str, str
     env["LD_PRELOAD"] = (
         f"{bins['libfoo']}:{env['LD_PRELOAD']}"  # libfoo needs libjemalloc; malloc stays glibc's
     )
-    target = _start(spawn, [bins["target"]], env)
+    target = start_target(spawn, [bins["target"]], env)
     with open(f"/proc/{target.pid}/maps") as f:
         assert "libjemalloc" in f.read()
     assert request(f"{sock_dir}/h.{target.pid}.sock", "stats")["allocator"] == "glibc"
@@ -127,7 +104,7 @@ def test_a_mapped_but_unused_jemalloc_is_not_reported(spawn, bins: dict[str, str
 
 def test_auto_uses_the_conventional_directory(spawn, bins: dict[str, str], sock_dir: str) -> None:
     env = target_env("glibc", "auto", shim=True, extra={"MEDIC_HOOK_DIR": f"{sock_dir}/run"})
-    target = _start(spawn, [bins["target"]], env)
+    target = start_target(spawn, [bins["target"]], env)
     path = f"{sock_dir}/run/hook.{target.pid}.sock"
     wait_until(lambda: os.path.exists(path))
     assert os.stat(f"{sock_dir}/run").st_mode & 0o777 == 0o700
@@ -140,15 +117,15 @@ def test_an_exec_chain_rebinds_the_same_pid(spawn, bins: dict[str, str], sock_di
     """Like pyenv's bash shim: the shell binds hook.<pid>.sock, then execs the program with the same
     pid; the program replaces the stale socket."""
     env = target_env("glibc", f"{sock_dir}/h.%p.sock", shim=True)
-    target = _start(spawn, ["/bin/sh", "-c", f"exec {bins['target']}"], env)
+    target = start_target(spawn, ["/bin/sh", "-c", f"exec {bins['target']}"], env)
     assert request(f"{sock_dir}/h.{target.pid}.sock", "stats")["allocator"] == "glibc"
 
 
 def test_a_path_without_pid_is_not_stolen_by_children(spawn, bins: dict[str, str], sock_dir: str) -> None:
     path = f"{sock_dir}/fixed.sock"
-    parent = _start(spawn, [bins["target"]], target_env("glibc", path, shim=True))
+    parent = start_target(spawn, [bins["target"]], target_env("glibc", path, shim=True))
     # a child process that inherits the variable finds the socket live and stays quiet
-    child = _start(spawn, [bins["target"]], target_env("glibc", path, shim=True))
+    child = start_target(spawn, [bins["target"]], target_env("glibc", path, shim=True))
     assert child.pid != parent.pid
     assert request(path, "ping")["pid"] == parent.pid
 
@@ -159,11 +136,11 @@ def test_a_stale_socket_is_replaced_but_a_regular_file_is_not(
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(f"{sock_dir}/stale.sock")
     stale.close()  # bound, never listening: connect() is refused
-    target = _start(spawn, [bins["target"]], target_env("glibc", f"{sock_dir}/stale.sock", shim=True))
+    target = start_target(spawn, [bins["target"]], target_env("glibc", f"{sock_dir}/stale.sock", shim=True))
     assert request(f"{sock_dir}/stale.sock", "ping")["pid"] == target.pid
     with open(f"{sock_dir}/file.sock", "w") as f:
         f.write("not a socket")
-    other = _start(spawn, [bins["target"]], target_env("glibc", f"{sock_dir}/file.sock", shim=True))
+    other = start_target(spawn, [bins["target"]], target_env("glibc", f"{sock_dir}/file.sock", shim=True))
     other.command("alloc 1 4096")  # runs normally
     with open(f"{sock_dir}/file.sock") as f:
         assert f.read() == "not a socket"

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.config.model import parse_config
+from agent.config.loader import parse_config
 from agent.detect.lifecycle import update
 from agent.detect.model import InstanceSeries
 from agent.detect.slow import (

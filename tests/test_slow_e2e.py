@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, wait_until
-from latency_app import start_app
 
 from agent.detect.lifecycle import update
 from agent.detect.model import InstanceSeries
 from agent.detect.slow import Slo, SlowParams, evaluate_slow
+from support.latency_app import start_app
+from support.procs import PYTHON, REPO, wait_until
 
 pytestmark = pytest.mark.slow
 FAST = {"interval": "0.25s", "slow_interval": "2s", "discovery_interval": "1s", "flush_interval": "0.25s"}

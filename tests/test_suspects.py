@@ -8,9 +8,10 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.core.histograms import HistogramRow, Snapshot
 from agent.core.records import Sample
 from agent.detect.suspects import describe, rank, suspects_for
-from agent.state.histograms import HistogramRow, HistogramStore, Snapshot
+from agent.state.histograms import HistogramStore
 from agent.state.store import Store
 
 T0 = 1_800_000_000.0

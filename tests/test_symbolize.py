@@ -9,14 +9,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import SpawnFn
-from histo_support import clean_env, read_ready
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.core.errors import TargetGone
-from native_hooks.heapprofile import Mapping
-from native_hooks.symbolize import Symbolizer, read_maps
+from native_hooks.symbolize import Symbolizer
+from probes.linux.maps import Mapping, read_maps
+from support.histo import clean_env, read_ready
+from support.procs import SpawnFn
 
 pytestmark = pytest.mark.native
 

@@ -10,13 +10,13 @@ import sys
 
 import pytest
 import yaml
-from conftest import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from latency_app import start_app
 
 from agent.core.errors import ConfigError
 from agent.jobs.warmup import WarmupRequest, load_requests, parse_http_request, replay_until_warm
+from support.latency_app import start_app
+from support.procs import REPO
 
 
 def write_requests(directory) -> None:

@@ -12,18 +12,43 @@ Times are unix timestamps or durations ago (`15m`); a time picks the snapshot at
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Query
 
+from agent.core.histograms import Snapshot
 from agent.detect.attribution import attribution_for
+from agent.detect.histodiff import diff
 from agent.detect.suspects import SUSPECT_KINDS, suspects_for
-from agent.state.histograms import HistogramStore, Snapshot, diff
+from agent.state.histograms import HistogramStore
 
 KIND_PATTERN = "^(class|type|site|nmt)$"
 DEFAULT_WINDOW = 6 * 3600.0
 MAX_ID = 2**63 - 1  # SQLite's INTEGER: a larger id would fail in the query, not answer 404
 PROBE_OF_KIND = {"class": "jvm", "nmt": "jvm", "type": "pyhist", "site": "heapprof"}
+
+
+@dataclass(frozen=True, slots=True)
+class DiffRange:
+    """The two snapshots a diff compares (by time or by id) and how many rows it returns."""
+
+    start: str | None
+    end: str | None
+    from_id: int | None
+    to_id: int | None
+    top: int
+
+
+def diff_range(
+    from_: str | None = Query(None, alias="from", description="unix time or a duration ago (default 1h)"),
+    to: str | None = Query(None, description="unix time or a duration ago (default: the latest)"),
+    from_id: int | None = Query(None, ge=1, le=MAX_ID),
+    to_id: int | None = Query(None, ge=1, le=MAX_ID),
+    top: int = Query(50, ge=1, le=1000),
+) -> DiffRange:
+    """The query parameters every diff route takes, read once for all of them."""
+    return DiffRange(from_, to, from_id, to_id, top)
 
 
 def histogram_routes(ctx: Any) -> APIRouter:
@@ -58,11 +83,11 @@ def histogram_routes(ctx: Any) -> APIRouter:
         reason = health and (health.unavailable or health.last_error)
         return f"the {PROBE_OF_KIND[kind]} probe says: {reason}" if reason else _howto(kind)
 
-    def diff_body(name: str, kind: str, start: str | None, end: str | None, from_id, to_id, top: int) -> dict:
+    def diff_body(name: str, kind: str, span: DiffRange) -> dict[str, Any]:
         now = time.time()
         known(name)
-        before = pick(name, kind, start, from_id, now, 3600.0)
-        after = pick(name, kind, end, to_id, now, 0.0)
+        before = pick(name, kind, span.start, span.from_id, now, 3600.0)
+        after = pick(name, kind, span.end, span.to_id, now, 0.0)
         if before.id == after.id:
             older = histos.snapshots(name, 0.0, after.ts, kind, after.source, limit=2)
             if len(older) < 2:
@@ -70,7 +95,7 @@ def histogram_routes(ctx: Any) -> APIRouter:
             before = histos.load(older[0].id or 0) or before
         if after.ts < before.ts:
             before, after = after, before
-        return {"now": now, "instance": name, "kind": kind, **diff(before, after).to_dict(top)}
+        return {"now": now, "instance": name, "kind": kind, **diff(before, after).to_dict(span.top)}
 
     @router.get("/api/v1/instances/{name}/histograms")
     def histograms(
@@ -105,24 +130,13 @@ def histogram_routes(ctx: Any) -> APIRouter:
     def histogram_diff(
         name: str,
         kind: str = Query("class", pattern=KIND_PATTERN),
-        from_: str | None = Query(None, alias="from", description="unix time or a duration ago (default 1h)"),
-        to: str | None = Query(None, description="unix time or a duration ago (default: the latest)"),
-        from_id: int | None = Query(None, ge=1, le=MAX_ID),
-        to_id: int | None = Query(None, ge=1, le=MAX_ID),
-        top: int = Query(50, ge=1, le=1000),
+        span: DiffRange = Depends(diff_range),
     ) -> dict[str, Any]:
-        return diff_body(name, kind, from_, to, from_id, to_id, top)
+        return diff_body(name, kind, span)
 
     @router.get("/api/v1/instances/{name}/heap/diff")
-    def heap_diff(
-        name: str,
-        from_: str | None = Query(None, alias="from", description="unix time or a duration ago (default 1h)"),
-        to: str | None = Query(None, description="unix time or a duration ago (default: the latest)"),
-        from_id: int | None = Query(None, ge=1, le=MAX_ID),
-        to_id: int | None = Query(None, ge=1, le=MAX_ID),
-        top: int = Query(50, ge=1, le=1000),
-    ) -> dict[str, Any]:
-        return diff_body(name, "site", from_, to, from_id, to_id, top)
+    def heap_diff(name: str, span: DiffRange = Depends(diff_range)) -> dict[str, Any]:
+        return diff_body(name, "site", span)
 
     @router.get("/api/v1/instances/{name}/suspects")
     def suspects(

@@ -62,14 +62,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from agent.core.errors import SeriesFormatError, UsageError
-    from agent.core.units import parse_size
-    from agent.detect import analyze, params_from_options
+    from agent.core.units import parse_duration, parse_size
+    from agent.detect import DetectParams, analyze
     from agent.series.reader import collector_paused, read_files
 
+    spans: dict[str, float] = {}
+    for name in ("window", "long_window", "horizon", "warmup"):
+        if getattr(args, name) is not None:
+            try:
+                spans[name] = parse_duration(getattr(args, name))
+            except ValueError as exc:
+                raise UsageError(
+                    f"detection option {name}: {exc}; durations look like 30m, 6h or 3d"
+                ) from None
     try:
-        params = params_from_options(
-            window=args.window, long_window=args.long_window, horizon=args.horizon, warmup=args.warmup
-        )
+        params = DetectParams(**spans)
     except ValueError as exc:
         raise UsageError(f"{exc}; durations look like 30m, 6h or 3d") from None
     limit = None

@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.config.model import dump_config, load_config
+    from agent.config.loader import dump_config, load_config
 
     config = load_config(args.file)
     if args.quiet:

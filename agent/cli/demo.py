@@ -17,11 +17,14 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.core.errors import UsageError
 from agent.core.text import echo
 from agent.core.units import format_bytes, format_duration, parse_duration, parse_size
+
+if TYPE_CHECKING:
+    from agent.demo.config import DemoSettings
 
 HELP = "start real onnxruntime servers (healthy, leaking, slow) and narrate what medic finds and does"
 POLL = 1.0
@@ -48,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--status-every", default="15s", help="a one-line fleet status this often (0: never)")
 
 
-def settings_from(args: argparse.Namespace):  # -> DemoSettings
+def settings_from(args: argparse.Namespace) -> DemoSettings:
     from agent.demo.config import DemoSettings
 
     try:

@@ -82,7 +82,8 @@ def render_attribution(body: dict) -> str:
 
 
 def _local(args: argparse.Namespace) -> int:
-    from agent.state.histograms import HistogramRow, Snapshot, diff
+    from agent.core.histograms import HistogramRow, Snapshot
+    from agent.detect.histodiff import diff
     from native_hooks.heapprofile import read_heap_profile
     from native_hooks.heapsites import allocation_sites
     from native_hooks.symbolize import Symbolizer

@@ -131,7 +131,7 @@ def install_hook(directory: str, allocator: str = "glibc") -> dict[str, Any]:
     import tempfile
 
     from native_hooks import shim_path
-    from native_hooks.workloads import PRELOADS
+    from native_hooks.preloads import PRELOADS
 
     sources = [(find_library(PRELOADS[allocator]), PRELOADS[allocator])] if PRELOADS.get(allocator) else []
     sources.append((shim_path(), INSTALLED_SHIM))
@@ -160,7 +160,7 @@ def install_hook(directory: str, allocator: str = "glibc") -> dict[str, Any]:
 
 def target_environment(python: bool, allocator: str, socket: str) -> dict[str, str]:
     """The variables that give a target a hook (and heap profiles where the allocator has them)."""
-    from native_hooks.workloads import PRELOADS
+    from native_hooks.preloads import PRELOADS
 
     env: dict[str, str] = {}
     preload = [PRELOADS[allocator]] if PRELOADS.get(allocator) else []

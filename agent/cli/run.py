@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_config(args: argparse.Namespace) -> tuple[object, str | None, bool]:
     """The validated config from file + flags; returns (config, main instance name, is_demo)."""
-    from agent.config.model import load_config, validate_config
+    from agent.config.loader import load_config, validate_config
 
     data: dict = {}
     if args.config:

@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _instance_latency(name: str, config_path: str | None) -> dict:
     if not config_path:
         return {}
-    from agent.config.model import load_config
+    from agent.config.loader import load_config
 
     config = load_config(config_path)
     for spec in config.instances:

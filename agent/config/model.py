@@ -1,8 +1,9 @@
-"""The one configuration model: YAML validated with pydantic on load.
+"""The one configuration model: the sections of medic's YAML config, validated with pydantic.
 
-`load_config(path)` returns a validated `Config` or raises `ConfigError` whose message names
-the file, the key path (`instances[0].match.pid`) and what was expected, one line per problem.
-Durations accept `5s`/`10m`/`6h`, sizes `512Mi`/`2G`.
+`Config` is the whole file; `agent.config.loader` reads it and turns every problem into one line
+naming the file, the key path (`instances[0].match.pid`) and what was expected. Durations accept
+`5s`/`10m`/`6h`, sizes `512Mi`/`2G`. The `detect`, `notify` and `remediation` sections and the
+histogram probes' settings live beside the code that reads them.
 """
 
 from __future__ import annotations
@@ -12,30 +13,13 @@ import shlex
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from agent.core.errors import ConfigError
-from agent.core.types import (
-    DAY,
-    HOUR,
-    MAX_COUNT,
-    MAX_DURATION,
-    Duration,
-    Interval,
-    within,
-)
-from agent.core.units import parse_duration, parse_size
+from agent.config.detect import DetectSection
+from agent.core.types import DAY, HOUR, Duration, Interval, Strict, within
+from agent.core.units import parse_size
 from agent.notify.config import NotifySection
+from probes.settings import HeapProfiles, JvmHistograms, PythonHistograms
 from remediation.config import RemediationSection
 
 
@@ -52,11 +36,7 @@ MemoryLimit = Annotated[Literal["auto"] | int, BeforeValidator(_memory_limit)]
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class HttpSection(_Strict):
+class HttpSection(Strict):
     """The API server's limits against slow or greedy clients (agent/api/server.py, agent/api/guard.py)."""
 
     header_timeout: Annotated[Duration, within(0.1, 300)] = 10.0  # request headers must arrive by then
@@ -65,7 +45,7 @@ class HttpSection(_Strict):
     max_body: Annotated[int, Field(ge=1024, le=2**30), BeforeValidator(parse_size)] = 64 * 1024
 
 
-class AgentSection(_Strict):
+class AgentSection(Strict):
     listen: str = "127.0.0.1:9464"  # port 0: any free port (written to state_dir/agent.json)
     # Host names the API answers to (DNS-rebinding guard); default: the listen host and loopback,
     # plus this machine's names and addresses when listening on 0.0.0.0 or ::; ["*"] turns the check off
@@ -98,7 +78,7 @@ class AgentSection(_Strict):
         return int(self.listen.rpartition(":")[2])
 
 
-class MatchSpec(_Strict):
+class MatchSpec(Strict):
     """How to find an instance's process: exactly one of pid, pidfile, cmdline, command."""
 
     pid: int | None = Field(default=None, gt=0, le=2**22)  # the kernel's PID_MAX_LIMIT
@@ -163,7 +143,7 @@ _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 SLO_QUANTILES = (0.5, 0.9, 0.99, 0.999)  # the quantiles the latency probe stores
 
 
-class PrometheusLatency(_Strict):
+class PrometheusLatency(Strict):
     """The instance's own `/metrics`: a latency histogram and optional request/error counters."""
 
     url: HttpUrl
@@ -193,7 +173,7 @@ class PrometheusLatency(_Strict):
         return value
 
 
-class CanarySpec(_Strict):
+class CanarySpec(Strict):
     """An active request on a schedule; at most one in flight per instance."""
 
     url: HttpUrl
@@ -211,7 +191,7 @@ class CanarySpec(_Strict):
         return value.upper()
 
 
-class SloSpec(_Strict):
+class SloSpec(Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     quantile: float = 0.99
@@ -227,7 +207,7 @@ class SloSpec(_Strict):
         return value
 
 
-class LatencySpec(_Strict):
+class LatencySpec(Strict):
     """Where an instance's latency comes from, and the SLO it is judged against (none: no SLO rule)."""
 
     prometheus: PrometheusLatency | None = None
@@ -235,48 +215,20 @@ class LatencySpec(_Strict):
     slo: SloSpec | None = None
 
 
-class HookSpec(_Strict):
+class HookSpec(Strict):
     """Where the instance's allocator hook listens (in-process Python hook or LD_PRELOAD shim)."""
 
     socket: str | None = None  # a path, `%p` becomes the pid; default: found by convention
     timeout: Annotated[Duration, within(0, 60, above=True)] = 1.0
 
 
-class JvmHistograms(_Strict):
-    """JVM targets (docs/histograms.md): class histograms, heap figures and NMT through jcmd."""
-
-    interval: Annotated[Duration, within(1, DAY)] = 900.0  # GC.class_histogram
-    heap_interval: Annotated[Duration, within(1, DAY)] = 60.0  # GC.heap_info, VM.native_memory
-    live: bool = False  # the live histogram forces a full GC; -all (garbage included) otherwise
-    live_floor: Annotated[Duration, within(60, MAX_DURATION)] = 3600.0  # at most one live histogram so often
-    timeout: Annotated[Duration, within(1, HOUR)] = 60.0
-    jcmd: str | None = None  # default: the jcmd beside the target's java, else PATH
-
-
-class PythonHistograms(_Strict):
-    """Python targets with the in-process hook: type histograms (gc-tracked objects)."""
-
-    interval: Annotated[Duration, within(1, DAY)] = 300.0
-    top: int = Field(200, ge=1, le=1000)
-    budget: Annotated[Duration, within(0.001, 60)] = 1.0  # the walk holds the GIL at most this long
-
-
-class HeapProfiles(_Strict):
-    """Native heap profiles: dumped through the hook into `dir`, or read from jemalloc/gperftools dumps there."""
-
-    dir: Path
-    interval: Annotated[Duration, within(1, DAY)] = 600.0
-    frames: int = Field(1, ge=1, le=8)  # frames outside the allocator that name a site
-    keep: int = Field(8, ge=2, le=1000)  # dumps medic wrote that are kept on disk
-
-
-class HistogramsSpec(_Strict):
+class HistogramsSpec(Strict):
     jvm: JvmHistograms = Field(default_factory=JvmHistograms)
     python: PythonHistograms = Field(default_factory=PythonHistograms)
     heap_profiles: HeapProfiles | None = None  # opt-in: dumps need a directory the target can write
 
 
-class InstanceSpec(_Strict):
+class InstanceSpec(Strict):
     name: str
     match: MatchSpec
     labels: dict[str, str] = Field(default_factory=dict)
@@ -297,71 +249,7 @@ class InstanceSpec(_Strict):
         return value
 
 
-class DetectSection(_Strict):
-    """Detector tunables: `memory` for leak / oom-risk / fragmentation, `slow` for latency.
-
-    Keys are the fields of `agent.detect.DetectParams` and `agent.detect.slow.SlowParams`
-    (durations as `6h`, sizes as `128Mi`); unknown keys are errors. docs/detection.md explains them.
-    """
-
-    interval: Interval = 15.0  # how often the job looks for a judgement instant it has not judged
-    memory: dict[str, Any] = Field(default_factory=dict)
-    slow: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("memory")
-    @classmethod
-    def _memory(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from agent.detect import params_from_options
-
-        params_from_options(**value)  # raises ValueError naming the option
-        return value
-
-    @field_validator("slow")
-    @classmethod
-    def _slow(cls, value: dict[str, Any]) -> dict[str, Any]:
-        slow_params(value)
-        return value
-
-    def memory_params(self):  # -> DetectParams
-        from agent.detect import params_from_options
-
-        return params_from_options(**self.memory)
-
-    def slow_params(self):  # -> SlowParams
-        return slow_params(self.slow)
-
-
-def slow_params(options: dict[str, Any]):  # -> SlowParams
-    """SlowParams from config values; durations accept `30s`, counts and ratios plain numbers."""
-    from dataclasses import fields
-
-    from agent.detect.slow import SlowParams
-
-    known = {f.name: f for f in fields(SlowParams)}
-    values: dict[str, Any] = {}
-    for name, raw in options.items():
-        if name not in known:
-            raise ValueError(f"unknown slow detection option {name!r}; known: {', '.join(sorted(known))}")
-        try:
-            values[name] = _count(raw) if known[name].type in ("int", int) else parse_duration(raw)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"slow detection option {name}: {exc}") from None
-        if values[name] > MAX_DURATION:
-            raise ValueError(f"slow detection option {name}: expected at most 365d, got {raw!r}")
-    return SlowParams(**values)
-
-
-def _count(raw: Any) -> int:
-    """A whole number from config (`3`, `"3"`); refuses fractions, booleans, inf and values above MAX_COUNT."""
-    if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-        raise ValueError(f"expected a whole number, got {raw!r}")
-    value = int(raw)
-    if not 0 <= value <= MAX_COUNT:
-        raise ValueError(f"expected a whole number between 0 and {MAX_COUNT}, got {raw!r}")
-    return value
-
-
-class Config(_Strict):
+class Config(Strict):
     agent: AgentSection = Field(default_factory=AgentSection)
     detect: DetectSection = Field(default_factory=DetectSection)
     instances: list[InstanceSpec] = Field(default_factory=list)
@@ -376,71 +264,3 @@ class Config(_Strict):
                 raise ValueError(f"instance name {spec.name!r} is used twice")
             seen.add(spec.name)
         return self
-
-
-def load_config(path: str | Path) -> Config:
-    """Read and validate a YAML config file; `ConfigError` lists every problem, one line each."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
-    except PermissionError:
-        raise ConfigError(f"{path}: permission denied: make it readable by the user running medic") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory, expected a YAML file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from None
-    return parse_config(text, source=str(path))
-
-
-def parse_config(text: str, source: str = "<config>") -> Config:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{source}{where}: invalid YAML: {problem}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
-    return validate_config(data, source)
-
-
-def validate_config(data: dict[str, Any], source: str = "<config>") -> Config:
-    try:
-        return Config.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError("\n".join(_describe(err, source) for err in exc.errors())) from None
-
-
-def _describe(err: Any, source: str) -> str:
-    path = _key_path(err.get("loc", ()))
-    kind = err.get("type", "")
-    if kind == "extra_forbidden":
-        return f"{source}: {path}: unknown key (check the spelling; see examples/medic.yaml)"
-    message = err.get("msg", "invalid value")
-    message = message.removeprefix("Value error, ")
-    got = err.get("input")
-    quiet = kind == "missing" or isinstance(got, (dict, list)) or "got " in message
-    shown = "" if quiet else f" (got {got!r})"
-    return f"{source}: {path or '<top>'}: {message}{shown}"
-
-
-def _key_path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif str(part).startswith(("function-", "literal[", "constrained-")) or "[" in str(part):
-            continue  # pydantic's union-branch markers are noise for a user
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def dump_config(config: Config) -> str:
-    """The effective config as YAML, with durations in seconds and sizes in bytes."""
-    return yaml.safe_dump(config.model_dump(mode="json", by_alias=True), sort_keys=False)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
-Severity = Literal["info", "warning", "error", "critical"]
+from agent.core.histograms import Snapshot
+
+if TYPE_CHECKING:  # the records stay free of pydantic, which `agent.core.types` imports
+    from agent.core.types import Severity
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +44,12 @@ class ProbeTarget:
 
 @dataclass(slots=True)
 class ProbeResult:
-    """Samples a probe read, plus the figures it could not read (partial failure)."""
+    """Samples a probe read, the histogram snapshots it took (the collector stores both), plus the
+    figures it could not read (partial failure)."""
 
     samples: list[Sample] = field(default_factory=list)
     problems: list[Exception] = field(default_factory=list)
+    snapshots: list[Snapshot] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -1,4 +1,5 @@
-"""Value types shared by every config model (agent, remediation, notify): durations, sizes, bounds.
+"""Value types shared by every config model (agent, remediation, notify): durations, sizes, bounds,
+the `Strict` base of every config section, and the `Severity` and `Kind` vocabularies.
 
 Every duration is at most `MAX_DURATION` and every size at most `MAX_SIZE`: a longer value is a typo,
 and would overflow a timer (`Event.wait(1e13)` raises in the thread that waits). Keys that need
@@ -9,9 +10,9 @@ tighter bounds say so with `within(low, high)`:
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 
 from agent.core.units import parse_duration, parse_size
 
@@ -21,6 +22,16 @@ DAY = 86400.0
 MAX_DURATION = 365 * DAY
 MAX_SIZE = 2**50  # 1024Ti, beyond any memory limit or file medic reads
 MAX_COUNT = 1_000_000  # the loosest bound for a count: limits, retries, items kept
+
+Severity = Literal["info", "warning", "error", "critical"]
+# What a finding is about: the memory detectors' three, the latency detector's, and an alert from outside
+Kind = Literal["leak", "oom-risk", "fragmentation", "slow", "external"]
+
+
+class Strict(BaseModel):
+    """A config section: unknown keys are errors (a typo must not pass silently), values are frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def human_duration(seconds: float) -> str:

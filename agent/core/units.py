@@ -101,7 +101,7 @@ def format_duration(seconds: float | None) -> str:
     if seconds < 10:
         return f"{seconds:.1f}s"
     total = int(seconds)
-    parts = []
+    parts: list[str] = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         if total >= size or (unit == "s" and not parts):
             parts.append(f"{total // size}{unit}")

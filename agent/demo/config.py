@@ -105,7 +105,7 @@ def server_argv(server: ServerSpec, model: Path, settings: DemoSettings) -> list
 
 
 def demo_config(settings: DemoSettings, servers: list[ServerSpec], model: Path, state_dir: Path) -> dict:
-    """The medic config of the demo, as plain data (`agent.config.model.validate_config` accepts it)."""
+    """The medic config of the demo, as plain data (`agent.config.loader.validate_config` accepts it)."""
     instances, overrides = [], {}
     for server in servers:
         instances.append(

@@ -22,10 +22,11 @@ import time
 from pathlib import Path
 
 import agent
-from agent.core.errors import MedicError
+from agent.core.errors import MedicError, ProbeError
 from agent.demo.config import SERVER_MODULE, DemoSettings, ServerSpec, demo_config, plan_servers
 from agent.demo.model import build_model
 from probes.linux.fstrust import atomic_write, ensure_private_dir
+from probes.linux.procfs import read_cmdline
 
 
 def free_ports(count: int) -> list[int]:
@@ -190,10 +191,10 @@ def _stop_group(proc: subprocess.Popen, timeout: float) -> None:
 def _kill_if_demo_server(pid: int, state_dir: Path) -> None:
     """SIGKILL `pid` only if it still is one of this demo's servers (pids get reused)."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
+        cmdline = read_cmdline(pid)
+    except ProbeError:
         return
-    if SERVER_MODULE.encode() in cmdline and any(str(state_dir).encode() in arg for arg in cmdline):
+    if SERVER_MODULE in cmdline and any(str(state_dir) in arg for arg in cmdline):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

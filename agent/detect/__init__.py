@@ -17,7 +17,7 @@ from agent.detect.engine import (
 )
 from agent.detect.lifecycle import update
 from agent.detect.model import Finding, InstanceSeries, Observation, Transition
-from agent.detect.params import DetectParams, params_from_options
+from agent.detect.params import DetectParams
 
 __all__ = [
     "DEFAULT_PARAMS",
@@ -30,7 +30,6 @@ __all__ = [
     "analyze",
     "analyze_instance",
     "evaluate",
-    "params_from_options",
     "tick_for",
     "update",
 ]

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from agent.core.types import Kind, Severity
+
 RSS = "rss_bytes"
 ALLOCATED = "allocator_allocated_bytes"
 ACTIVE = "allocator_active_bytes"
@@ -29,13 +31,9 @@ JVM_HEAP_AFTER_GC = "jvm_heap_after_gc_bytes"
 LIMIT_METRICS = ("memory_limit_bytes", "cgroup_memory_limit_bytes")
 START_TIME = "process_start_time_seconds"
 
-Kind = Literal["leak", "oom-risk", "fragmentation"]
 Verdict = Literal["leak", "fragmentation", "allocator-retention", "working-set-plateau"]
 State = Literal["firing", "holding", "clear", "unknown"]
 FindingState = Literal["pending", "open", "resolved"]
-Severity = Literal["info", "warning", "error", "critical"]
-
-KINDS: tuple[Kind, ...] = ("leak", "oom-risk", "fragmentation")
 
 Points = list[tuple[float, float]]
 

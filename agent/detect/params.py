@@ -11,8 +11,6 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from agent.core.units import parse_duration, parse_size
-
 DAY = 86400.0
 MAX_SPAN = 365 * DAY  # a longer window or horizon is a typo (and overflows the grid arithmetic)
 MAX_COUNT = 10_000
@@ -138,34 +136,3 @@ class DetectParams:
 
 
 _DURATIONS = {"window", "long_window", "horizon", "warmup", "gap", "season"}
-_SIZES = {"frag_min_bytes"}
-
-
-def params_from_options(**options: Any) -> DetectParams:
-    """Build parameters from config or CLI values (`window="6h"`, `frag_min_bytes="128Mi"`).
-
-    Raises ValueError naming the option and the accepted form; `None` values keep the default.
-    """
-    known = {f.name: f for f in fields(DetectParams)}
-    values: dict[str, Any] = {}
-    for name, raw in options.items():
-        if raw is None:
-            continue
-        if name not in known:
-            raise ValueError(f"unknown detection option {name!r}; known: {', '.join(sorted(known))}")
-        try:
-            if name in _DURATIONS:
-                values[name] = parse_duration(raw)
-            elif name in _SIZES:
-                values[name] = float(parse_size(raw))
-            elif known[name].type in ("int", int):
-                if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-                    raise ValueError(f"expected a whole number, got {raw!r}")
-                values[name] = int(raw)
-            else:
-                if isinstance(raw, bool):
-                    raise ValueError(f"expected a number, got {raw!r}")
-                values[name] = float(raw)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise ValueError(f"detection option {name}: {exc}") from None
-    return DetectParams(**values)

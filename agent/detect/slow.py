@@ -39,7 +39,7 @@ from agent.detect.latency_rules import (
     judge_slo,
     judge_trend,
 )
-from agent.detect.model import START_TIME, InstanceSeries, Observation, Severity, State
+from agent.detect.model import START_TIME, InstanceSeries, Kind, Observation, Severity, State
 
 __all__ = [
     "DEFAULT_SLOW",
@@ -55,7 +55,7 @@ __all__ = [
     "tick_for",
 ]
 
-KIND = "slow"
+KIND: Kind = "slow"
 DEFAULT_SLOW = SlowParams()
 # the series `evaluate_slow` reads: load these from the store for each instance
 INPUT_METRICS = (
@@ -157,7 +157,7 @@ def _observation(view: LatencyView, tick: float, rules: dict[str, Rule], params:
             summary += "; likely cause: " + ", ".join(cause["text"] for cause in causes)
     return Observation(
         instance=view.instance,
-        kind=KIND,  # type: ignore[arg-type]  # "slow" is to join model.Kind
+        kind=KIND,
         state=state,
         tick=tick,
         lifetime_start=view.lifetime_start,

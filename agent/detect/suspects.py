@@ -23,8 +23,9 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Any
 
+from agent.core.histograms import Snapshot
 from agent.detect.trend import mann_kendall, normal_cdf, remove_steps, theil_sen, trend
-from agent.state.histograms import HistogramStore, Snapshot
+from agent.state.histograms import HistogramStore
 from agent.state.store import Store
 
 MIN_POINTS = 4  # the trend test needs at least four snapshots

@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from agent.core.sql import where_clause
 from agent.detect import DetectParams, Finding, InstanceSeries, Observation, Transition, evaluate, update
 from agent.detect.attribution import attribution_for
 from agent.detect.model import ACTIVE, ALLOCATED, JVM_HEAP_AFTER_GC, LIMIT_METRICS, RESIDENT, RSS, START_TIME
@@ -25,7 +26,7 @@ from agent.detect.slow import SlowParams, evaluate_slow, slo_from_settings
 from agent.detect.slow import history as slow_history
 from agent.detect.suspects import suspects_for
 from agent.state.eventlog import EventLog
-from agent.state.store import Store, where_clause
+from agent.state.store import Store
 from agent.watch.collector import KEEPALIVE
 from agent.watch.tracker import Tracker
 

@@ -3,7 +3,8 @@
 Everything the engine may do to an instance goes through the hooks built here: finding the
 current process (`locate`), restarting a managed command, purging through the allocator hook,
 capturing evidence before a restart. The job runs `Engine.step` in a worker thread every
-`remediation.interval` with one request per open finding.
+`remediation.interval` with one request per open finding and one `InstanceView` per tracked
+instance (`view_from_state`).
 """
 
 from __future__ import annotations
@@ -11,23 +12,81 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from agent.core.errors import ProbeError
-from agent.core.records import ProbeTarget
+from agent.core.records import ProbeTarget, ProcessIdentity
 from agent.jobs.detection import Detection
 from agent.notify.external import external_findings
 from agent.state.eventlog import EventLog
+from agent.state.identities import AdoptedProcess
 from agent.state.store import Store
+from agent.watch.instances import InstanceState
 from agent.watch.tracker import Tracker
 from probes.allocator import hook_socket_for
-from probes.linux.procfs import read_file
+from probes.linux.procfs import HOST_ROOT, proc_path, process_identity, read_cmdline, read_file, same_process
 from remediation.config import RemediationSection
 from remediation.engine import Engine, EngineHooks
 from remediation.model import Decision, InstanceView, RemediationRequest
-from remediation.views import tracker_locator, view_from_state
 
 REMEDIABLE = ("leak", "oom-risk", "fragmentation", "slow", "external")
+
+
+def view_from_state(state: InstanceState) -> InstanceView:
+    """The engine's view of one tracked instance.
+
+    Its command line is the one recorded when the tracker adopted the process (`pid`, `pidfile`
+    instances), so that the check before a signal compares the pid against what was adopted, not
+    against whatever it runs now. Otherwise (a `cmdline` match, a child medic launched, which may
+    `exec` its program) it is read now (cheap: one small file).
+    """
+    up = state.status == "up" and state.pid is not None and state.start_time is not None
+    cmdline: tuple[str, ...] = ()
+    adopted = state.adopted
+    if up and adopted is not None and not adopted.launched and _follows(adopted, state):
+        cmdline = adopted.cmdline
+    elif up:
+        try:
+            cmdline = tuple(read_cmdline(state.pid))  # type: ignore[arg-type]
+        except ProbeError:
+            up = False
+    return InstanceView(
+        name=state.name,
+        pid=state.pid if up else None,
+        start_time=state.start_time if up else None,
+        cmdline=cmdline,
+        labels=dict(state.labels),
+        ready=up,
+        managed=state.spec.match.managed,
+    )
+
+
+def _follows(adopted: AdoptedProcess, state: InstanceState) -> bool:
+    """Is the adopted record that of the process the instance follows now?"""
+    return (
+        adopted.pid == state.pid
+        and state.start_time is not None
+        and same_process(adopted.start_time, state.start_time)
+    )
+
+
+def tracker_locator(tracker: Tracker, refresh: bool = True) -> Callable[[str], ProcessIdentity | None]:
+    """`locate(name)`: the instance's current process, reconciling first so a new pid is seen at once."""
+
+    def locate(name: str) -> ProcessIdentity | None:
+        if refresh:
+            tracker.reconcile(scan=True)
+        state = tracker.get(name)
+        if state is None or state.status != "up" or state.pid is None or state.start_time is None:
+            return None
+        try:
+            identity = process_identity(state.pid)
+        except ProbeError:
+            return None
+        return identity if same_process(identity.start_time, state.start_time) else None
+
+    return locate
 
 
 class Remediation:
@@ -138,8 +197,9 @@ class Remediation:
     def _smaps_rollup(self, view: InstanceView, timeout: float) -> str | None:
         if view.pid is None:
             return None
+        path = proc_path(HOST_ROOT, view.pid, "smaps_rollup")
         try:
-            return read_file(f"/proc/{view.pid}/smaps_rollup", view.pid).decode("ascii", "replace")
+            return read_file(path, view.pid).decode("ascii", "replace")
         except ProbeError:
             return None
 

@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from agent.core.errors import ConfigError
-from agent.core.types import DAY, HOUR, Duration, Size, size_within, within
+from agent.core.types import DAY, HOUR, Duration, Severity, Size, Strict, size_within, within
 
-Severity = Literal["info", "warning", "error", "critical"]
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2, "critical": 3}
 _SINK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -44,11 +43,7 @@ def _http_url(value: str) -> str:
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RetrySpec(_Strict):
+class RetrySpec(Strict):
     """Exponential backoff: attempt n waits min(cap, base·2^(n-1)), shortened by up to `jitter` of itself."""
 
     base: Annotated[Duration, within(0.01, HOUR)] = 2.0
@@ -71,7 +66,7 @@ def read_secret_file(path: Path, where: str) -> str:
     return value
 
 
-class _Secret(_Strict):
+class _Secret(Strict):
     """A secret named by an environment variable or a file (0600), never written in the config itself."""
 
     secret_env: str | None = None
@@ -91,7 +86,7 @@ class _Secret(_Strict):
         return None
 
 
-class _SinkBase(_Strict):
+class _SinkBase(Strict):
     name: str | None = None  # default: the type, with its index when several share it
     min_severity: Severity | None = None  # overrides notify.min_severity for this sink
     kinds: list[str] | None = None  # only these event kinds (see docs/alerts.md); default: all routed kinds
@@ -189,7 +184,7 @@ class ReceiverSpec(_Secret):
         return self
 
 
-class NotifySection(_Strict):
+class NotifySection(Strict):
     sinks: list[SinkSpec] = Field(default_factory=list)
     min_severity: Severity = "warning"
     dashboard_url: str | None = None  # `{instance}` and `{fleet}` are replaced; default: the agent's API

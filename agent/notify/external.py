@@ -17,8 +17,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.core.sql import where_clause
 from agent.state.eventlog import EventLog
-from agent.state.store import Store, where_clause
+from agent.state.store import Store
 
 KIND = "external"
 _SCHEMA = """

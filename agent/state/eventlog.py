@@ -7,7 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.core.errors import StoreError
-from agent.core.records import Event, Severity
+from agent.core.records import Event
+from agent.core.types import Severity
 from agent.state.store import Store
 
 log = logging.getLogger("medic.events")

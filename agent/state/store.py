@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from agent.core.errors import StoreError
 from agent.core.records import Event, Sample
+from agent.core.sql import where_clause
 from probes.linux.fstrust import ensure_private_dir, ensure_private_file
 
 log = logging.getLogger("medic.store")
@@ -57,15 +58,6 @@ CREATE TABLE IF NOT EXISTS instances (
 """
 
 Aggregate = Literal["mean", "min", "max"]
-
-
-def where_clause(conditions: Iterable[tuple[str, Any]]) -> tuple[str, list[Any]]:
-    """` WHERE a AND b` and its arguments from `(sql with one ?, value)` pairs; pairs whose value is
-    None are left out, so optional filters read as one list."""
-    kept = [(sql, value) for sql, value in conditions if value is not None]
-    if not kept:
-        return "", []
-    return " WHERE " + " AND ".join(sql for sql, _ in kept), [value for _, value in kept]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,10 @@
-"""Runs the enabled probes over every live instance and hands their samples to the store.
+"""Runs the enabled probes over every live instance and hands what they return to the store: samples
+to `Store`, histogram snapshots to `HistogramStore`.
 
 A probe that fails records an error (counter, last error) and, when its state changes, one
-event; it never stops the tick nor the other probes. Durations are measured in CPU time of
-the probing thread, so that a busy host does not inflate them.
+event; it never stops the tick nor the other probes; a snapshot that cannot be stored makes the
+run a partial failure. Durations are measured in CPU time of the probing thread, so that a busy
+host does not inflate them.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from agent.core.errors import ProbeError, ProbeUnavailable, TargetGone
-from agent.core.records import ProbeTarget, Sample
+from agent.core.errors import ProbeError, ProbeUnavailable, StoreError, TargetGone
+from agent.core.records import ProbeResult, ProbeTarget, Sample
 from agent.state.eventlog import EventLog
+from agent.state.histograms import HistogramStore
 from agent.state.store import Store
 from agent.watch.instances import InstanceState, ProbeHealth
 from agent.watch.tracker import Tracker
@@ -39,10 +42,13 @@ class Collector:
         probes: list[Probe],
         observe: DurationObserver | None = None,
         keepalive: float = KEEPALIVE,
+        histograms: HistogramStore | None = None,
     ) -> None:
-        """`keepalive`: store an unchanged value again after this long (at most `KEEPALIVE`)."""
+        """`keepalive`: store an unchanged value again after this long (at most `KEEPALIVE`);
+        `histograms`: where snapshots go (default: the histogram tables of `store`)."""
         self.tracker = tracker
         self.store = store
+        self.histograms = histograms or HistogramStore(store)
         self.events = events
         self.probes = probes
         self.observe = observe or (lambda name, seconds, ok: None)
@@ -116,6 +122,7 @@ class Collector:
             log.exception("probe %s crashed on %s", probe.name, state.name)
             self._failed(state, probe.name, health, exc, started)
             return []
+        self._store_snapshots(result)
         elapsed = time.perf_counter() - started
         health.last_duration = elapsed
         health.unavailable = None
@@ -133,6 +140,14 @@ class Collector:
             self.observe(probe.name, elapsed, True)
         health.last_success = now
         return result.samples
+
+    def _store_snapshots(self, result: ProbeResult) -> None:
+        """Store the run's snapshots; one that cannot be written is a problem of the run."""
+        for snapshot in result.snapshots:
+            try:
+                self.histograms.add(snapshot)
+            except StoreError as exc:
+                result.problems.append(exc)
 
     def _failed(
         self,

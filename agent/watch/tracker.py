@@ -6,22 +6,17 @@ same instance), down (the process vanished), exited (a managed command ended). A
 is an event of the same instance, never a new instance. Managed commands are launched and,
 when they end, relaunched here.
 
-A process is the instance only while its identity holds: pid and start time. A new process
-behind a `pid` instance is its restart only when it runs the program and command line the instance
-ran when adopted; a new process named by a `pidfile` instance's file, when it does so too or when
-the pidfile was written anew for it (a service manager's restart, even of a new version). Anything
-else is an unrelated process that got a reused pid: the instance is down (`not-the-instance`) and
-the newcomer is left alone, until it goes away or the pidfile is written anew. Adopted identities
-live in `identities.json` (agent/state/identities.py), so the rule holds across agent restarts, and after
-an agent crash the managed children that outlived it are adopted, not launched twice.
+A process is the instance only while its identity holds: pid and start time. Whether a new process
+behind a `pid` or `pidfile` instance is its restart, or an unrelated process that got a reused pid
+(the instance is then down, `not-the-instance`, and the newcomer left alone), is decided by the rules
+in agent/watch/adoption.py. Adopted identities live in `identities.json` (agent/state/identities.py),
+so the rules hold across agent restarts, and after an agent crash the managed children that outlived
+it are adopted, not launched twice.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
-import signal
 import threading
 import time
 
@@ -29,37 +24,16 @@ from agent.config.model import InstanceSpec
 from agent.core.errors import ProbeError
 from agent.core.records import ProbeTarget, ProcessIdentity
 from agent.state.eventlog import EventLog
-from agent.state.identities import (
-    AdoptedProcess,
-    IdentityLedger,
-    PidfileStamp,
-    describe,
-    pidfile_rewritten,
-    pidfile_stamp,
-    same_program,
-)
+from agent.state.identities import AdoptedProcess, IdentityLedger, PidfileStamp, pidfile_stamp
 from agent.state.store import InstanceRecord, Store
 from agent.watch import discovery
+from agent.watch.adoption import Adoption, is_process
 from agent.watch.instances import InstanceState
 from agent.watch.supervisor import ManagedProcess, exit_status
-from probes.linux.cgroupfs import cgroup_memory_limit
-from probes.linux.pidfd import IdentityChanged, pin
+from probes.linux.cgroupfiles import cgroup_memory_limit
 from probes.linux.procfs import host_memory_total, same_process
 
 log = logging.getLogger("medic.tracker")
-
-
-def matcher_key(spec: InstanceSpec) -> str:
-    """The matcher an identity was adopted under; a changed matcher inherits nothing."""
-    match = spec.match
-    if match.managed:
-        cwd = str(match.cwd) if match.cwd is not None else None
-        return "command:" + json.dumps([match.command, cwd, sorted(match.env.items())])
-    if match.pid is not None:
-        return f"pid:{match.pid}"
-    if match.pidfile is not None:
-        return f"pidfile:{match.pidfile}"
-    return f"cmdline:{match.cmdline}"
 
 
 class Tracker:
@@ -74,9 +48,9 @@ class Tracker:
         self._last_errors: dict[str, str] = {}
         self.forget_hooks: list = []  # callables(ProbeTarget) run when a process is left behind
         self.ledger = IdentityLedger(store.dir)
+        self.adoption = Adoption(self.ledger, events)
         self._children_checked = False
         self._capped: set[str] = set()  # `select: all` specs whose cap was reported
-        self._refused_stamps: dict[str, PidfileStamp | None] = {}  # the pidfile as it was at a refusal
         for spec in specs:
             if spec.match.select == "all" and spec.match.cmdline is not None:
                 continue  # slots are created as matches appear
@@ -114,29 +88,13 @@ class Tracker:
         with self.lock:
             if not self._children_checked:
                 self._children_checked = True
-                self._adopt_children(now)
+                self.adoption.earlier_children(
+                    self.managed, self.states, lambda state, record: self._adopted(state, record, now)
+                )
             for name, managed in self.managed.items():
                 never_started = managed.proc is None and not managed.adopted and not managed.ended
                 if never_started or managed.due_for_relaunch(now):
                     self._launch(self.states[name], managed, now)
-
-    def _adopt_children(self, now: float) -> None:
-        """Children an earlier agent launched and that outlived it: adopt them when their instance
-        is still configured the same way, else stop them (nothing else would)."""
-        for name, record in list(self.ledger.records.items()):
-            if not record.launched:
-                continue
-            managed, state = self.managed.get(name), self.states.get(name)
-            if managed is not None and state is not None and record.match == matcher_key(state.spec):
-                verdict = managed.adopt(record.expected())
-                if verdict.ok:
-                    self._adopted(state, record, now)
-                else:  # gone: launched below, and the first reconcile records the restart
-                    log.info("%s: the child of an earlier agent is gone: %s", name, verdict.message)
-                    self.ledger.drop(name)
-                continue
-            why = "its command changed" if managed is not None else "it is no longer configured"
-            self._stop_orphan(name, record, why, state.spec.stop_timeout if state else 5.0)
 
     def _adopted(self, state: InstanceState, record: AdoptedProcess, now: float) -> None:
         known = self.known.pop(state.name, None)
@@ -152,28 +110,6 @@ class Tracker:
         )
         state.adopted = record
         self._attach(state, ProcessIdentity(record.pid, record.start_time), now)
-
-    def _stop_orphan(self, name: str, record: AdoptedProcess, why: str, timeout: float) -> None:
-        try:
-            pinned = pin(record.expected())
-        except IdentityChanged:
-            self.ledger.drop(name)  # it is gone (or the pid is another process now): nothing to stop
-            return
-        with pinned:
-            pinned.send(signal.SIGTERM)
-            how = "TERM"
-            if not pinned.wait_exit(timeout):
-                pinned.send(signal.SIGKILL)
-                pinned.wait_exit(10.0)
-                how = f"TERM, then KILL after {timeout:g}s"
-        self.events.emit(
-            "instance_orphan_stopped",
-            f"stopped pid {record.pid} ({how}), launched for {name} by an earlier medic: {why}",
-            instance=name,
-            severity="warning",
-            pid=record.pid,
-        )
-        self.ledger.drop(name)
 
     def _launch(self, state: InstanceState, managed: ManagedProcess, now: float) -> None:
         try:
@@ -372,8 +308,7 @@ class Tracker:
         pidfile as it named `identity` (`pidfile` instances)."""
         if identity is None:
             if state.refused is not None:  # the unrelated process went away: nothing is refused any more
-                gone, state.refused = state.refused.pid, None
-                self._refused_stamps.pop(state.name, None)
+                gone = self.adoption.clear_refusal(state)
                 if state.status == "down":
                     state.status_reason = f"pid {gone}, not the instance, is gone" + (
                         f"; {why}" if why else ""
@@ -397,18 +332,20 @@ class Tracker:
             and same_process(identity.start_time, state.start_time)  # one clock tick, no more
         )
         if same and state.status == "up":
-            self._restamp(state, identity, stamp)
+            self.adoption.restamp(state, identity, stamp)
             return
-        if identity == state.refused and stamp == self._refused_stamps.get(state.name):
+        if self.adoption.already_refused(state, identity, stamp):
             return  # an unrelated process at the instance's pid, already reported
-        reference = self._reference(state)
-        if reference is not None and not _is(reference, identity):
-            ok, detail = self._successor(state, reference, identity, stamp)
+        reference = self.adoption.reference(state)
+        if reference is not None and not is_process(reference, identity):
+            ok, detail = self.adoption.successor(state, reference, identity, stamp)
             if not ok:
-                self._refuse(state, reference, identity, detail, stamp)
+                reason = self.adoption.refuse(state, reference, identity, detail, stamp)
+                if state.status == "up":
+                    self._leave(state)
+                state.status, state.status_reason = "down", reason
                 return
-        state.refused = None
-        self._refused_stamps.pop(state.name, None)
+        self.adoption.clear_refusal(state)
         previous = state.pid
         known = self.known.pop(state.name, None)
         if previous is None and known is not None and known.pid is not None:
@@ -457,96 +394,9 @@ class Tracker:
         state.pid, state.start_time = identity.pid, identity.start_time
         state.status, state.status_reason, state.exit_code = "up", "running", None
         state.reset_process()
-        match = state.spec.match
-        if match.cmdline is None:  # pid, pidfile, command: identities that must survive an agent restart
-            try:
-                record = describe(
-                    identity.pid, identity.start_time, matcher_key(state.spec), match.managed, stamp
-                )
-            except ProbeError:
-                record = None  # it just exited: the next reconcile sees it gone
-            if record is not None:
-                state.adopted = record
-                self.ledger.put(state.name, record)
+        self.adoption.remember(state, identity, stamp)
         self.resolve_memory_limit(state)
         self.store.remember_instance(state.name, identity.pid, identity.start_time, now)
-
-    def _reference(self, state: InstanceState) -> AdoptedProcess | None:
-        """What a new process behind a `pid`/`pidfile` instance must run to be the instance: what
-        the instance ran when adopted (in this agent's run, else as an earlier agent recorded it)."""
-        match = state.spec.match
-        if match.pid is None and match.pidfile is None:
-            return None  # cmdline: the regex is the matcher; command: medic's own child
-        if state.adopted is not None:
-            return state.adopted
-        record = self.ledger.get(state.name)
-        return record if record is not None and record.match == matcher_key(state.spec) else None
-
-    def _successor(
-        self,
-        state: InstanceState,
-        reference: AdoptedProcess,
-        identity: ProcessIdentity,
-        stamp: PidfileStamp | None,
-    ) -> tuple[bool, str]:
-        """Is `identity`, a new process behind the instance's pid or pidfile, the instance's restart?
-        A `pidfile` instance's when its pidfile was written anew for it, or when it runs what the
-        instance ran; a `pid` instance's only in the second case. With the reason if not."""
-        rewritten = None
-        if state.spec.match.pidfile is not None:
-            ok, rewritten = pidfile_rewritten(reference, stamp, identity.start_time)
-            if ok:
-                return True, rewritten
-        ok, detail = same_program(reference, identity.pid)
-        return ok, detail if rewritten is None else f"{detail}, and {rewritten}"
-
-    def _restamp(self, state: InstanceState, identity: ProcessIdentity, stamp: PidfileStamp | None) -> None:
-        """The pidfile was written again for the process already followed (a reload, a periodic
-        rewrite): record it, so that only a write after this one counts as written for a successor."""
-        record = state.adopted
-        if stamp is None or record is None or record.pidfile_stamp == stamp or not _is(record, identity):
-            return
-        state.adopted = dataclasses.replace(record, pidfile_stamp=stamp)
-        self.ledger.put(state.name, state.adopted)
-
-    def _refuse(
-        self,
-        state: InstanceState,
-        reference: AdoptedProcess,
-        identity: ProcessIdentity,
-        detail: str,
-        stamp: PidfileStamp | None,
-    ) -> None:
-        """`identity` holds the instance's pid (or is named by its pidfile) but is not the instance:
-        the instance is gone, and the newcomer is never adopted (so never probed or signalled)."""
-        state.refused = identity
-        self._refused_stamps[state.name] = stamp
-        old = state.pid if state.pid is not None else reference.pid
-        if state.spec.match.pidfile is not None:
-            hint = (
-                f"If that process is {state.name} started another way, write its pid to "
-                f"{state.spec.match.pidfile} again (a service manager's restart does): medic then adopts it"
-            )
-        else:
-            hint = (
-                f"If that process is {state.name} started another way, stop medic, delete "
-                f"{self.ledger.path} and start medic again"
-            )
-        self.events.emit(
-            "instance_down",
-            f"pid {old} is gone; pid {identity.pid} is another process ({detail}): not adopted. {hint}",
-            instance=state.name,
-            severity="warning",
-            pid=old,
-            other_pid=identity.pid,
-            reason="not-the-instance",
-        )
-        if state.status == "up":
-            self._leave(state)
-        state.status = "down"
-        state.status_reason = f"pid {old} is gone; pid {identity.pid} runs another program"
-        if state.spec.match.pidfile is not None:
-            state.status_reason += " and the pidfile was not written anew for it"
 
     def _count_restart(self, state: InstanceState, before: int) -> None:
         state.restarts = before + 1
@@ -576,7 +426,3 @@ class Tracker:
             state.memory_limit, state.memory_limit_source = float(limit), "cgroup"
         else:
             state.memory_limit, state.memory_limit_source = float(host_memory_total()), "host"
-
-
-def _is(record: AdoptedProcess, identity: ProcessIdentity) -> bool:
-    return record.pid == identity.pid and same_process(record.start_time, identity.start_time)

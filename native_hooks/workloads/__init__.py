@@ -12,19 +12,13 @@ import time
 from pathlib import Path
 
 from native_hooks.errors import ShimNotBuilt
+from native_hooks.preloads import PRELOADS
 from native_hooks.shim import shim_path
 
 HERE = Path(__file__).resolve().parent
 C_SOURCE = HERE / "alloc_target.c"
 PY_SCRIPT = HERE / "alloc_target.py"
 REPO = HERE.parent.parent
-# allocator name -> library to LD_PRELOAD (Debian packages libjemalloc2, libgoogle-perftools4, libtcmalloc-minimal4)
-PRELOADS: dict[str, str | None] = {
-    "glibc": None,
-    "jemalloc": "libjemalloc.so.2",
-    "tcmalloc": "libtcmalloc.so.4",
-    "tcmalloc_minimal": "libtcmalloc_minimal.so.4",
-}
 
 
 def build_c_target(out_dir: str | os.PathLike[str]) -> str:

@@ -46,6 +46,10 @@ __all__ = [
 ]
 
 
+# a file medic creates: new (never an existing one), and never through a symlink
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def trusted_uids() -> frozenset[int]:
     """Root and the user medic runs as: the only owners of what medic executes or keeps."""
     return frozenset({0, os.geteuid()})
@@ -103,35 +107,56 @@ def ensure_private_dir(directory: str | os.PathLike[str], what: str = "directory
         info = os.lstat(path)
     except OSError as exc:
         raise UnsafePath(f"{what} {path}: cannot inspect it ({exc.strerror or exc})") from None
-    if stat.S_ISLNK(info.st_mode):
-        raise UnsafePath(
-            f"{what} {path} is a symlink (to {os.readlink(path)}): medic does not follow it; "
-            "point the setting at the real directory"
-        )
-    if not stat.S_ISDIR(info.st_mode):
-        raise UnsafePath(f"{what} {path} exists but is not a directory")
-    if info.st_uid != os.geteuid():
-        raise UnsafePath(
-            f"{what} {path} belongs to uid {info.st_uid}, not to medic's uid {os.geteuid()}: "
-            f"run `chown {os.geteuid()} {path}` or choose another directory"
-        )
-    mode = stat.S_IMODE(info.st_mode)
-    if mode & 0o022:
-        raise UnsafePath(
-            f"{what} {path} is writable by other users (mode {mode:04o}): anyone could plant files there; "
-            f"run `chmod 700 {path}` after checking its contents"
-        )
-    if mode & 0o077:
-        os.chmod(path, 0o700)  # readable by others but not writable: ours, so tighten it rather than refuse
+    _check_private(path, info, what, directory=True, owners=frozenset({os.geteuid()}), mode=0o700)
     check_trusted_path(path, owners=trusted_uids())
     return path
 
 
+def _check_private(
+    path: Path, info: os.stat_result, what: str, *, directory: bool, owners: frozenset[int], mode: int
+) -> None:
+    """What a private directory or file passes: not a symlink, of its type, owned by one of `owners`,
+    not writable by others. One that others can only read is ours, so tightened to `mode` rather
+    than refused."""
+    if stat.S_ISLNK(info.st_mode):
+        fix = (
+            "point the setting at the real directory"
+            if directory
+            else f"remove it (`rm {path}`) or point the setting at the real file"
+        )
+        raise UnsafePath(
+            f"{what} {path} is a symlink (to {os.readlink(path)}): medic does not follow it; {fix}"
+        )
+    if directory and not stat.S_ISDIR(info.st_mode):
+        raise UnsafePath(f"{what} {path} exists but is not a directory")
+    if not directory and not stat.S_ISREG(info.st_mode):
+        raise UnsafePath(f"{what} {path} exists but is not a regular file: remove it or choose another path")
+    if info.st_uid not in owners:
+        fix = "or choose another directory" if directory else "after checking its contents"
+        raise UnsafePath(
+            f"{what} {path} belongs to uid {info.st_uid}, not to medic's uid {os.geteuid()}: "
+            f"run `chown {os.geteuid()} {path}` {fix}"
+        )
+    current = stat.S_IMODE(info.st_mode)
+    if current & 0o022:
+        risk = "anyone could plant files there; " if directory else ""
+        raise UnsafePath(
+            f"{what} {path} is writable by other users (mode {current:04o}): {risk}"
+            f"run `chmod {mode:o} {path}` after checking its contents"
+        )
+    if current & 0o077 & ~mode:
+        os.chmod(path, mode, follow_symlinks=False)
+
+
+def _fresh_temp(directory: Path, name: str, mode: int) -> tuple[int, Path]:
+    """A new file beside `name`, under a random name no link can have been planted at."""
+    tmp = directory / f".{name}.{secrets.token_hex(6)}.tmp"
+    return os.open(tmp, _CREATE_FLAGS, mode), tmp
+
+
 @contextlib.contextmanager
 def _exclusive_temp(directory: Path, name: str, mode: int) -> Iterator[tuple[int, Path]]:
-    tmp = directory / f".{name}.{secrets.token_hex(6)}.tmp"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, mode)
+    fd, tmp = _fresh_temp(directory, name, mode)
     try:
         yield fd, tmp
     except BaseException:
@@ -160,6 +185,17 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, mode: int = 0o600, f
         os.replace(tmp, target)
 
 
+def _open_unfollowed(path: str | os.PathLike[str], on_link: str) -> int:
+    """A read-only descriptor on `path` that never blocks on a FIFO; a symlink as the last component
+    raises `UnsafePath(on_link)`."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath(on_link) from None
+        raise
+
+
 def open_owned_file(
     path: str | os.PathLike[str], owners: Collection[int], max_bytes: int | None = None
 ) -> bytes:
@@ -167,13 +203,7 @@ def open_owned_file(
 
     Used for files a target produces (heap-profile dumps); `max_bytes` bounds what is read.
     """
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno == 40:  # ELOOP: the final component is a symlink
-            raise UnsafePath(f"{path} is a symlink: medic does not follow links a target controls") from None
-        raise
+    fd = _open_unfollowed(path, f"{path} is a symlink: medic does not follow links a target controls")
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -196,11 +226,6 @@ def open_owned_file(
         return b"".join(chunks)
     finally:
         os.close(fd)
-
-
-def _fresh_temp(directory: Path, name: str, mode: int) -> tuple[int, Path]:
-    tmp = directory / f".{name}.{secrets.token_hex(6)}.tmp"
-    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode), tmp
 
 
 @contextlib.contextmanager
@@ -253,32 +278,9 @@ def ensure_private_file(
     tightened to `mode`."""
     target = Path(path)
     allowed = frozenset(owners) if owners is not None else frozenset({os.geteuid()})
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     with contextlib.suppress(FileExistsError):
-        os.close(os.open(target, flags, mode))
-    info = os.lstat(target)
-    if stat.S_ISLNK(info.st_mode):
-        raise UnsafePath(
-            f"{what} {target} is a symlink (to {os.readlink(target)}): medic does not follow it; "
-            f"remove it (`rm {target}`) or point the setting at the real file"
-        )
-    if not stat.S_ISREG(info.st_mode):
-        raise UnsafePath(
-            f"{what} {target} exists but is not a regular file: remove it or choose another path"
-        )
-    if info.st_uid not in allowed:
-        raise UnsafePath(
-            f"{what} {target} belongs to uid {info.st_uid}, not to medic's uid {os.geteuid()}: "
-            f"run `chown {os.geteuid()} {target}` after checking its contents"
-        )
-    current = stat.S_IMODE(info.st_mode)
-    if current & 0o022:
-        raise UnsafePath(
-            f"{what} {target} is writable by other users (mode {current:04o}): "
-            f"run `chmod {mode:o} {target}` after checking its contents"
-        )
-    if current & 0o077 & ~mode:
-        os.chmod(target, mode, follow_symlinks=False)
+        os.close(os.open(target, _CREATE_FLAGS, mode))
+    _check_private(target, os.lstat(target), what, directory=False, owners=allowed, mode=mode)
     return target
 
 
@@ -288,15 +290,9 @@ def read_private_file(
     """Read a secret (a token): no symlink followed, a regular file owned by one of `owners` (default:
     root and medic's user) that neither group nor others may read or write; else `UnsafePath` with the fix."""
     allowed = frozenset(owners) if owners is not None else trusted_uids()
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnsafePath(
-                f"{what} {path} is a symlink: medic does not follow it; point the setting at the real file"
-            ) from None
-        raise
+    fd = _open_unfollowed(
+        path, f"{what} {path} is a symlink: medic does not follow it; point the setting at the real file"
+    )
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -327,13 +323,7 @@ def open_regular_file(path: str | os.PathLike[str], max_bytes: int | None = None
     `/proc/PID/root`): reading them as root is harmless once they cannot redirect the open, hang it
     or be endless. `max_bytes` bounds the file's size.
     """
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnsafePath(f"{path} is a symlink: medic does not follow links a target controls") from None
-        raise
+    fd = _open_unfollowed(path, f"{path} is a symlink: medic does not follow links a target controls")
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

@@ -10,9 +10,11 @@ JVM accepts attach requests from its own user.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agent.core.errors import ProbeAccessDenied, TargetGone
+from probes.linux.procfs import HOST_ROOT, proc_path, read_raw
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +40,10 @@ def parse_ids(data: bytes) -> ProcessIds:
     return ProcessIds(found[b"Uid"], found[b"Gid"])
 
 
-def process_ids(pid: int, proc: str = "/proc") -> ProcessIds:
+def process_ids(pid: int, root: Path = HOST_ROOT) -> ProcessIds:
     """The effective ids of `pid`; raises `TargetGone` / `ProbeAccessDenied`."""
     try:
-        with open(f"{proc}/{pid}/status", "rb") as handle:
-            return parse_ids(handle.read())
+        return parse_ids(read_raw(proc_path(root, pid, "status")))
     except FileNotFoundError:
         raise TargetGone(f"process {pid} is gone") from None
     except (OSError, ValueError) as exc:

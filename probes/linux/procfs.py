@@ -243,6 +243,8 @@ class ProcStatus:
 
     real_uid: int | None = None
     effective_uid: int | None = None
+    uids: tuple[int, ...] = ()  # real, effective, saved, filesystem: who may own the target's files
+    ns_pids: tuple[int, ...] = ()  # NSpid: the pid in each pid namespace, outermost first
     rss_bytes: int | None = None
     rss_anon_bytes: int | None = None
     rss_file_bytes: int | None = None
@@ -267,7 +269,7 @@ _STATUS_COUNT_FIELDS = {
 }
 # Anchored on the newline rather than `^` with MULTILINE: three times faster, and `Name:` comes first.
 _STATUS_LINE = re.compile(
-    rb"\n(Uid|VmHWM|VmRSS|RssAnon|RssFile|RssShmem|VmSwap|voluntary_ctxt_switches|nonvoluntary_ctxt_switches)"
+    rb"\n(Uid|NSpid|VmHWM|VmRSS|RssAnon|RssFile|RssShmem|VmSwap|voluntary_ctxt_switches|nonvoluntary_ctxt_switches)"
     rb":[ \t]*([^\n]*)"
 )
 
@@ -278,13 +280,16 @@ def parse_status(data: bytes) -> ProcStatus:
     if not data.startswith(b"Name:"):
         raise _malformed(what, "it does not start with 'Name:'", data)
     values: dict[str, int] = {}
+    uids: tuple[int, ...] = ()
+    ns_pids: tuple[int, ...] = ()
     for key, rest in _STATUS_LINE.findall(data):
         if key == b"Uid":
-            uids = rest.split()
+            uids = tuple(_int(uid, what, data) for uid in rest.split())
             if len(uids) < 2:
                 raise _malformed(what, "the Uid line has fewer than 2 ids", data)
-            values["real_uid"] = _int(uids[0], what, data)
-            values["effective_uid"] = _int(uids[1], what, data)
+            values["real_uid"], values["effective_uid"] = uids[0], uids[1]
+        elif key == b"NSpid":
+            ns_pids = tuple(_int(ns_pid, what, data) for ns_pid in rest.split())
         elif key in _STATUS_KB_FIELDS:
             number, _, unit = rest.partition(b" ")
             if unit.strip() != b"kB":
@@ -292,11 +297,16 @@ def parse_status(data: bytes) -> ProcStatus:
             values[_STATUS_KB_FIELDS[key]] = _int(number, what, data) * 1024
         else:
             values[_STATUS_COUNT_FIELDS[key]] = _int(rest, what, data)
-    return ProcStatus(**values)
+    return ProcStatus(uids=uids, ns_pids=ns_pids, **values)
 
 
 def read_status(pid: int, root: Path = HOST_ROOT) -> ProcStatus:
     return parse_status(read_file(proc_path(root, pid, "status"), pid))
+
+
+def read_nspid(pid: int, root: Path = HOST_ROOT) -> tuple[int, ...]:
+    """The pids of `pid` from `root`'s pid namespace down to its innermost one (`(pid,)` before Linux 4.1)."""
+    return read_status(pid, root).ns_pids or (pid,)
 
 
 # --------------------------------------------------------------------------- /proc/PID/smaps_rollup
@@ -363,6 +373,25 @@ def parse_meminfo(data: bytes) -> dict[str, int]:
 def host_memory_total(root: Path = HOST_ROOT) -> int:
     """Physical memory of the host in bytes (MemTotal): the last-resort memory limit."""
     return parse_meminfo(read_file(proc_path(root, "meminfo")))["MemTotal"]
+
+
+# --------------------------------------------------------------------------- /proc/PID/environ
+
+
+def parse_environ(data: bytes) -> dict[str, str]:
+    """NUL-separated `KEY=VALUE` entries; undecodable bytes survive as surrogates (`os.fsencode` gives
+    them back), entries without `=` or without a key are skipped, a repeated key keeps its last value."""
+    env: dict[str, str] = {}
+    for entry in data.split(b"\0"):
+        key, sep, value = entry.partition(b"=")
+        if sep and key:
+            env[os.fsdecode(key)] = os.fsdecode(value)
+    return env
+
+
+def read_environ(pid: int, root: Path = HOST_ROOT) -> dict[str, str]:
+    """The environment `pid` started with (needs ptrace access; empty for a kernel thread or a zombie)."""
+    return parse_environ(read_file(proc_path(root, pid, "environ"), pid))
 
 
 # --------------------------------------------------------------------------- /proc/PID/cmdline, fd

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import free_port as free_port
+
+from support.procs import free_port
 
 ETCD = shutil.which("etcd")
 NEEDS_ETCD = pytest.mark.skipif(
@@ -146,7 +147,7 @@ def silent_server() -> Iterator[str]:
 
 
 def _agent_main(argv: list[str]) -> int:
-    """`python tests/remediation_support.py agent --config JSON ...`: an Engine in its own process.
+    """`python -m support.remediation agent --config JSON ...`: an Engine in its own process.
 
     It launches its instances as children in its own process group (so killing the group kills
     them too), submits one manual restart request for each, and steps the engine every 0.1 s until
@@ -206,6 +207,7 @@ def _agent_main(argv: list[str]) -> int:
         events=EventLog(store),
         coordinator=coordinator,
         agent_id=args.agent,
+        state_dir=store.dir,
         hooks=EngineHooks(locate=locate, managed_restart=restart),
         background=True,
     )

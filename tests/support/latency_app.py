@@ -1,8 +1,8 @@
 """A small real HTTP server with a real prometheus-client latency histogram, for the latency tests.
 
-    python tests/latency_app.py --mode healthy --base 0.01 --load 20
-    python tests/latency_app.py --mode degrading --base 0.01 --growth 0.05
-    python tests/latency_app.py --mode slowstart --slow-first 5 --slow 0.3
+    python tests/support/latency_app.py --mode healthy --base 0.01 --load 20
+    python tests/support/latency_app.py --mode degrading --base 0.01 --growth 0.05
+    python tests/support/latency_app.py --mode slowstart --slow-first 5 --slow 0.3
 
 It listens on a free loopback port and prints `ready <port>`. Each request to `/work` sleeps for
 the mode's latency (`?ms=N` forces N ms, `?fail=1` answers 500), observes the time it really
@@ -200,8 +200,7 @@ def start_app(spawn, *args: str) -> RunningApp:
     import subprocess
     from pathlib import Path
 
+    from support.procs import wait_ready  # not at the top: this file also runs as a script
+
     proc = spawn([sys.executable, str(Path(__file__).resolve()), *args], stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if not line.startswith("ready "):
-        raise AssertionError(f"latency_app did not start: {line!r}, exit={proc.poll()}")
-    return RunningApp(proc, int(line.split()[1]))
+    return RunningApp(proc, int(wait_ready(proc)[1]))

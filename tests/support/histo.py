@@ -8,6 +8,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from support.procs import wait_ready
+
 JAVA_LEAK = r"""
 import java.util.*;
 
@@ -179,12 +181,5 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def read_ready(proc: subprocess.Popen, timeout: float = 60.0) -> list[str]:
-    """The words of the child's `ready …` line (fails with its exit status otherwise)."""
-    import select
-
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    line = proc.stdout.readline() if ready else ""
-    if not line.startswith("ready"):
-        raise AssertionError(f"program did not start: {line!r}, exit {proc.poll()}")
-    return line.split()
+    """`wait_ready` with the minute a JVM start or a compile may need."""
+    return wait_ready(proc, timeout)

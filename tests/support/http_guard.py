@@ -10,7 +10,7 @@ import httpx
 
 from agent.api.app import ApiContext, create_app
 from agent.api.metrics import Telemetry
-from agent.config.model import validate_config
+from agent.config.loader import validate_config
 from agent.jobs.detection import Detection
 from agent.jobs.remediation import Remediation
 from agent.state.eventlog import EventLog

@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from conftest import free_port as free_port
-from conftest import wait_until
+
+from support.procs import free_port, wait_until
 
 
 @dataclass
@@ -94,21 +94,6 @@ class HookServer:
         return [r.json() for r in self.received]
 
 
-@pytest.fixture(name="hook_server")
-def hook_server_fixture():
-    """`hook_server(**kwargs)` starts a `HookServer`; all are stopped at teardown. Import this name to use it."""
-    servers: list[HookServer] = []
-
-    def make(**kwargs: Any) -> HookServer:
-        server = HookServer(**kwargs).start()
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.stop()
-
-
 def need(binary: str, package: str) -> str:
     path = shutil.which(binary)
     if path is None:
@@ -160,19 +145,20 @@ def start_alertmanager(spawn, tmp_path: Path, webhooks: list[dict], name: str = 
     (home / "am.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     log = home / "am.log"
-    proc = spawn(
-        [
-            binary,
-            f"--config.file={home / 'am.yml'}",
-            f"--storage.path={home / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            f"--web.external-url=http://127.0.0.1:{port}",
-            "--cluster.listen-address=",
-            "--log.level=warn",
-        ],
-        stdout=open(log, "ab"),
-        stderr=subprocess.STDOUT,
-    )
+    with open(log, "ab") as log_file:  # the child keeps its own copy of the descriptor
+        proc = spawn(
+            [
+                binary,
+                f"--config.file={home / 'am.yml'}",
+                f"--storage.path={home / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                f"--web.external-url=http://127.0.0.1:{port}",
+                "--cluster.listen-address=",
+                "--log.level=warn",
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/-/ready")
     return Alertmanager(url, proc, log)
@@ -213,17 +199,18 @@ def start_prometheus(
     (home / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     log = home / "prometheus.log"
-    proc = spawn(
-        [
-            binary,
-            f"--config.file={home / 'prometheus.yml'}",
-            f"--storage.tsdb.path={home / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        stdout=open(log, "ab"),
-        stderr=subprocess.STDOUT,
-    )
+    with open(log, "ab") as log_file:  # the child keeps its own copy of the descriptor
+        proc = spawn(
+            [
+                binary,
+                f"--config.file={home / 'prometheus.yml'}",
+                f"--storage.tsdb.path={home / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/-/ready", 30)
     return Prometheus(url, proc, log)
@@ -254,8 +241,8 @@ class ServedApp:
 
 
 # ----------------------------------------------------------------------------- metric names
+# the families of the detection wiring (`Telemetry.watch_findings`): the lead signals of the rules
 LEAD_METRICS = {
-    # exported by the detection wiring (`Telemetry.watch_findings`); allowed while it is not there yet
     "medic_time_to_oom_seconds",
     "medic_findings",
     "medic_leak_slope_bytes_per_second",
@@ -279,9 +266,7 @@ def exported_metric_names(tmp_path: Path) -> set[str]:
     store = Store(tmp_path / "metrics-state")
     telemetry = Telemetry(Tracker([], store, EventLog(store)))
     telemetry.probe_duration.labels("process").observe(0.001)
-    watch_findings = getattr(telemetry, "watch_findings", None)
-    if watch_findings is not None:  # the detection wiring's families: medic_findings, time to OOM, slope
-        watch_findings(NoFindings())
+    telemetry.watch_findings(NoFindings())
     telemetry.registry.register(NotifyCollector())
     telemetry.registry.register(ReceiverCollector())
     names = {prometheus_name(metric) for metric in CATALOG}

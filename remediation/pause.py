@@ -1,0 +1,138 @@
+"""The pause (the kill switch): nothing is purged or restarted until it expires or is lifted.
+
+It lives in memory first: `pause()` takes effect at once, for the next gate and for every request
+submitted after it, even when the ledger cannot be written (disk full); storing it is retried at
+the start of every step until it succeeds (`retry()`), and `storage()` says whether it is stored
+yet. `resume()` and an expiry work the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sqlite3
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from agent.core.errors import StoreError
+from agent.core.ports import EventSink
+from remediation.ledger import Ledger
+from remediation.model import Decision
+from remediation.text import at
+
+log = logging.getLogger("medic.remediation")
+_STORE_ERRORS = (sqlite3.Error, StoreError, OSError)
+
+
+class KillSwitch:
+    def __init__(self, ledger: Ledger, events: EventSink, clock: Callable[[], float]) -> None:
+        self.ledger = ledger
+        self.events = events
+        self.clock = clock
+        self._lock = threading.Lock()  # never held while a step runs: a pause never waits
+        self._pause: dict[str, Any] | None = ledger.pause()
+        self._unsaved: str | None = None  # why the in-memory state is not in the ledger yet
+
+    def pause(self, reason: str, until: float, by: str | None = None) -> dict[str, Any]:
+        """Hold every action until `until` (unix time) or `resume()`; ValueError without a reason or a
+        future expiry."""
+        now = self.clock()
+        if not reason or not reason.strip():
+            raise ValueError("a pause needs a reason (who is doing what, for how long)")
+        if not math.isfinite(until) or until <= now:
+            raise ValueError("a pause needs an expiry in the future")
+        value: dict[str, Any] = {"reason": reason.strip(), "until": until, "by": by, "since": now}
+        with self._lock:
+            self._pause = value
+            stored = self._save()
+        self.events.emit(
+            "remediation_paused",
+            f"remediation paused until {at(until)} by {by or 'an operator'}: {reason}"
+            + ("" if stored else " (held in memory: the state database cannot be written yet)"),
+            severity="warning",
+            persisted=stored,
+            **value,
+        )
+        return dict(value)
+
+    def resume(self, by: str | None = None) -> dict[str, Any] | None:
+        """Lift the pause; returns the one lifted, or None when there was none."""
+        with self._lock:
+            previous, self._pause = self._pause, None
+            stored = self._save() if previous is not None or self._unsaved else True
+        if previous is not None:
+            self.events.emit(
+                "remediation_resumed",
+                f"remediation resumed by {by or 'an operator'}"
+                + ("" if stored else " (in memory: the state database cannot be written yet)"),
+                by=by,
+                persisted=stored,
+            )
+        return previous
+
+    def paused(self, now: float) -> dict[str, Any] | None:
+        """The pause in force at `now` (from memory: no store read); an expired one is lifted."""
+        with self._lock:
+            pause = self._pause
+            if pause is None or pause["until"] > now:
+                return dict(pause) if pause else None
+            self._pause = None
+            self._save()
+        self.events.emit("remediation_resumed", f"the pause ({pause['reason']}) expired", **pause)
+        return None
+
+    def storage(self) -> dict[str, Any]:
+        """`{"persisted": True}`, or False with a warning that says what holds and what is retried."""
+        with self._lock:
+            error, pause = self._unsaved, self._pause
+        if error is None:
+            return {"persisted": True}
+        what = "the pause" if pause is not None else "the resume"
+        lost = "forgets the pause" if pause is not None else "brings the old pause back"
+        return {
+            "persisted": False,
+            "warning": f"{what} could not be stored ({error}; disk full?): {what} holds in memory now "
+            f"and storing it is retried on every remediation step; an agent restart before then {lost}",
+        }
+
+    def retry(self) -> None:
+        """Store a pause (or resume) that could not be written before; says so once it is."""
+        with self._lock:
+            if self._unsaved is None or not self._save():
+                return
+            pause = self._pause
+        self.events.emit(
+            "remediation_pause_stored",
+            "the pause is now stored in the state database"
+            if pause is not None
+            else "the resume is now stored in the state database",
+            paused=pause is not None,
+        )
+
+    def _save(self) -> bool:
+        """Write the in-memory pause (or its absence) to the ledger; called with `_lock` held."""
+        try:
+            if self._pause is None:
+                self.ledger.clear_pause()
+            else:
+                p = self._pause
+                self.ledger.set_pause(p["reason"], p["until"], p["by"], p["since"])
+        except _STORE_ERRORS as exc:
+            if self._unsaved is None:
+                log.error("the pause state cannot be stored (%s); it holds in memory, retried each step", exc)
+            self._unsaved = str(exc)
+            return False
+        self._unsaved = None
+        return True
+
+
+def pause_decision(pause: Mapping[str, Any]) -> Decision:
+    """The verdict on an instance while `pause` holds."""
+    who = pause.get("by") or "an operator"
+    return Decision.block(
+        "pause",
+        "paused",
+        f"remediation paused by {who} until {at(pause['until'])}: {pause['reason']}",
+        pause["until"],
+    )
