@@ -18,11 +18,12 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import uvicorn
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from prometheus_client import disable_created_metrics
 
 from agent import __version__
 from agent.api.app import ApiContext, create_app
@@ -74,9 +75,15 @@ def bind(host: str, port: int) -> socket.socket:
 
 class Agent:
     def __init__(
-        self, config: Config, *, main_instance: str | None = None, config_path: str | None = None
+        self,
+        config: Config,
+        *,
+        main_instance: str | None = None,
+        config_path: str | None = None,
+        on_listening: Callable[[dict], None] | None = None,
     ) -> None:
         self.config = config
+        self.on_listening = on_listening  # called with agent.json's content once the socket is bound
         self.main_instance = main_instance
         self.config_path = config_path
         self._stop = asyncio.Event()
@@ -103,6 +110,7 @@ class Agent:
         log.info("admin token for mutating endpoints: %s", token_path)
         self.events = EventLog(self.store)
         self.tracker = Tracker(self.config.instances, self.store, self.events)
+        disable_created_metrics()  # no `_created` series; a process-wide switch, so set by the agent
         self.telemetry = Telemetry(self.tracker)
         self.notifier = start_notifier(self)  # events → Alertmanager/webhook/Slack (agent/notify)
         memory_params = self.config.detect.memory_params()
@@ -205,6 +213,8 @@ class Agent:
                 f"cannot write {self.pidfile}: {exc.strerror or exc}; free space in agent.state_dir "
                 "or point it at a writable directory"
             ) from None
+        if self.on_listening is not None:
+            self.on_listening(info)
 
     def _first_pass(self) -> None:
         now = time.time()

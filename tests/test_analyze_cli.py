@@ -94,7 +94,6 @@ def test_bad_lines_are_skipped_and_reported_unless_strict(tmp_path, capsys):
     ("args", "message"),
     [
         (["--limit", "lots"], "--limit: expected a size"),
-        (["--window", "soon"], "detection option window"),
         (["--horizon", "0s"], "horizon must be positive"),
     ],
 )
@@ -103,6 +102,14 @@ def test_bad_options_exit_2_with_one_clear_line(tmp_path, capsys, args, message)
     assert main(["analyze", str(path), *args]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_a_malformed_duration_is_a_usage_error_of_the_parser(tmp_path, capsys):
+    path = _write_jsonl(tmp_path / "rec.jsonl")
+    with pytest.raises(SystemExit) as exc:
+        main(["analyze", str(path), "--window", "soon"])
+    assert exc.value.code == 2
+    assert "argument --window: expected a duration" in capsys.readouterr().err
 
 
 def test_missing_and_empty_files_exit_2(tmp_path, capsys):

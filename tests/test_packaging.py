@@ -380,6 +380,47 @@ def test_the_builder_step_compiles_the_shim_into_the_package(installed_medic: Pa
     assert done.returncode == 0, done.stderr
 
 
+CLASSIFIERS = {
+    "Environment :: No Input/Output (Daemon)",
+    "Intended Audience :: System Administrators",
+    "Operating System :: POSIX :: Linux",
+    "Programming Language :: Python :: 3.11",
+    "Programming Language :: Python :: 3.12",
+    "Topic :: System :: Monitoring",
+}
+
+
+def test_the_license_file_is_the_apache_2_text_the_metadata_declares() -> None:
+    import tomllib  # Python 3.11+, as the tests are
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    text = (REPO / "LICENSE").read_text()
+    assert text.split()[:5] == ["Apache", "License", "Version", "2.0,", "January"]
+    assert "END OF TERMS AND CONDITIONS" in text and "APPENDIX: How to apply" in text
+    assert ("LICENSE", "./") in copy_sources()  # the image's install carries it too
+
+
+@pytest.mark.slow
+@pytest.mark.native
+def test_the_built_metadata_carries_the_license_and_classifiers(
+    installed_medic: Path, tmp_path: Path
+) -> None:
+    code = (
+        "import importlib.metadata as m, json; d = m.distribution('sidecar-medic'); "
+        "print(json.dumps({'meta': d.metadata.json, 'files': [str(f) for f in d.files]}))"
+    )
+    python = installed_medic.parent / "python"
+    done = subprocess.run(  # not in the repository: its own egg-info would answer
+        [str(python), "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    built = json.loads(done.stdout)
+    assert built["meta"]["license_expression"] == "Apache-2.0"
+    assert set(built["meta"]["classifier"]) >= CLASSIFIERS
+    assert any(c.startswith("Development Status :: ") for c in built["meta"]["classifier"])
+    assert any(f.endswith("licenses/LICENSE") for f in built["files"]), built["files"]
+
+
 # ----------------------------------------------------------------------------- systemd
 def _verify(unit_text: str, directory: Path) -> subprocess.CompletedProcess:
     directory.mkdir()

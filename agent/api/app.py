@@ -15,7 +15,6 @@ from typing import Any
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -26,7 +25,7 @@ from agent.api.auth import TokenGuard
 from agent.api.dashboard import dashboard_routes
 from agent.api.guard import DEFAULT_MAX_BODY, HttpGuard, allowed_hosts, route_policies
 from agent.api.histograms import histogram_routes
-from agent.api.metrics import Telemetry
+from agent.api.metrics import Telemetry, render
 from agent.api.remediation import remediation_routes
 from agent.core.catalog import CATALOG
 from agent.core.errors import ProbeError
@@ -148,8 +147,13 @@ def create_app(ctx: ApiContext) -> FastAPI:
         }
 
     @app.get("/metrics")
-    def metrics() -> Response:
-        return Response(generate_latest(ctx.telemetry.registry), media_type=CONTENT_TYPE_LATEST)
+    def metrics(request: Request) -> Response:
+        body, headers = render(
+            ctx.telemetry.registry,
+            request.headers.get("accept", ""),
+            request.headers.get("accept-encoding", ""),
+        )
+        return Response(body, headers=headers)
 
     @app.get("/api/v1/instances")
     def instances() -> dict[str, Any]:

@@ -1,15 +1,19 @@
 """`/metrics`: a snapshot of what the probes last saw, never a probe run at scrape time.
 
 Per-instance figures come from `agent.core.catalog` as `medic_<metric>{name="<instance>"}`; the
-agent's own health (probe durations and errors, instance status) sits beside them.
+agent's own health (probe durations and errors, instance status) sits beside them. A scrape
+gets OpenMetrics when it asks for it (as Prometheus does), else the text format, gzipped when
+the scraper accepts gzip.
 """
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 
 from agent import __version__
@@ -153,6 +157,18 @@ class Telemetry:
 
     def observe_probe(self, probe: str, seconds: float, ok: bool) -> None:
         self.probe_duration.labels(probe).observe(seconds)
+
+
+def render(registry: CollectorRegistry, accept: str, accept_encoding: str) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of a scrape: prometheus_client's own negotiation, so the agent answers
+    exactly as any client-library exporter would."""
+    encoder, content_type = choose_encoder(accept)
+    body = encoder(registry)
+    headers = {"Content-Type": content_type, "Vary": "Accept, Accept-Encoding"}
+    if gzip_accepted(accept_encoding):
+        body = gzip.compress(body)
+        headers["Content-Encoding"] = "gzip"
+    return body, headers
 
 
 class _Static(Collector):

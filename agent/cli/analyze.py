@@ -15,6 +15,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
+from agent.cli.options import duration
 from agent.core.text import echo, printable
 
 HELP = (
@@ -41,13 +42,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="Prometheus label naming the instance (default: instance, pod, name, job)",
     )
-    parser.add_argument("--window", metavar="DURATION", help="span of the short trend fit (default 6h)")
-    parser.add_argument("--long-window", metavar="DURATION", help="span of the slow-leak fit (default 48h)")
     parser.add_argument(
-        "--horizon", metavar="DURATION", help="oom-risk fires when OOM is nearer than this (default 24h)"
+        "--window", type=duration, metavar="DURATION", help="span of the short trend fit (default 6h)"
     )
     parser.add_argument(
-        "--warmup", metavar="DURATION", help="growth ignored after each process start (default 30m)"
+        "--long-window", type=duration, metavar="DURATION", help="span of the slow-leak fit (default 48h)"
+    )
+    parser.add_argument(
+        "--horizon",
+        type=duration,
+        metavar="DURATION",
+        help="oom-risk fires when OOM is nearer than this (default 24h)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=duration,
+        metavar="DURATION",
+        help="growth ignored after each process start (default 30m)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print JSON: per instance, the findings and when each fired"

@@ -1,48 +1,88 @@
-"""The CLI's view of a running agent: GET/POST JSON with one clear error when it cannot be reached."""
+"""The CLI's view of a running agent: where it is, its admin token, and GET/POST JSON with one clear
+error when it cannot be reached.
+
+The address and the token come from the flags, then the environment, then the agent's state
+directory (`--state-dir` or MEDIC_STATE_DIR: `agent.json` says where it listens, `admin.token` holds
+the token). Both files are read as secrets: `agent.json` decides where the token is sent.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from agent.core.errors import AgentUnreachable, ApiError, UsageError
+from probes.linux.fstrust import read_private_file
 
 DEFAULT_URL = "http://127.0.0.1:9464"
+DEFAULT_STATE_DIR = "medic-state"
 
 
-def agent_url(explicit: str | None) -> str:
-    return (explicit or os.environ.get("MEDIC_URL") or DEFAULT_URL).rstrip("/")
+def state_dir(explicit: str | None) -> str | None:
+    """The state directory the user named (--state-dir, else MEDIC_STATE_DIR), or None."""
+    return explicit or os.environ.get("MEDIC_STATE_DIR") or None
 
 
-def add_url_argument(parser) -> None:
-    parser.add_argument("--url", help=f"agent API address (env MEDIC_URL; default {DEFAULT_URL})")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+def agent_url(explicit: str | None, state: str | None = None) -> str:
+    """The agent's API address from --url, MEDIC_URL, STATE_DIR/agent.json or the default; a malformed
+    one is a usage error, not an unreachable agent."""
+    url = explicit or os.environ.get("MEDIC_URL")
+    source = "--url" if explicit else "MEDIC_URL"
+    directory = state_dir(state)
+    if not url and directory:
+        url, source = _url_from_state(Path(directory) / "agent.json"), f"{directory}/agent.json"
+    return check_url(url or DEFAULT_URL, source)
 
 
-def add_token_argument(parser) -> None:
-    parser.add_argument(
-        "--token-file",
-        help="file holding the agent's admin token (default: MEDIC_TOKEN, MEDIC_TOKEN_FILE, ./medic-state/admin.token)",
-    )
+def check_url(url: str, source: str = "--url") -> str:
+    """`url` without a trailing slash when it is http(s)://HOST[:PORT][/PATH]; else a UsageError."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"{source}: {url!r} is not an http(s) URL; expected e.g. {DEFAULT_URL}")
+    return url.rstrip("/")
 
 
-def admin_token(token_file: str | None) -> str:
-    """The admin token from --token-file, MEDIC_TOKEN, MEDIC_TOKEN_FILE or ./medic-state/admin.token."""
+def _url_from_state(path: Path) -> str:
+    try:
+        info = json.loads(read_private_file(path, "the agent file"))
+    except FileNotFoundError:
+        raise UsageError(
+            f"{path} does not exist: is the agent running with this state_dir? Or give --url"
+        ) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    except ValueError:
+        raise UsageError(f"{path} is not the JSON an agent writes; give --url") from None
+    if not isinstance(info, dict) or not isinstance(info.get("url"), str):
+        raise UsageError(f"{path} names no url; give --url")
+    return info["url"]
+
+
+def admin_token(token_file: str | None, state: str | None = None) -> str:
+    """The admin token from --token-file, MEDIC_TOKEN, MEDIC_TOKEN_FILE or STATE_DIR/admin.token
+    (default ./medic-state/admin.token); a file others may read is refused with the chmod that fixes it."""
     if not token_file and os.environ.get("MEDIC_TOKEN"):
         return os.environ["MEDIC_TOKEN"].strip()
-    candidates = (
-        [token_file] if token_file else [os.environ.get("MEDIC_TOKEN_FILE"), "medic-state/admin.token"]
-    )
+    default = Path(state_dir(state) or DEFAULT_STATE_DIR) / "admin.token"
+    candidates = [token_file] if token_file else [os.environ.get("MEDIC_TOKEN_FILE"), str(default)]
     for candidate in filter(None, candidates):
         try:
-            with open(candidate, encoding="ascii") as handle:
-                return handle.read().strip()
+            return read_private_file(candidate, "the token file").decode("ascii").strip()
         except OSError as exc:
             if token_file:
                 raise UsageError(f"cannot read the token file {candidate}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"the token file {candidate} does not hold a token (not ASCII)") from None
     raise UsageError(
-        "this command needs the agent's admin token: pass --token-file (the agent's state_dir/admin.token "
-        "or agent.token_file), or set MEDIC_TOKEN"
+        "this command needs the agent's admin token: pass --state-dir (the agent's state_dir), "
+        "--token-file (its admin.token or agent.token_file), or set MEDIC_TOKEN"
     )
 
 
@@ -68,7 +108,7 @@ def _request(method: str, url: str, path: str, timeout: float, **kwargs: Any) ->
     except httpx.HTTPError as exc:
         raise AgentUnreachable(
             f"cannot reach the agent at {url} ({type(exc).__name__}); start it with `medic run`, "
-            "or point --url / MEDIC_URL at it"
+            "or point --url / MEDIC_URL / --state-dir at it"
         ) from None
     try:
         body = response.json()

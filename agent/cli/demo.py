@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent.cli.options import duration
 from agent.core.errors import UsageError
 from agent.core.text import echo
 from agent.core.units import format_bytes, format_duration, parse_duration, parse_size
@@ -33,7 +34,9 @@ POLL = 1.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.description = __doc__
-    parser.add_argument("--duration", help="stop after this long, e.g. 5m (default: until Ctrl-C)")
+    parser.add_argument(
+        "--duration", type=duration, help="stop after this long, e.g. 5m (default: until Ctrl-C)"
+    )
     parser.add_argument(
         "--until-restarted",
         action="store_true",
@@ -48,7 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--leak-rate", default="2Mi", help="bytes a second a leaking server keeps (2Mi)")
     parser.add_argument("--memory-limit", default="384Mi", help="each server's memory limit (384Mi)")
     parser.add_argument("--rps", type=float, default=10.0, help="requests a second to each server (10)")
-    parser.add_argument("--status-every", default="15s", help="a one-line fleet status this often (0: never)")
+    parser.add_argument(
+        "--status-every", type=duration, default="15s", help="a one-line fleet status this often (0: never)"
+    )
 
 
 def settings_from(args: argparse.Namespace) -> DemoSettings:

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
     pid, socket = args.pid, args.socket
     if args.name and pid is None:
-        instance = get_json(agent_url(args.url), f"/api/v1/instances/{args.name}")["instance"]
+        instance = get_json(agent_url(args.url, args.state_dir), f"/api/v1/instances/{args.name}")["instance"]
         if instance.get("pid") is None:
             raise UsageError(f"{args.name} has no running process ({instance.get('status_reason')})")
         pid = instance["pid"]

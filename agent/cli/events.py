@@ -8,17 +8,17 @@ import json
 import time
 from datetime import datetime
 
-from agent.cli.client import add_token_argument, add_url_argument, admin_token, agent_url, get_json, post_json
+from agent.cli.client import admin_token, agent_url, get_json, post_json
+from agent.cli.options import when
 from agent.core.text import echo, printable, render
 
 HELP = "show the event log: discoveries, restarts, probe errors, agent starts and stops"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_url_argument(parser)
     parser.add_argument("--instance", help="only events of this instance")
     parser.add_argument("--kind", action="append", default=[], help="only events of this kind (repeatable)")
-    parser.add_argument("--since", help="a duration ago (e.g. 2h) or a unix time")
+    parser.add_argument("--since", type=when, help="a duration ago (e.g. 2h) or a unix time")
     parser.add_argument("--limit", type=int, default=50, help="at most this many events (default 50)")
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
     parser.add_argument("--outbox", action="store_true", help="show the notification outbox instead")
@@ -35,7 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--reason", default="requeued with medic events", help="with --requeue: recorded in the event log"
     )
-    add_token_argument(parser)
 
 
 def _params(args: argparse.Namespace, **extra) -> dict:
@@ -57,10 +56,10 @@ def _rows(events: list[dict]) -> list[list]:
 
 
 def run(args: argparse.Namespace) -> int:
-    url = agent_url(args.url)
+    url = agent_url(args.url, args.state_dir)
     if args.requeue:
         body = {"ids": args.requeue, "reason": args.reason}
-        reply = post_json(url, "/api/v1/outbox/requeue", body, admin_token(args.token_file))
+        reply = post_json(url, "/api/v1/outbox/requeue", body, admin_token(args.token_file, args.state_dir))
         if args.json:
             echo(json.dumps(reply, indent=2))
         else:

@@ -8,8 +8,9 @@ import argparse
 import json
 import os
 
-from agent.cli.client import add_url_argument, agent_url, get_json
+from agent.cli.client import agent_url, get_json
 from agent.cli.histo import render_diff, render_suspects
+from agent.cli.options import when
 from agent.core.errors import ApiError, UsageError
 from agent.core.text import echo, printable, render
 from agent.core.units import format_bytes
@@ -20,16 +21,21 @@ HELP = "show which native allocation sites grew between two heap profiles, and w
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", nargs="?", help="the instance (omit with --file)")
     parser.add_argument(
-        "--base", default="1h", metavar="WHEN", help="the older profile: a time ago or unix time (default 1h)"
+        "--base",
+        type=when,
+        default="1h",
+        metavar="WHEN",
+        help="the older profile: a time ago or unix time (default 1h)",
     )
-    parser.add_argument("--since", default="6h", help="window for suspects and attribution (default 6h)")
+    parser.add_argument(
+        "--since", type=when, default="6h", help="window for suspects and attribution (default 6h)"
+    )
     parser.add_argument("--file", metavar="HEAP", help="a jemalloc or gperftools dump to read locally")
     parser.add_argument("--base-file", metavar="HEAP", help="with --file: the older dump to diff against")
     parser.add_argument(
         "--frames", type=int, default=1, help="with --file: frames that name a site (default 1)"
     )
     parser.add_argument("--top", type=int, default=20, help="rows to show (default 20)")
-    add_url_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         return _local(args)
     if not args.name:
         raise UsageError("give an instance name, or --file DUMP for a local heap profile")
-    url = agent_url(args.url)
+    url = agent_url(args.url, args.state_dir)
     base = f"/api/v1/instances/{args.name}"
     attribution = get_json(url, f"{base}/attribution", {"since": args.since})  # also: the instance exists
     suspects = get_json(url, f"{base}/suspects", {"since": args.since, "kind": "site"})

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from agent.cli.client import add_url_argument, agent_url, get_json
+from agent.cli.client import agent_url, get_json
+from agent.cli.options import when
 from agent.core.text import echo, render
 from agent.core.units import format_bytes, format_duration
 
@@ -16,18 +17,17 @@ HELP = "show an instance's object histogram (JVM classes, Python types) and what
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="the instance")
     parser.add_argument(
-        "--diff", metavar="AGO", help="compare the latest histogram with the one AGO (e.g. 1h)"
+        "--diff", type=when, metavar="AGO", help="compare the latest histogram with the one AGO (e.g. 1h)"
     )
     parser.add_argument(
         "--kind", choices=["class", "type", "nmt"], help="histogram kind (default: the newest)"
     )
-    parser.add_argument("--since", default="6h", help="window for suspects (default 6h)")
+    parser.add_argument("--since", type=when, default="6h", help="window for suspects (default 6h)")
     parser.add_argument("--top", type=int, default=20, help="rows to show (default 20)")
-    add_url_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    url = agent_url(args.url)
+    url = agent_url(args.url, args.state_dir)
     base = f"/api/v1/instances/{args.name}"
     if args.diff:
         kind = args.kind or _newest_kind(url, base)

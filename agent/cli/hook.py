@@ -10,6 +10,8 @@ medic hook call OP (--pid PID | --socket PATH [--pid PID]) [KEY=VALUE ...]   sen
                                       the reply; with --pid only that process's own hook is trusted
 medic hook clean                      remove sockets of processes that are gone
 
+Every action but `call` (whose reply is JSON already) prints JSON with --json.
+
 Hook replies and paths come from the target: everything is printed through `echo`, so a control
 character in them shows escaped instead of driving the terminal.
 """
@@ -39,14 +41,12 @@ PTH_LINE = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="hook_command", metavar="ACTION", required=True)
-    path = sub.add_parser("path", help="print the path of the built LD_PRELOAD shim")
-    path.add_argument("--json", action="store_true")
+    sub.add_parser("path", help="print the path of the built LD_PRELOAD shim")
     install = sub.add_parser(
         "install", help="copy the shim (and an allocator) into DIR for another container"
     )
     install.add_argument("dir", help="directory the target can read, e.g. a shared volume")
     install.add_argument("--allocator", choices=["glibc", "jemalloc", "tcmalloc"], default="glibc")
-    install.add_argument("--json", action="store_true")
     env = sub.add_parser("env", help="print the environment variables a target needs for a hook")
     env.add_argument("--python", action="store_true", help="a Python target (in-process hook, no shim)")
     env.add_argument("--allocator", choices=["glibc", "jemalloc", "tcmalloc"], default="glibc")
@@ -68,8 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the hook socket path (without --pid, its server must run as root, medic's user or the file's owner)",
     )
     call.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the reply (default 5)")
-    clean = sub.add_parser("clean", help="remove hook sockets of processes that are gone")
-    clean.add_argument("--json", action="store_true")
+    sub.add_parser("clean", help="remove hook sockets of processes that are gone")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -177,7 +176,11 @@ def target_environment(python: bool, allocator: str, socket: str) -> dict[str, s
 
 
 def _env(args: argparse.Namespace) -> int:
-    for key, value in target_environment(args.python, args.allocator, args.socket).items():
+    env = target_environment(args.python, args.allocator, args.socket)
+    if args.json:
+        echo(json.dumps(env))
+        return 0
+    for key, value in env.items():
         echo(f"{key}={value}")
     if args.python:
         echo(f"# and once per Python environment: medic hook install-pth (writes {PTH_NAME})")
@@ -198,6 +201,9 @@ def _install_pth(args: argparse.Namespace) -> int:
         atomic_write(target, PTH_LINE.encode(), mode=0o644)
     except OSError as exc:
         raise UsageError(f"cannot write {target}: {exc.strerror}; run as the environment's owner") from None
+    if args.json:
+        echo(json.dumps({"path": target}))
+        return 0
     echo(
         f"wrote {target}: Python processes of this environment start the hook (medic_hook) "
         "when MEDIC_HOOK_SOCKET is set"

@@ -7,7 +7,7 @@ import argparse
 import json
 import time
 
-from agent.cli.client import add_url_argument, agent_url, get_json
+from agent.cli.client import agent_url, get_json
 from agent.core.text import echo, render
 from agent.core.units import format_bytes, format_duration
 
@@ -18,7 +18,6 @@ MEMORY_KINDS = ("leak", "oom-risk", "fragmentation")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", nargs="?", help="only this instance")
     parser.add_argument("--all", action="store_true", help="include resolved findings")
-    add_url_argument(parser)
 
 
 def _rate(bytes_per_second: float | None) -> str:
@@ -42,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     params = {"state": "all" if args.all else "open"}
     if args.name:
         params["instance"] = args.name
-    body = get_json(agent_url(args.url), "/api/v1/findings", params)
+    body = get_json(agent_url(args.url, args.state_dir), "/api/v1/findings", params)
     findings = [f for f in body["findings"] if f["kind"] in MEMORY_KINDS]
     if args.json:
         echo(json.dumps(findings, indent=2))

@@ -2,7 +2,8 @@
 and turns errors into one line on stderr and a defined exit code (the only place that does).
 
 Each subcommand module defines `HELP` (one line), `add_arguments(parser)` and `run(args) -> int`,
-and keeps heavy imports inside `run` so that `medic status` starts fast.
+and keeps heavy imports inside `run` so that `medic status` starts fast. The options every
+subcommand shares (`agent.cli.options`) are added here, before or after the subcommand alike.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import importlib
 import sys
 
 from agent import __version__
+from agent.cli.options import add_global_options, share_global_options
 from agent.core.errors import MedicError
 from agent.core.text import echo
 
@@ -34,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "purge": "agent.cli.purge",
     "doctor": "agent.cli.doctor",
     "hook": "agent.cli.hook",
+    "completion": "agent.cli.completion",
 }
 
 
@@ -43,11 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="sidecar-medic: watch inference processes for leaks, fragmentation and slowness.",
     )
     parser.add_argument("--version", action="version", version=f"medic {__version__}")
+    add_global_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(module_name)
         cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(cmd)
+        share_global_options(cmd)
         cmd.set_defaults(_run=module.run)
     return parser
 
@@ -55,9 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "_run", None):
+    if not getattr(args, "_run", None):  # `medic` alone: a request for help, not a mistake
         parser.print_help()
-        return 2
+        return 0
     try:
         return int(args._run(args) or 0)
     except MedicError as exc:

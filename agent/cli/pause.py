@@ -7,21 +7,27 @@ import getpass
 import json
 import sys
 
-from agent.cli.client import add_token_argument, add_url_argument, admin_token, agent_url, post_json
+from agent.cli.client import admin_token, agent_url, post_json
+from agent.cli.options import duration
 
 HELP = "pause all remediation (purges and restarts) for a while, with a reason; it expires by itself"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--for", dest="duration", default="1h", help="how long, e.g. 30m, 2h (default 1h)")
+    parser.add_argument(
+        "--for", type=duration, dest="duration", default="1h", help="how long, e.g. 30m, 2h (default 1h)"
+    )
     parser.add_argument("--reason", required=True, help="why: shown in `medic plan` and the event log")
-    add_url_argument(parser)
-    add_token_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     body = {"reason": args.reason, "duration": args.duration, "by": getpass.getuser()}
-    reply = post_json(agent_url(args.url), "/api/v1/pause", body, admin_token(args.token_file))
+    reply = post_json(
+        agent_url(args.url, args.state_dir),
+        "/api/v1/pause",
+        body,
+        admin_token(args.token_file, args.state_dir),
+    )
     if args.json:
         print(json.dumps(reply, indent=2))
         return 0

@@ -6,7 +6,7 @@ import argparse
 import json
 from datetime import datetime
 
-from agent.cli.client import add_url_argument, agent_url, get_json
+from agent.cli.client import agent_url, get_json
 from agent.core.text import echo, printable, render
 from agent.core.units import format_duration
 
@@ -14,7 +14,7 @@ HELP = "show the remediation plan: mode, pause, planned restarts against their d
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_url_argument(parser)
+    """Only the shared options (`agent.cli.options`), which main adds."""
 
 
 def _when(ts: float | None, now: float) -> str:
@@ -29,7 +29,7 @@ def _when(ts: float | None, now: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    body = get_json(agent_url(args.url), "/api/v1/plan")
+    body = get_json(agent_url(args.url, args.state_dir), "/api/v1/plan")
     if args.json:
         echo(json.dumps(body, indent=2))
         return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from agent.cli.client import add_token_argument, add_url_argument, admin_token, agent_url, post_json
+from agent.cli.client import admin_token, agent_url, post_json
 from agent.core.text import echo, printable
 from agent.core.units import format_bytes
 
@@ -16,14 +16,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="the instance")
     parser.add_argument("--reason", default="requested with medic purge", help="recorded in the event log")
     parser.add_argument("--gc", action="store_true", help="Python hook only: run the garbage collector first")
-    add_url_argument(parser)
-    add_token_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     body = {"reason": args.reason, "gc": args.gc}
     reply = post_json(
-        agent_url(args.url), f"/api/v1/instances/{args.name}/purge", body, admin_token(args.token_file)
+        agent_url(args.url, args.state_dir),
+        f"/api/v1/instances/{args.name}/purge",
+        body,
+        admin_token(args.token_file, args.state_dir),
     )
     if args.json:
         echo(json.dumps(reply, indent=2))

@@ -7,7 +7,7 @@ import argparse
 import getpass
 import json
 
-from agent.cli.client import add_token_argument, add_url_argument, admin_token, agent_url, post_json
+from agent.cli.client import admin_token, agent_url, post_json
 from agent.core.text import echo, printable
 
 HELP = "request a restart of an instance (goes through the budget; --force with a reason to skip it)"
@@ -17,14 +17,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="the instance")
     parser.add_argument("--reason", required=True, help="why: recorded in the ledger and the event log")
     parser.add_argument("--force", action="store_true", help="skip the budget and blockers (logged)")
-    add_url_argument(parser)
-    add_token_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     body = {"reason": args.reason, "force": args.force, "by": getpass.getuser()}
     reply = post_json(
-        agent_url(args.url), f"/api/v1/instances/{args.name}/restart", body, admin_token(args.token_file)
+        agent_url(args.url, args.state_dir),
+        f"/api/v1/instances/{args.name}/restart",
+        body,
+        admin_token(args.token_file, args.state_dir),
     )
     if args.json:
         echo(json.dumps(reply, indent=2))

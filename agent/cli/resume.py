@@ -7,19 +7,21 @@ import getpass
 import json
 import sys
 
-from agent.cli.client import add_token_argument, add_url_argument, admin_token, agent_url, post_json
+from agent.cli.client import admin_token, agent_url, post_json
 
 HELP = "resume remediation after `medic pause`"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_url_argument(parser)
-    add_token_argument(parser)
+    """Only the shared options (`agent.cli.options`), which main adds."""
 
 
 def run(args: argparse.Namespace) -> int:
     reply = post_json(
-        agent_url(args.url), "/api/v1/resume", {"by": getpass.getuser()}, admin_token(args.token_file)
+        agent_url(args.url, args.state_dir),
+        "/api/v1/resume",
+        {"by": getpass.getuser()},
+        admin_token(args.token_file, args.state_dir),
     )
     if args.json:
         print(json.dumps(reply, indent=2))

@@ -4,6 +4,8 @@ medic run --config medic.yaml            watch the instances of a config file
 medic run -- python serve.py --port 80   launch a command as instance `main` and watch it;
                                          medic exits with its exit status
 medic run --pid 1234 --match 'NAME=model_server'   watch processes named on the command line
+medic run --port 9500 --json             listen on 127.0.0.1:9500; print {"url", "state_dir", "pid"}
+                                         as one JSON line once listening
 medic run                                 no config: the built-in demo (a leaking and a stable
                                          sample workload, relaunched if they exit)
 """
@@ -14,6 +16,7 @@ import argparse
 import logging
 import sys
 
+from agent.cli.options import duration
 from agent.core.text import echo, printable
 
 HELP = "run the agent (on a config, a command after --, pids/regexes, or the built-in demo)"
@@ -24,9 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.description = __doc__
     parser.add_argument("--config", "-c", help="YAML config file (see examples/medic.yaml)")
-    parser.add_argument("--listen", help="HOST:PORT of the API and /metrics (default 127.0.0.1:9464)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--listen", help="HOST:PORT of the API and /metrics (default 127.0.0.1:9464)")
+    where.add_argument("--port", type=int, help="shorthand for --listen 127.0.0.1:PORT (0: any free port)")
     parser.add_argument("--state-dir", help="where the SQLite store lives (default ./medic-state)")
-    parser.add_argument("--interval", help="probe interval, e.g. 1s (default 5s)")
+    parser.add_argument("--interval", type=duration, help="probe interval, e.g. 1s (default 5s)")
     parser.add_argument("--pid", type=int, action="append", default=[], help="watch this pid (repeatable)")
     parser.add_argument(
         "--match",
@@ -52,6 +57,8 @@ def build_config(args: argparse.Namespace) -> tuple[object, str | None, bool]:
     if args.config:
         data = load_config(args.config).model_dump(mode="json", exclude_defaults=True, by_alias=True)
     agent = data.setdefault("agent", {})
+    if args.port is not None:
+        args.listen = f"127.0.0.1:{args.port}"
     for flag, key in (("listen", "listen"), ("state_dir", "state_dir"), ("interval", "interval")):
         if getattr(args, flag):
             agent[key] = getattr(args, flag)
@@ -117,6 +124,31 @@ class PrintableFormatter(logging.Formatter):
         return printable(super().formatStack(stack_info), newlines=True)
 
 
+# libraries that log each job run or each request at INFO: at WARNING, INFO is medic's own
+QUIET_LOGGERS = ("apscheduler", "httpx", "httpcore")
+
+
+def configure_logging(level: str) -> None:
+    """The agent's log: printable lines on stderr at `level`, without the libraries' per-request chatter."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(PrintableFormatter("%(asctime)s medic %(levelname)s %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _announce(state_dir: str):
+    """With --json: one JSON line on stdout once the agent listens, for scripts that start it."""
+    import json
+    import os
+
+    def announce(info: dict) -> None:
+        line = {"url": info["url"], "state_dir": os.path.abspath(state_dir), "pid": info["pid"]}
+        echo(json.dumps({**line, "version": info["version"]}), flush=True)
+
+    return announce
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -125,11 +157,13 @@ def run(args: argparse.Namespace) -> int:
 
     config, main, demo = build_config(args)
     become_init_if_pid1()  # in a container without an init, reap orphans from a process of its own
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(PrintableFormatter("%(asctime)s medic %(levelname)s %(message)s"))
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()), handlers=[handler])
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
-    agent = Agent(config, main_instance=main, config_path=args.config)  # type: ignore[arg-type]
+    configure_logging(args.log_level)
+    agent = Agent(
+        config,  # type: ignore[arg-type]
+        main_instance=main,
+        config_path=args.config,
+        on_listening=_announce(config.agent.state_dir) if args.json else None,  # type: ignore[attr-defined]
+    )
     if demo:
         listen = config.agent.listen  # type: ignore[attr-defined]
         echo(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from agent.cli.client import add_url_argument, agent_url, get_json
+from agent.cli.client import agent_url, get_json
 from agent.core.text import echo, render
 from agent.core.units import format_bytes, format_duration
 
@@ -13,11 +13,11 @@ HELP = "show every watched instance: pid, uptime, memory against its limit, CPU,
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_url_argument(parser)
+    """Only the shared options (`agent.cli.options`), which main adds."""
 
 
 def run(args: argparse.Namespace) -> int:
-    body = get_json(agent_url(args.url), "/api/v1/instances")
+    body = get_json(agent_url(args.url, args.state_dir), "/api/v1/instances")
     instances = body.get("instances", [])
     if args.json:
         echo(json.dumps(body, indent=2))

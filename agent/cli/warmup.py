@@ -15,6 +15,7 @@ import json
 import os
 import sys
 
+from agent.cli.options import duration
 from agent.core.errors import UsageError
 from agent.core.text import echo, printable
 
@@ -30,10 +31,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--url", help="base URL the requests go to (paths in .http files are joined to it)")
     parser.add_argument("--config", "-c", help="config file with the instance (default $MEDIC_CONFIG)")
-    parser.add_argument("--target", help="latency a request must stay within, e.g. 250ms (default: the SLO)")
+    parser.add_argument(
+        "--target", type=duration, help="latency a request must stay within, e.g. 250ms (default: the SLO)"
+    )
     parser.add_argument("--consecutive", "-k", type=int, default=5, help="requests in a row (default 5)")
-    parser.add_argument("--deadline", default="2m", help="give up after this long (default 2m)")
-    parser.add_argument("--timeout", default="5s", help="timeout of one request (default 5s)")
+    parser.add_argument(
+        "--deadline", type=duration, default="2m", help="give up after this long (default 2m)"
+    )
+    parser.add_argument("--timeout", type=duration, default="5s", help="timeout of one request (default 5s)")
     parser.add_argument("--verbose", "-v", action="store_true", help="print every request")
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
 

@@ -4,8 +4,9 @@ Each row belongs to one sink and is `pending`, `delivered` or `dead`. A sink's i
 order: only the oldest pending item of a sink is attempted, so a target that is down for a while
 gets everything once it is back, in the order it happened. A failed attempt waits
 `min(cap, base·2^(n-1))`, shortened by a random part (jitter) so that many agents do not retry
-in step; after `max_attempts`, or at once for an answer that no retry can fix (a 4xx other than
-408/429), the item becomes a dead letter and the next one goes.
+in step; a target that said when to come back (`Retry-After`) is not tried sooner than that. After
+`max_attempts`, or at once for an answer that no retry can fix (a 4xx other than 408/429), the item
+becomes a dead letter and the next one goes.
 
 Dedup keys: `enqueue(..., replace=False)` drops an item whose (sink, key) was ever queued (an
 event is notified once, even when routed twice); `replace=True` overwrites the payload of the
@@ -187,11 +188,14 @@ class Outbox:
             counters.last_success[item.sink] = now
         return cur.rowcount > 0
 
-    def failed(self, item: OutboxItem, error: str, retryable: bool, now: float) -> State:
-        """Record a failed attempt; the item waits for its backoff, or becomes a dead letter."""
+    def failed(
+        self, item: OutboxItem, error: str, retryable: bool, now: float, retry_after: float | None = None
+    ) -> State:
+        """Record a failed attempt; the item waits for its backoff, or for as long as the target asked
+        (`retry_after` seconds) when that is longer, or becomes a dead letter."""
         attempts = item.attempts + 1
         dead = not retryable or attempts >= self.retry.max_attempts
-        delay = backoff_delay(attempts, self.retry, self.rng())
+        delay = max(backoff_delay(attempts, self.retry, self.rng()), retry_after or 0.0)
         with self.store.transaction() as db:
             db.execute(
                 """UPDATE notify_outbox SET state=?, attempts=?, last_attempt_at=?, next_attempt_at=?,

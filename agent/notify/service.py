@@ -98,6 +98,7 @@ class Notifier:
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
         self._housekept = 0.0
+        self._hold: dict[str, float] = {}  # sink -> no request before this time (its Retry-After)
         self.snapshot(clock())
 
     # ----------------------------------------------------------------------------- public API
@@ -131,19 +132,26 @@ class Notifier:
         return repost_in
 
     def deliver_once(self, sink: HttpSink) -> float | None:
-        """Deliver the sink's due items in order; seconds until its head item is due (None: empty)."""
+        """Deliver the sink's due items in order; seconds until its head item is due (None: empty).
+
+        A `Retry-After` holds the whole sink, not only the item that got it: a rate limit is the
+        target's (Slack's is per webhook), and a dead letter must not let the next item in early."""
         try:
             for _ in range(PER_ROUND):
                 now = self.clock()
                 item = self.outbox.head(sink.name)
                 if item is None:
                     return None
-                if item.next_attempt_at > now:
-                    return item.next_attempt_at - now
+                due = max(item.next_attempt_at, self._hold.get(sink.name, 0.0))
+                if due > now:
+                    return due - now
                 try:
                     sink.send(Notification.from_dict(item.payload), item.id, now)
                 except DeliveryError as exc:  # the backoff counts from the end of the attempt
-                    state = self.outbox.failed(item, str(exc), exc.retryable, self.clock())
+                    ended = self.clock()
+                    if exc.retry_after:
+                        self._hold[sink.name] = ended + exc.retry_after
+                    state = self.outbox.failed(item, str(exc), exc.retryable, ended, exc.retry_after)
                     if state == "dead":
                         self._dead_letter(sink, item, str(exc))
                     elif item.attempts == 0:

@@ -37,11 +37,13 @@ class Received:
 
 @dataclass
 class HookServer:
-    """An HTTP target on 127.0.0.1 that records POSTs. `mode`: ok | error (500) | reject (400) | slow."""
+    """An HTTP target on 127.0.0.1 that records POSTs. `mode`: ok | error (500) | reject (400) | slow.
+    `answers`: (status, headers) to give first, one per request, before `mode` applies."""
 
     port: int = 0
     mode: str = "ok"
     slow_for: float = 3.0
+    answers: list[tuple[int, dict[str, str]]] = field(default_factory=list)
     received: list[Received] = field(default_factory=list)
     attempts: list[float] = field(default_factory=list)  # every request, answered or not
     _server: ThreadingHTTPServer | None = None
@@ -59,7 +61,11 @@ class HookServer:
                 hook.attempts.append(time.time())
                 if hook.mode == "slow":
                     time.sleep(hook.slow_for)
-                code = {"ok": 200, "error": 500, "reject": 400, "slow": 200}[hook.mode]
+                code, headers = (
+                    hook.answers.pop(0)
+                    if hook.answers
+                    else ({"ok": 200, "error": 500, "reject": 400, "slow": 200}[hook.mode], {})
+                )
                 if code == 200:
                     hook.received.append(
                         Received(
@@ -69,6 +75,8 @@ class HookServer:
                 payload = b"ok" if code == 200 else b"nope"
                 try:
                     self.send_response(code)
+                    for name, value in headers.items():
+                        self.send_header(name, value)
                     self.send_header("Content-Length", str(len(payload)))
                     self.end_headers()
                     self.wfile.write(payload)

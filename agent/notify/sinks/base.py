@@ -2,12 +2,18 @@
 
 A sink renders a `Notification` into one HTTP request at delivery time and sends it. Transport
 errors, timeouts, 408, 429 and 5xx are worth retrying; any other 4xx means the request itself is
-wrong (bad URL, bad credentials, a payload the target refuses), so retrying cannot help.
+wrong (bad URL, bad credentials, a payload the target refuses), so retrying cannot help. A 429 or
+503 may say when to come back (`Retry-After`: Slack rate-limits each webhook and says so); the
+error carries that wait, so the outbox does not knock again sooner.
 """
 
 from __future__ import annotations
 
+import re
+import time
 from dataclasses import dataclass
+from datetime import timezone
+from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar, Literal
 
 import httpx
@@ -17,14 +23,18 @@ from agent.notify.model import Notification
 
 Takes = Literal["alerts", "messages"]
 _RETRYABLE = {408, 425, 429}
+_SAYS_WHEN = {429, 503}  # the answers that may carry a Retry-After worth obeying
+MAX_RETRY_AFTER = 3600.0  # a target asking for more is capped: an hour later it is asked again
 
 
 class DeliveryError(Exception):
-    """One failed attempt: `retryable` says whether another attempt may succeed."""
+    """One failed attempt: `retryable` says whether another attempt may succeed, `retry_after`
+    how many seconds the target asked to be left alone (None: it did not say)."""
 
-    def __init__(self, detail: str, retryable: bool) -> None:
+    def __init__(self, detail: str, retryable: bool, retry_after: float | None = None) -> None:
         super().__init__(detail)
         self.retryable = retryable
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +102,26 @@ def check(response: httpx.Response) -> None:
     excerpt = response.text[:200].strip().replace("\n", " ")
     retryable = code >= 500 or code in _RETRYABLE
     hint = "" if retryable else " (not retried: fix the sink's URL, credentials or the target's config)"
+    wait = retry_after(response.headers.get("retry-after"), time.time()) if code in _SAYS_WHEN else None
+    if wait is not None:
+        hint = f" (asked to wait {wait:g}s)"
     raise DeliveryError(
-        f"{response.request.url} answered {code}: {excerpt or response.reason_phrase}{hint}", retryable
+        f"{response.request.url} answered {code}: {excerpt or response.reason_phrase}{hint}", retryable, wait
     )
+
+
+def retry_after(value: str | None, now: float) -> float | None:
+    """Seconds a `Retry-After` header asks for (delay-seconds or an HTTP date), within [0, an hour];
+    None when missing or unreadable, so that the normal backoff applies."""
+    value = (value or "").strip()
+    if re.fullmatch(r"[0-9]+", value):
+        seconds = float(value)  # no size limit: a huge number becomes inf, then the cap
+    else:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:  # "-0000": UTC without saying where the sender is
+            when = when.replace(tzinfo=timezone.utc)
+        seconds = when.timestamp() - now
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
