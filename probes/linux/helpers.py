@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.core.errors import ProbeAccessDenied, TargetGone
-from probes.linux.procfs import HOST_ROOT, proc_path, read_raw
+from agent.core.errors import ProbeAccessDenied, ProbeError, TargetGone
+from probes.linux.procfs import HOST_ROOT, read_status
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,29 +25,19 @@ class ProcessIds:
     gid: int
 
 
-def parse_ids(data: bytes) -> ProcessIds:
-    """The effective ids from `/proc/PID/status` (`Uid:`/`Gid:` lines: real, effective, saved, fs)."""
-    found: dict[bytes, int] = {}
-    for line in data.splitlines():
-        key, _, rest = line.partition(b":")
-        if key in (b"Uid", b"Gid"):
-            fields = rest.split()
-            if len(fields) < 2 or not fields[1].isdigit():
-                raise ValueError(f"/proc/PID/status: malformed {key.decode()} line {line[:80]!r}")
-            found[key] = int(fields[1])
-    if len(found) != 2:
-        raise ValueError("/proc/PID/status has no Uid or Gid line")
-    return ProcessIds(found[b"Uid"], found[b"Gid"])
-
-
 def process_ids(pid: int, root: Path = HOST_ROOT) -> ProcessIds:
-    """The effective ids of `pid`; raises `TargetGone` / `ProbeAccessDenied`."""
+    """The effective ids of `pid` (from `/proc/PID/status`); raises `TargetGone` / `ProbeAccessDenied`."""
     try:
-        return parse_ids(read_raw(proc_path(root, pid, "status")))
-    except FileNotFoundError:
-        raise TargetGone(f"process {pid} is gone") from None
-    except (OSError, ValueError) as exc:
+        status = read_status(pid, root)
+    except ProbeError as exc:
+        if isinstance(exc, (TargetGone, ProbeAccessDenied)):
+            raise
         raise ProbeAccessDenied(f"cannot read the uid of process {pid} ({exc}): run medic as root") from None
+    if status.effective_uid is None or status.effective_gid is None:
+        raise ProbeAccessDenied(
+            f"/proc/{pid}/status names no Uid or Gid: cannot tell as whom to run a helper"
+        )
+    return ProcessIds(status.effective_uid, status.effective_gid)
 
 
 def run_as(ids: ProcessIds | None, euid: int) -> dict[str, Any]:

@@ -243,6 +243,7 @@ class ProcStatus:
 
     real_uid: int | None = None
     effective_uid: int | None = None
+    effective_gid: int | None = None
     uids: tuple[int, ...] = ()  # real, effective, saved, filesystem: who may own the target's files
     ns_pids: tuple[int, ...] = ()  # NSpid: the pid in each pid namespace, outermost first
     rss_bytes: int | None = None
@@ -269,7 +270,7 @@ _STATUS_COUNT_FIELDS = {
 }
 # Anchored on the newline rather than `^` with MULTILINE: three times faster, and `Name:` comes first.
 _STATUS_LINE = re.compile(
-    rb"\n(Uid|NSpid|VmHWM|VmRSS|RssAnon|RssFile|RssShmem|VmSwap|voluntary_ctxt_switches|nonvoluntary_ctxt_switches)"
+    rb"\n(Uid|Gid|NSpid|VmHWM|VmRSS|RssAnon|RssFile|RssShmem|VmSwap|voluntary_ctxt_switches|nonvoluntary_ctxt_switches)"
     rb":[ \t]*([^\n]*)"
 )
 
@@ -288,6 +289,11 @@ def parse_status(data: bytes) -> ProcStatus:
             if len(uids) < 2:
                 raise _malformed(what, "the Uid line has fewer than 2 ids", data)
             values["real_uid"], values["effective_uid"] = uids[0], uids[1]
+        elif key == b"Gid":
+            gids = rest.split()
+            if len(gids) < 2:
+                raise _malformed(what, "the Gid line has fewer than 2 ids", data)
+            values["effective_gid"] = _int(gids[1], what, data)
         elif key == b"NSpid":
             ns_pids = tuple(_int(ns_pid, what, data) for ns_pid in rest.split())
         elif key in _STATUS_KB_FIELDS:
