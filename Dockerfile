@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # sidecar-medic as a container image: `docker build -t sidecar-medic:0.1.0 .` (docs/deploy.md).
-# Stage 1 compiles the LD_PRELOAD shim (setup.py) and installs medic into a virtualenv;
+# Stage 1 compiles the LD_PRELOAD shim and the trend kernels (setup.py) and installs medic into a
+# virtualenv with the versions of constraints.txt (the ones the footprint in docs/performance.md was measured with);
 # stage 2 copies that virtualenv onto the same Debian 12 Python base, without a compiler.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -10,7 +11,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml setup.py README.md LICENSE ./
+COPY pyproject.toml setup.py README.md LICENSE constraints.txt ./
 COPY medic_hook/ medic_hook/
 COPY agent/ agent/
 COPY probes/ probes/
@@ -18,7 +19,7 @@ COPY remediation/ remediation/
 COPY native_hooks/ native_hooks/
 COPY dashboards/ dashboards/
 RUN python -m venv /opt/medic \
-    && /opt/medic/bin/pip install --no-cache-dir /src \
+    && PIP_CONSTRAINT=/src/constraints.txt /opt/medic/bin/pip install --no-cache-dir /src \
     && /opt/medic/bin/medic hook path
 
 FROM ${PYTHON_IMAGE}

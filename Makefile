@@ -8,22 +8,24 @@ BIN := $(VENV)/bin
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-$(BIN)/medic: pyproject.toml
+# constraints.txt pins what the tests and the footprint figures were measured with (the image uses it too)
+$(BIN)/medic: pyproject.toml setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -c constraints.txt setuptools
+	$(BIN)/pip install -q -c constraints.txt -e '.[test,lint]'
 	@touch $@
 
-install: $(BIN)/medic  ## create .venv and install medic with its test tools
+install: $(BIN)/medic  ## create .venv and install medic with its test and lint tools
 
 system-deps:  ## install the Debian packages the tests need (root or sudo)
 	./scripts/install-system-deps.sh
 
-run: install  ## run the agent on its built-in demo (API on http://127.0.0.1:9464)
+run: install  ## the agent on its built-in demo, compressed time: a leak finding within 2 minutes (http://127.0.0.1:9464/)
 	$(BIN)/medic run
 
 demo: install  ## real onnxruntime servers (healthy, leaking, slow) and medic restarting them, narrated
-	$(BIN)/pip install -q -e '.[demo]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[demo]'
 	$(BIN)/medic demo
 
 test: system-deps install lint typecheck  ## install everything and run the whole test suite
@@ -38,7 +40,7 @@ lint: install  ## ruff lint and format check
 
 # the modules held to mypy (strict, pyproject.toml); the rest of the tree is read for its types only
 TYPED := agent/core agent/config probes/base.py probes/linux remediation/model.py remediation/planner.py \
-	remediation/budget.py native_hooks/errors.py medic_hook
+	remediation/budget.py native_hooks/errors.py medic_hook agent/guardrail
 
 typecheck: install  ## mypy on the typed modules
 	$(BIN)/mypy $(TYPED)

@@ -1,29 +1,94 @@
-"""Builds the LD_PRELOAD shim (`native_hooks/libmedic_shim*.so`) and the trend test's kernels
-(`agent/detect/_kernels*.so`, a CPython extension) with the system C compiler.
+"""Builds the two native parts with the system C compiler; everything else lives in pyproject.toml.
 
-Everything else about the package lives in pyproject.toml. The shim is a plain shared library (no
-Python symbols, links only libdl and libpthread) built as an extension so that every install path
-compiles it: `pip install .` puts it inside the installed package; `pip install -e .` and
-`python setup.py build_ext --inplace` put it next to native_hooks/shim.c. setuptools names it with
-the interpreter's suffix (`libmedic_shim.cpython-311-x86_64-linux-gnu.so`); `native_hooks.shim_path()`
-finds it under either name.
+- `native_hooks/libmedic_shim.so`, the LD_PRELOAD shim: a plain shared library (no Python symbols,
+  links only libdl and libpthread), so it is compiled and linked as a C library, not as a CPython
+  extension, and its name carries no interpreter suffix: the same file serves every Python version.
+- `agent/detect/_kernels`, the trend test's O(n^2) loops: a CPython extension, optional. Without a
+  compiler (or with a failing one) the install still succeeds, with a warning, and
+  `agent.detect.trend` uses its Python twins.
+
+A missing compiler leaves the shim out too, with a warning: `medic hook path` then says how to
+build it. `pip install .` puts both in the installed packages; `pip install -e .` and
+`python setup.py build_ext --inplace` put them next to their sources.
 """
 
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+SHIM_SOURCE = "native_hooks/shim.c"
+SHIM_LIBRARY = "libmedic_shim.so"
+SHIM_FLAGS = ["-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-std=gnu11"]
+
+
+def _warn(message: str) -> None:
+    print(f"WARNING: {message}", file=sys.stderr)
+
+
+class build_native(build_ext):
+    """build_ext that tolerates a missing compiler and builds the shim as a plain C library."""
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # CompileError, LinkError, a compiler that is not there
+            _warn(
+                f"{ext.name} was not built ({exc}); medic uses the Python fallback, slower for long "
+                "series. Install a C compiler (Debian: gcc) and reinstall to get it."
+            )
+
+    def run(self) -> None:
+        super().run()
+        self.build_shim()
+
+    def _shim_paths(self) -> tuple[Path, Path]:
+        """Where the shim is linked (the build tree), and where an in-place build puts it."""
+        package_dir = Path(self.get_finalized_command("build_py").get_package_dir("native_hooks"))
+        return Path(self.build_lib) / "native_hooks" / SHIM_LIBRARY, package_dir / SHIM_LIBRARY
+
+    def build_shim(self) -> None:
+        built, inplace = self._shim_paths()
+        try:
+            objects = self.compiler.compile(
+                [SHIM_SOURCE], output_dir=self.build_temp, extra_postargs=SHIM_FLAGS
+            )
+            built.parent.mkdir(parents=True, exist_ok=True)
+            self.compiler.link_shared_object(objects, str(built), libraries=["dl", "pthread"])
+        except Exception as exc:
+            _warn(
+                f"the LD_PRELOAD shim ({SHIM_LIBRARY}) was not built ({exc}); native targets cannot "
+                "be hooked (`medic hook path` says how to build it). Install a C compiler (Debian: gcc)."
+            )
+            return
+        if self.inplace:
+            self.copy_file(str(built), str(inplace), level=self.verbose)
+
+    def get_outputs(self) -> list[str]:
+        built, inplace = self._shim_paths()
+        shim = inplace if self.inplace else built
+        return [*super().get_outputs(), *([str(shim)] if shim.exists() else [])]
+
+    def get_output_mapping(self) -> dict[str, str]:
+        mapping = dict(super().get_output_mapping())
+        built, inplace = self._shim_paths()
+        if self.inplace and built.exists():
+            mapping[os.fspath(built)] = os.fspath(inplace)
+        return mapping
+
 
 setup(
+    cmdclass={"build_ext": build_native},
     ext_modules=[
-        Extension(
-            "native_hooks.libmedic_shim",
-            sources=["native_hooks/shim.c"],
-            libraries=["dl", "pthread"],
-            extra_compile_args=["-O2", "-fvisibility=hidden", "-Wall", "-Wextra", "-std=gnu11"],
-        ),
-        # the trend test's O(n^2) kernels; agent.detect.trend falls back to Python without them
         Extension(
             "agent.detect._kernels",
             sources=["agent/detect/_kernels.c"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-std=gnu11", "-ffp-contract=off"],
+            optional=True,
         ),
     ],
 )

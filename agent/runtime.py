@@ -34,6 +34,8 @@ from agent.api.server import server_config
 from agent.config.model import Config
 from agent.core.errors import ConfigError, StoreError
 from agent.jobs.detection import Detection
+from agent.jobs.history import TICK as HISTORY_TICK
+from agent.jobs.history import HistoryJob
 from agent.jobs.remediation import Remediation
 from agent.notify.service import start_notifier
 from agent.state.eventlog import EventLog
@@ -109,7 +111,12 @@ class Agent:
         token, token_path = load_or_create_token(cfg.token_file, Path(cfg.state_dir))
         log.info("admin token for mutating endpoints: %s", token_path)
         self.events = EventLog(self.store)
-        self.tracker = Tracker(self.config.instances, self.store, self.events)
+        self.tracker = Tracker(
+            self.config.instances,
+            self.store,
+            self.events,
+            inherit_output=[self.main_instance] if self.main_instance else [],
+        )
         disable_created_metrics()  # no `_created` series; a process-wide switch, so set by the agent
         self.telemetry = Telemetry(self.tracker)
         self.notifier = start_notifier(self)  # events → Alertmanager/webhook/Slack (agent/notify)
@@ -130,8 +137,17 @@ class Agent:
             self.events,
             memory_params,
             self.config.detect.slow_params(),
+            workload_label=self.config.detect.workload_label,
         )
         self.telemetry.watch_findings(self.detection)
+        history = self.config.history.prometheus  # the workloads' past, for new processes
+        self.history = (
+            HistoryJob(
+                history, self.events, memory_params, self.detection.priors, self.config.detect.workload_label
+            )
+            if history is not None
+            else None
+        )
         self.remediation = Remediation(
             self.config.remediation, self.tracker, self.store, self.events, self.detection
         )
@@ -249,6 +265,8 @@ class Agent:
         job(self._retention, min(3600.0, cfg.raw_retention / 4), "retention")
         job(self._refresh_limits, cfg.slow_interval, "memory-limits")
         job(self.detection.run, self.config.detect.interval, "detect")
+        if self.history is not None:
+            job(self.history.tick, HISTORY_TICK, "history")
         job(self.remediation.step, self.config.remediation.interval, "remediate")
         return scheduler
 

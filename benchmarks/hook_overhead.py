@@ -1,6 +1,8 @@
-"""Throughput of a malloc-heavy loop with and without the LD_PRELOAD shim, probed every 100 ms.
+"""Throughput of a malloc-heavy loop with and without the LD_PRELOAD shim, probed every 100 ms; and, with
+`--python`, the cost of the Python hook's allocation-site tracing and type histogram.
 
     python benchmarks/hook_overhead.py [--allocator glibc|jemalloc|tcmalloc] [--ops 20000000] [--rounds 9]
+    python benchmarks/hook_overhead.py --python [--ops 300000] [--rounds 5]
 
 The target is native_hooks/workloads/alloc_target.c (`bench OPS`: a ring of 4096 live blocks of
 16-1040 bytes, one free + one malloc per op, timed inside the target). Three configurations run
@@ -40,6 +42,24 @@ from native_hooks.client import HookClient
 from native_hooks.workloads import TargetIO, build_c_target, target_env
 
 CONFIGS = ("baseline", "loaded", "probed")
+SITES_CONFIGS = ("off", "frames=1", "frames=5", "frames=10")
+# a Python service's request loop: a cache that fills (str -> bytes) and per-request garbage, timed in
+# CPU time of the process; `histogram` and `sites` are timed by the hook itself (elapsed_s)
+PYTHON_TARGET = """
+import gc, os, sys, time
+import medic_hook
+medic_hook.start()
+cache, serial = {}, 0
+print("ready", os.getpid(), flush=True)
+for line in sys.stdin:
+    ops = int(line.split()[1])
+    started = time.process_time_ns()
+    for _ in range(ops):
+        serial += 1
+        cache[f"request-{serial}"] = bytes(256)
+        garbage = [{"id": serial, "items": [serial] * 4} for _ in range(4)]
+    print(time.process_time_ns() - started, len(gc.get_objects()), flush=True)
+"""
 
 
 def thread_cpu_ns(pid: int) -> dict[str, int]:
@@ -99,14 +119,112 @@ def run_once(
                 stream.close()
 
 
+def python_sites(ops: int, rounds: int) -> dict:
+    """Per-op CPU time of PYTHON_TARGET with tracing off and at 1, 5 and 10 frames (interleaved, each
+    run in a fresh process); the cost of one `sites` snapshot and tracemalloc's memory after a run;
+    a type histogram with and without counting the largest dicts' contents."""
+    work = tempfile.mkdtemp(prefix="mp-", dir="/tmp")
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": root, "MEDIC_HOOK_SOCKET": f"{work}/p.%p.sock"}
+    per_op: dict[str, list[float]] = {c: [] for c in SITES_CONFIGS}
+    snapshot_s: list[float] = []
+    tracemalloc_bytes: list[int] = []
+    histogram_s: dict[str, list[float]] = {"contents=8": [], "contents=0": []}
+    objects: list[int] = []
+    try:
+        for _ in range(rounds):
+            for config in SITES_CONFIGS:
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", PYTHON_TARGET],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    env=env,
+                )
+                try:
+                    assert proc.stdin is not None and proc.stdout is not None
+                    pid = int(proc.stdout.readline().split()[1])
+                    with HookClient(f"{work}/p.{pid}.sock", timeout=30, pid=pid) as client:
+                        if config != "off":
+                            client.request("sites_start", frames=int(config.split("=")[1]), max_memory=2**28)
+                        proc.stdin.write(f"bench {ops}\n")
+                        proc.stdin.flush()
+                        ns, live = proc.stdout.readline().split()
+                        per_op[config].append(int(ns) / ops)
+                        objects.append(int(live))
+                        if config == "frames=5":
+                            reply = client.request("sites", top=50)
+                            snapshot_s.append(reply["elapsed_s"])
+                            tracemalloc_bytes.append(reply["tracemalloc_bytes"])
+                        if config == "off":
+                            for contents in (8, 0):
+                                reply = client.request("histogram", top=50, contents=contents, budget_s=10)
+                                histogram_s[f"contents={contents}"].append(reply["elapsed_s"])
+                finally:
+                    proc.kill()
+                    proc.wait()
+                    for stream in (proc.stdin, proc.stdout):
+                        if stream:
+                            stream.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    medians = {c: statistics.median(v) for c, v in per_op.items()}
+    return {
+        "ops": ops,
+        "rounds": rounds,
+        "cpu_ns_per_op": {c: round(m, 1) for c, m in medians.items()},
+        "slowdown_percent": {
+            c: round(100 * (m / medians["off"] - 1), 1) for c, m in medians.items() if c != "off"
+        },
+        "spread_cpu_ns_per_op": {c: [round(min(v), 1), round(max(v), 1)] for c, v in per_op.items()},
+        "sites_snapshot_s": round(statistics.median(snapshot_s), 4),
+        "tracemalloc_mib_after_run": round(statistics.median(tracemalloc_bytes) / 2**20, 1),
+        "histogram_s": {k: round(statistics.median(v), 4) for k, v in histogram_s.items()},
+        "gc_objects": int(statistics.median(objects)),
+        "host": {"cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%d %H:%M:%S")},
+    }
+
+
+def print_python(summary: dict) -> None:
+    print(f"Python hook, {summary['ops']} requests per run, {summary['rounds']} interleaved rounds")
+    print(f"{'tracing':<10} {'CPU ns/op':>9} {'slowdown':>9} {'spread':>16}")
+    for config in SITES_CONFIGS:
+        slowdown = summary["slowdown_percent"].get(config)
+        low, high = summary["spread_cpu_ns_per_op"][config]
+        print(
+            f"{config:<10} {summary['cpu_ns_per_op'][config]:>9.1f} "
+            f"{'' if slowdown is None else f'{slowdown:+.1f}%':>9} {f'{low:.1f}-{high:.1f}':>16}"
+        )
+    print(
+        f"one sites snapshot (frames=5): {summary['sites_snapshot_s'] * 1000:.1f} ms, tracemalloc's own "
+        f"memory {summary['tracemalloc_mib_after_run']} MiB after a run"
+    )
+    hist = summary["histogram_s"]
+    print(
+        f"type histogram of {summary['gc_objects']} GC objects: {hist['contents=0'] * 1000:.1f} ms, "
+        f"{hist['contents=8'] * 1000:.1f} ms counting the 8 largest dicts' contents"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--allocator", choices=["glibc", "jemalloc", "tcmalloc"], default="glibc")
-    parser.add_argument("--ops", type=int, default=20_000_000, help="malloc/free pairs per run")
+    parser.add_argument(
+        "--python", action="store_true", help="the Python hook: allocation-site tracing and histograms"
+    )
+    parser.add_argument("--ops", type=int, default=None, help="malloc/free pairs (Python: requests) per run")
     parser.add_argument("--rounds", type=int, default=9, help="interleaved runs per configuration")
     parser.add_argument("--period", type=float, default=0.1, help="seconds between probes (default 0.1)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.python:
+        python_summary = python_sites(args.ops or 300_000, args.rounds)
+        if args.json:
+            print(json.dumps(python_summary, indent=2))
+        else:
+            print_python(python_summary)
+        return 0
+    args.ops = args.ops or 20_000_000
 
     work = tempfile.mkdtemp(prefix="mb-", dir="/tmp")
     try:

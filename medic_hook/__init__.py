@@ -10,15 +10,17 @@ into a `.pth` file of the target's site-packages (it calls `medic_hook.autostart
 This package is all of medic that ever runs inside a target. It imports only the standard library
 and itself, never any of medic's other packages (`agent`, `probes`, `native_hooks`, ...), so a target
 with modules of the same names keeps its own. It leaves behind only its server thread (a daemon named
-`medic-hook`) and its socket, removed at exit. The thread never raises into the host: every failure
+`medic-hook`), its socket (removed at exit) and a few ctypes handles opened once; a request allocates
+nothing that outlives its reply, and a tracemalloc session it starts stops itself within its budgets. The thread never raises into the host: every failure
 becomes an error reply (`medic_hook.errors` draws the exception tree). Work per request is bounded
 (request line <= 4 KiB, histogram walk within a budget), at most 8 connections are kept, idle ones are
 dropped after 10 s, and peers must run with our uid or as root (SO_PEERCRED). After `os.fork()` a
 child whose path has the pid in it (`%p` or `auto`) serves its own socket; otherwise it serves none.
 
 Modules: `paths` (socket rules and safe binding), `protocol` (request and reply rules), `jemalloc`,
-`tcmalloc`, `glibc` (ctypes bindings), `allocator` (which one serves malloc, behind one interface),
-`histogram` (the Python type histogram), `handlers` (one per op), `server` (the thread); this module
+`tcmalloc`, `glibc` (ctypes bindings), `dl` (the ctypes handles, opened once), `allocator` (which one
+serves malloc, behind one interface), `histogram` (the Python type histogram), `sites` (allocation
+sites through tracemalloc), `handlers` (one per op), `server` (the thread); this module
 holds the process-wide API: `start`, `stop`, `running_path`, `autostart`.
 """
 
@@ -30,6 +32,7 @@ import os
 import sys
 import threading
 
+from medic_hook import sites
 from medic_hook.errors import AllocatorError, MallctlError, RequestError, SocketPathError
 from medic_hook.handlers import HANDLERS, Handler, handle_line
 from medic_hook.paths import AUTO, ENV_DEBUG, ENV_SOCKET, has_pid
@@ -84,6 +87,7 @@ def stop() -> None:
         server, _server = _server, None
     if server is not None:
         server.stop()
+    sites.stop("the hook stopped")
 
 
 def running_path() -> str | None:
@@ -122,6 +126,7 @@ def _after_fork_in_child() -> None:
     if server is None:
         return
     server.abandon()
+    sites.after_fork_in_child()
     if has_pid(server.template):
         with contextlib.suppress(Exception):
             start(server.template)

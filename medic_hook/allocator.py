@@ -14,6 +14,7 @@ import os
 from functools import lru_cache
 from typing import Any
 
+from medic_hook.dl import libc, process_symbols
 from medic_hook.errors import AllocatorError, RequestError
 from medic_hook.glibc import GlibcMalloc, parse_malloc_info
 from medic_hook.jemalloc import JEMALLOC_STATS, MALLCTL_ARENAS_ALL, Mallctl
@@ -29,18 +30,23 @@ class DlInfo(ctypes.Structure):
     ]
 
 
+@lru_cache(maxsize=1)
+def _dladdr_function() -> Any:
+    function = process_symbols().dladdr
+    function.argtypes = [ctypes.c_void_p, ctypes.POINTER(DlInfo)]
+    function.restype = ctypes.c_int
+    return function
+
+
 def _dladdr(address: int | None) -> DlInfo | None:
     if not address:
         return None
-    libc = ctypes.CDLL(None)
-    libc.dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(DlInfo)]
-    libc.dladdr.restype = ctypes.c_int
     info = DlInfo()
-    return info if libc.dladdr(ctypes.c_void_p(address), ctypes.byref(info)) else None
+    return info if _dladdr_function()(ctypes.c_void_p(address), ctypes.byref(info)) else None
 
 
 def malloc_address() -> int:
-    return ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value or 0
+    return ctypes.cast(process_symbols().malloc, ctypes.c_void_p).value or 0
 
 
 def object_of(address: int | None) -> tuple[int, str] | None:
@@ -282,12 +288,10 @@ class GlibcAllocator(LocalAllocator):
     def __init__(self, object_path: str, malloc: GlibcMalloc) -> None:
         super().__init__(object_path)
         self.malloc = malloc
+        self._version = _glibc_version()  # asked once: it cannot change while the process runs
 
     def version(self) -> str | None:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.gnu_get_libc_version.restype = ctypes.c_char_p
-        version: bytes = libc.gnu_get_libc_version()
-        return version.decode()
+        return self._version
 
     def stats(self, detail: bool = False) -> dict[str, Any]:
         info = self.malloc.mallinfo2()
@@ -299,6 +303,15 @@ class GlibcAllocator(LocalAllocator):
     def purge(self) -> str:
         self.malloc.trim(0)
         return "malloc_trim(0)"
+
+
+def _glibc_version() -> str | None:
+    lib = libc()
+    if lib is None or not hasattr(lib, "gnu_get_libc_version"):
+        return None
+    lib.gnu_get_libc_version.restype = ctypes.c_char_p
+    version: bytes = lib.gnu_get_libc_version()
+    return version.decode()
 
 
 @lru_cache(maxsize=1)

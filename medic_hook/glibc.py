@@ -11,6 +11,7 @@ import ctypes
 from dataclasses import dataclass, field
 from typing import Any
 
+from medic_hook.dl import free_function, libc
 from medic_hook.errors import AllocatorError
 
 MALLINFO2_FIELDS = (
@@ -48,18 +49,13 @@ class GlibcMalloc:
         libc.fclose.argtypes = [ctypes.c_void_p]
         libc.fclose.restype = ctypes.c_int
         # the memstream buffer comes from whichever malloc serves the process: free it through the same
-        self._free = ctypes.PyDLL(None).free
-        self._free.argtypes = [ctypes.c_void_p]
-        self._free.restype = None
+        self._free = free_function()
 
     @classmethod
     def find(cls) -> GlibcMalloc | None:
         """glibc's functions, or None on a libc without `mallinfo2` (glibc < 2.33, musl)."""
-        try:
-            libc = ctypes.PyDLL("libc.so.6")  # keeps the GIL: see Mallctl.find
-        except OSError:
-            return None
-        return cls(libc) if hasattr(libc, "mallinfo2") else None
+        lib = libc()  # keeps the GIL: see medic_hook.dl
+        return cls(lib) if lib is not None and hasattr(lib, "mallinfo2") else None
 
     def mallinfo2(self) -> dict[str, int]:
         info = self._libc.mallinfo2()

@@ -11,9 +11,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from medic_hook import sites
 from medic_hook.allocator import local_allocator, process_memory, rss_bytes
 from medic_hook.errors import AllocatorError, RequestError
-from medic_hook.histogram import type_histogram
+from medic_hook.histogram import DEFAULT_CONTENTS, type_histogram
 from medic_hook.protocol import (
     OPS,
     PROTOCOL_VERSION,
@@ -118,8 +119,26 @@ def op_histogram(request: dict[str, Any]) -> dict[str, Any]:
         max_objects=optional_int(request, "max_objects", 2_000_000, 1, 100_000_000),
         budget_s=optional_float(request, "budget_s", 1.0, 0.001, 10.0),
         referents=request.get("referents", False) is True,
+        contents=optional_int(request, "contents", DEFAULT_CONTENTS, 0, 64),
     )
-    return {**_common("histogram"), **result}
+    return {**_common("histogram"), **result, "sites_tracing": sites.tracing()}
+
+
+def op_sites_start(request: dict[str, Any]) -> dict[str, Any]:
+    result = sites.start(
+        frames=optional_int(request, "frames", sites.DEFAULT_FRAMES, 1, sites.MAX_FRAMES),
+        duration_s=optional_float(request, "duration_s", sites.DEFAULT_DURATION_S, 1.0, sites.MAX_DURATION_S),
+        max_memory=optional_int(request, "max_memory", sites.DEFAULT_MAX_MEMORY, 2**20, sites.MAX_MEMORY),
+    )
+    return {**_common("sites_start"), **result}
+
+
+def op_sites(request: dict[str, Any]) -> dict[str, Any]:
+    return {**_common("sites"), **sites.snapshot(top=optional_int(request, "top", 50, 1, 500))}
+
+
+def op_sites_stop(request: dict[str, Any]) -> dict[str, Any]:
+    return {**_common("sites_stop"), **sites.stop()}
 
 
 HANDLERS: dict[str, Handler] = {
@@ -129,6 +148,9 @@ HANDLERS: dict[str, Handler] = {
     "prof_dump": op_prof_dump,
     "prof_active": op_prof_active,
     "histogram": op_histogram,
+    "sites_start": op_sites_start,
+    "sites": op_sites,
+    "sites_stop": op_sites_stop,
 }
 
 

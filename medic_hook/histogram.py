@@ -1,16 +1,28 @@
 """The Python type histogram: counts and shallow sizes of live objects per type.
 
 `gc.get_objects()` lists only objects the collector tracks (containers and class instances); atomic
-objects such as `str`, `bytes` and `int` appear only when `referents=True` adds the untracked objects
-that tracked ones point to. Walking holds the GIL, so the host's threads slow down meanwhile: the
-walk refuses heaps larger than `max_objects` before it starts (estimated from
-`sys.getallocatedblocks()`, or from RSS when pymalloc is off) and stops at `budget_s`.
+objects such as `str`, `bytes` and `int` are never tracked, so a cache of `str -> bytes` would show as
+one `dict` of a few MiB while it holds GiBs; worse, a dict holding only such objects is not tracked
+either. Two ways in: `referents=True` adds the untracked objects that any tracked one points to (a
+pass over every object's referents: costly), and, cheaply and always, the keys and values of the
+`contents` largest dicts are counted (up to `MAX_CONTENT_ITEMS` items in all), so the cache's `bytes`
+and `str` show at their real size and the dict itself is listed under `containers`. The largest
+dicts are looked for among tracked dicts and the dicts they hold as values (module globals, instance
+and class attributes): an untracked dict reachable only through a list, a tuple or a `__slots__`
+attribute is missed.
+
+The hook's own objects (types of `medic_hook`, its ctypes handles, its server's sockets and thread)
+are left out, so medic never shows among the host's types. Walking holds the GIL, so the host's
+threads slow down meanwhile: the walk refuses heaps larger than `max_objects` before it starts
+(estimated from `sys.getallocatedblocks()`, or from RSS when pymalloc is off) and stops at `budget_s`.
 """
 
 from __future__ import annotations
 
+import heapq
 import sys
 import time
+from collections import OrderedDict, defaultdict
 from typing import Any
 
 from medic_hook.allocator import rss_bytes
@@ -18,6 +30,11 @@ from medic_hook.errors import RequestError
 
 _CHECK_EVERY = 4096
 _MIN_BYTES_PER_OBJECT = 16
+DEFAULT_CONTENTS = 8  # largest dicts whose keys and values are counted
+MAX_CONTENT_ITEMS = 1_000_000  # items counted in them, in all
+_DICT_TYPES = frozenset((dict, OrderedDict, defaultdict))
+_OWN_MODULES = ("socket", "selectors", "threading", "_thread", "ctypes", "_ctypes", "_socket")
+_MAX_OWN = 2000
 
 
 def estimate_objects() -> tuple[int, str]:
@@ -29,9 +46,9 @@ def estimate_objects() -> tuple[int, str]:
 
 
 def _type_name(kind: type) -> str:
-    module = getattr(kind, "__module__", None)
+    module = _module_of(kind)
     qualname = getattr(kind, "__qualname__", kind.__name__)
-    return qualname if module in (None, "builtins") else f"{module}.{qualname}"
+    return qualname if module in ("", "builtins") else f"{module}.{qualname}"
 
 
 def _size(obj: Any) -> int:
@@ -41,8 +58,63 @@ def _size(obj: Any) -> int:
         return 0
 
 
+def _module_of(kind: type) -> str:
+    module = getattr(kind, "__module__", None)  # a descriptor on some classes of C extensions
+    return module if isinstance(module, str) else ""
+
+
+def _is_medic(kind: type) -> bool:
+    module = _module_of(kind)
+    return module == "medic_hook" or module.startswith("medic_hook.")
+
+
+def own_objects() -> list[Any]:
+    """The long-lived objects the hook holds in its host: its ctypes handles (libraries, their
+    function-pointer classes and functions) and what its server reaches (sockets, selector, thread),
+    found by a bounded walk that follows only objects of those modules and their attribute containers."""
+    import gc
+
+    from medic_hook import dl
+
+    roots: list[Any] = []
+    for lib in (dl.process_symbols(), dl.libc()):
+        if lib is not None:
+            functions = [v for v in vars(lib).values() if isinstance(v, lib._FuncPtr)]
+            roots += [lib, vars(lib), lib._FuncPtr, *functions]
+            roots += [f.argtypes for f in functions if f.argtypes is not None]
+    server = getattr(sys.modules.get("medic_hook"), "_server", None)
+    found: dict[int, Any] = {id(o): o for o in roots}
+    queue = [o for o in (server, getattr(server, "_thread", None)) if o is not None]
+    found.update((id(o), o) for o in queue)
+    while queue and len(found) < _MAX_OWN:
+        holder = queue.pop()
+        for ref in gc.get_referents(holder):
+            if id(ref) not in found and _follow(holder, ref):
+                found[id(ref)] = ref
+                queue.append(ref)
+    return list(found.values())
+
+
+def _own_kind(kind: type) -> bool:
+    return _is_medic(kind) or _module_of(kind) in _OWN_MODULES
+
+
+def _follow(holder: Any, ref: Any) -> bool:
+    """Objects of the hook's modules, and containers only as attributes of such objects (a shared
+    dict, a type, a module or a function is never followed)."""
+    if isinstance(ref, type) or type(ref).__name__ in ("module", "function", "builtin_function_or_method"):
+        return False
+    if type(ref) in (dict, list, set, tuple):
+        return _own_kind(type(holder))
+    return _own_kind(type(ref))
+
+
 def type_histogram(
-    top: int = 50, max_objects: int = 2_000_000, budget_s: float = 1.0, referents: bool = False
+    top: int = 50,
+    max_objects: int = 2_000_000,
+    budget_s: float = 1.0,
+    referents: bool = False,
+    contents: int = DEFAULT_CONTENTS,
 ) -> dict[str, Any]:
     """Counts and shallow sizes per type, the `top` largest by count; raises `RequestError`
     (`too_expensive`) when the heap is too large or the walk overran its budget."""
@@ -59,6 +131,7 @@ def type_histogram(
     deadline = started + budget_s
     counts: dict[type, list[int]] = {}
     seen_untracked: set[int] = set()
+    largest: list[tuple[int, int, Any]] = []  # a min-heap of the `contents` longest dicts
     walked = 0
     objects = gc.get_objects()
     try:
@@ -70,9 +143,18 @@ def type_histogram(
                     f"histogram walk exceeded its budget of {budget_s}s after {walked} of {len(objects)} "
                     "objects; raise budget_s (at most 10) or use heap profiles instead",
                 )
-            row = counts.setdefault(type(obj), [0, 0])
+            kind = type(obj)
+            row = counts.setdefault(kind, [0, 0])
             row[0] += 1
             row[1] += _size(obj)
+            if kind in _DICT_TYPES and contents:
+                _keep_largest(largest, contents, obj)
+                try:
+                    for value in obj.values():  # a dict of only atomic items is untracked: found here
+                        if type(value) in _DICT_TYPES and not gc.is_tracked(value):
+                            _keep_largest(largest, contents, value)
+                except RuntimeError:  # resized by another thread meanwhile
+                    pass
             if referents:
                 for ref in gc.get_referents(obj):
                     if not gc.is_tracked(ref) and id(ref) not in seen_untracked:
@@ -82,12 +164,99 @@ def type_histogram(
                         ref_row[1] += _size(ref)
     finally:
         del objects  # drop the references to every object before returning
+    dicts = [entry[2] for entry in sorted(largest, reverse=True)]
+    del largest
+    containers, counted = _count_contents(dicts, counts, seen_untracked if referents else None, deadline)
+    del dicts
+    hidden = _leave_out_own(counts)
     rows = sorted(counts.items(), key=lambda item: (-item[1][0], -item[1][1]))
     return {
-        "objects": walked + len(seen_untracked),
-        "tracked_objects": walked,
+        "objects": walked + len(seen_untracked) + counted - hidden,
+        "tracked_objects": walked - hidden,
         "distinct_types": len(rows),
         "types": [{"type": _type_name(kind), "count": c, "bytes": b} for kind, (c, b) in rows[:top]],
+        "containers": containers,
+        "hook_objects": hidden,
         "elapsed_s": round(time.perf_counter() - started, 6),
         "referents": referents,
     }
+
+
+def _keep_largest(largest: list[tuple[int, int, Any]], keep: int, mapping: Any) -> None:
+    """Keep `mapping` in the min-heap `largest` if it is among the `keep` longest (ties by id, which
+    is unique among live objects: dicts themselves are never compared)."""
+    length = len(mapping)
+    if len(largest) >= keep and length <= largest[0][0]:
+        return
+    if any(entry[2] is mapping for entry in largest):
+        return
+    if len(largest) < keep:
+        heapq.heappush(largest, (length, id(mapping), mapping))
+    else:
+        heapq.heapreplace(largest, (length, id(mapping), mapping))
+
+
+def _count_contents(
+    dicts: list[Any], counts: dict[type, list[int]], seen: set[int] | None, deadline: float
+) -> tuple[list[dict[str, Any]], int]:
+    """Count the untracked keys and values of `dicts` into `counts`; one summary per dict, and how
+    many objects were added. A dict another thread resizes meanwhile is counted as far as it got."""
+    import gc
+
+    containers, added, budget = [], 0, MAX_CONTENT_ITEMS
+    for mapping in dicts:
+        if budget <= 0 or time.perf_counter() > deadline:
+            break
+        content_bytes, pairs, complete = 0, 0, True
+        kinds: dict[tuple[str, str], int] = {}
+        try:
+            for key, value in mapping.items():
+                pairs += 1
+                if pairs > budget or (pairs % _CHECK_EVERY == 0 and time.perf_counter() > deadline):
+                    complete = False  # counted as far as the walk's item and time budgets allow
+                    break
+                for item in (key, value):
+                    if gc.is_tracked(item) or (seen is not None and id(item) in seen):
+                        continue
+                    size = _size(item)
+                    row = counts.setdefault(type(item), [0, 0])
+                    row[0] += 1
+                    row[1] += size
+                    content_bytes += size
+                    added += 1
+                pair = (_type_name(type(key)), _type_name(type(value)))
+                if len(kinds) < 16 or pair in kinds:
+                    kinds[pair] = kinds.get(pair, 0) + 1
+        except RuntimeError:  # resized by another thread while we counted
+            complete = False
+        budget -= pairs
+        common = max(kinds.items(), key=lambda item: item[1])[0] if kinds else None
+        containers.append(
+            {
+                "type": _type_name(type(mapping)),
+                "len": len(mapping),
+                "bytes": _size(mapping),
+                "content_bytes": content_bytes,
+                "holds": f"{common[0]} -> {common[1]}" if common else None,
+                "complete": complete,
+            }
+        )
+    return containers, added
+
+
+def _leave_out_own(counts: dict[type, list[int]]) -> int:
+    """Remove the hook's own objects from `counts`; how many were removed."""
+    import gc
+
+    hidden = 0
+    for kind in [k for k in counts if _is_medic(k)]:
+        hidden += counts.pop(kind)[0]
+    for obj in own_objects():
+        row = counts.get(type(obj))
+        if row is not None and gc.is_tracked(obj) and row[0] > 0:
+            row[0] -= 1
+            row[1] = max(0, row[1] - _size(obj))
+            hidden += 1
+    for kind in [k for k, (c, _) in counts.items() if c <= 0]:
+        del counts[kind]
+    return hidden

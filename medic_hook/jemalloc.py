@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from medic_hook.dl import process_symbols
 from medic_hook.errors import AllocatorError, MallctlError
 
 MALLCTL_ARENAS_ALL = 4096  # the pseudo arena index meaning "all arenas" (jemalloc >= 5)
@@ -43,9 +44,9 @@ class Mallctl:
     @classmethod
     def find(cls) -> Mallctl | None:
         """The `mallctl` visible in the global symbol scope, or None (jemalloc not loaded or not exported)."""
-        # PyDLL keeps the GIL held during the call: mallctl takes microseconds, and releasing the GIL
-        # would make the hook thread queue behind busy Python threads at every call
-        function = getattr(ctypes.PyDLL(None), "mallctl", None)
+        # the process's symbols through one cached PyDLL (medic_hook.dl): it keeps the GIL held during
+        # the call, and a new handle per call would leave a new ctypes type in the host each time
+        function = getattr(process_symbols(), "mallctl", None)
         return cls(function) if function is not None else None
 
     def _call(self, name: str, old: Any, new: Any, action: str) -> None:

@@ -17,7 +17,17 @@ from medic_hook.errors import RequestError
 PROTOCOL_VERSION = 1
 MAX_REQUEST_BYTES = 4096  # including the newline
 MAX_REPLY_BYTES = 8 * 1024 * 1024
-OPS = ("ping", "stats", "purge", "prof_dump", "prof_active", "histogram")
+OPS = (
+    "ping",
+    "stats",
+    "purge",
+    "prof_dump",
+    "prof_active",
+    "histogram",
+    "sites_start",
+    "sites",
+    "sites_stop",
+)
 SHIM_OPS = ("ping", "stats", "purge", "prof_dump", "prof_active")
 # codes of {"ok": false} replies; medic's client maps unsupported/unavailable to "probe unavailable"
 ERROR_CODES = (

@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any
 
+from medic_hook import sites
 from medic_hook.allocator import local_allocator
 from medic_hook.handlers import HANDLERS, Handler, handle_line
 from medic_hook.paths import bind_listener, expand
@@ -104,7 +105,11 @@ class HookServer:
                         sock.close()
 
     def _step(self, selector: selectors.BaseSelector, clients: dict[int, _Client]) -> None:
-        events = selector.select(timeout=1.0 if clients else None)
+        timeout = 1.0 if clients else None
+        budget = sites.enforce_budget()  # tracing allocations stops itself here: no thread of its own
+        if budget is not None:
+            timeout = budget if timeout is None else min(timeout, budget)
+        events = selector.select(timeout=timeout)
         for key, _ in events:
             if key.fileobj is self._listener:
                 self._accept(selector, clients)

@@ -10,6 +10,7 @@ import ctypes
 import os
 from typing import Any
 
+from medic_hook.dl import free_function, process_symbols
 from medic_hook.errors import AllocatorError
 
 TCMALLOC_PROPERTIES = (
@@ -26,6 +27,9 @@ TCMALLOC_PROPERTIES = (
     "tcmalloc.aggressive_memory_decommit",
 )
 _STATS_TEXT_BYTES = 64 * 1024
+# the buffer's array type, made once: `create_string_buffer` makes it anew whenever a collection has
+# freed the previous one, a new type in the host each time
+_StatsText = ctypes.c_char * _STATS_TEXT_BYTES
 
 
 class Tcmalloc:
@@ -57,7 +61,7 @@ class Tcmalloc:
 
     @classmethod
     def find(cls) -> Tcmalloc | None:
-        lib = ctypes.PyDLL(None)  # keeps the GIL: these calls are short (see Mallctl.find)
+        lib = process_symbols()  # keeps the GIL: these calls are short (see medic_hook.dl)
         return cls(lib) if hasattr(lib, "MallocExtension_GetNumericProperty") else None
 
     def property(self, name: str) -> int | None:
@@ -74,7 +78,7 @@ class Tcmalloc:
 
     def stats_text(self) -> str:
         """tcmalloc's human-readable report (`MallocExtension_GetStats`)."""
-        buf = ctypes.create_string_buffer(_STATS_TEXT_BYTES)
+        buf = _StatsText()
         self._lib.MallocExtension_GetStats(buf, ctypes.c_int(_STATS_TEXT_BYTES))
         return buf.value.decode(errors="replace")
 
@@ -111,10 +115,7 @@ class Tcmalloc:
         try:
             return ctypes.string_at(address)
         finally:
-            free = ctypes.PyDLL(None).free
-            free.argtypes = [ctypes.c_void_p]
-            free.restype = None
-            free(address)
+            free_function()(address)
 
 
 def require_tcmalloc() -> Tcmalloc:

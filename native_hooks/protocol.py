@@ -1,7 +1,8 @@
 """The hook protocol as medic (the client side) sees it: one JSON object per line each way, over a Unix
 stream socket.
 
-Requests: `{"op": "ping" | "stats" | "purge" | "prof_dump" | "prof_active" | "histogram", ...}`.
+Requests: `{"op": "ping" | "stats" | "purge" | "prof_dump" | "prof_active" | "histogram" | "sites_start" |
+"sites" | "sites_stop", ...}` (the last four are the Python hook's only).
 Replies: `{"ok": true, "op": ..., ...}` or `{"ok": false, "code": CODE, "error": "what and what to do"}`.
 The rules (limits, ops, error codes, request parsing) live in `medic_hook.protocol`, part of the
 package that runs inside Python targets; this module re-exports them and adds the reading of replies.

@@ -165,6 +165,34 @@ def remove_stale_sockets(dirs: Iterable[str] | None = None, now: float | None = 
     return removed
 
 
+def remove_if_stale(path: str, pid: int, now: float | None = None) -> bool:
+    """Delete the hook socket `path` of a process `pid` the caller knows is gone, when nobody listens
+    on it (a target stopped by a signal never ran its exit handlers); True when it was removed.
+
+    The rule of `remove_stale_sockets`: a socket nobody listens on is stale when its pid is gone or
+    it is older than `STALE_GRACE_SECONDS` (a zombie not reaped yet; a reused pid between bind() and
+    listen() has a fresh one). Unlinked through its directory's descriptor, so a directory swapped
+    for a symlink cannot redirect the unlink elsewhere; anything but a socket is left alone."""
+    now = time.time() if now is None else now
+    directory, name = os.path.split(path)
+    try:
+        dir_fd = os.open(directory or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        info = os.lstat(name, dir_fd=dir_fd)
+        if not stat.S_ISSOCK(info.st_mode) or is_live(path):
+            return False
+        if _pid_alive(pid) and now - info.st_mtime < STALE_GRACE_SECONDS:
+            return False
+        os.unlink(name, dir_fd=dir_fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(dir_fd)
+
+
 def _remove_stale_in(directory: str, dir_fd: int, now: float) -> list[str]:
     removed = []
     try:

@@ -9,6 +9,7 @@ every allocator (docs/allocators.md); figures an allocator lacks are not emitted
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import ClassVar
 
@@ -16,7 +17,7 @@ from agent.core.errors import ProbeUnavailable, TargetGone
 from agent.core.records import ProbeResult, ProbeTarget, Sample
 from native_hooks.client import HookClient
 from native_hooks.errors import HOOK_HOWTO, HookNotFound
-from native_hooks.sockets import find_socket, namespace_pids
+from native_hooks.sockets import find_socket, namespace_pids, remove_if_stale
 from probes.base import Schedule
 from probes.linux.procfs import HOST_ROOT, proc_path
 
@@ -51,6 +52,8 @@ class AllocatorProbe:
     def __init__(self, timeout: float = 1.0, root: Path = HOST_ROOT) -> None:
         self.timeout = timeout
         self.root = root
+        self._sockets: dict[tuple[str, int, float], str] = {}  # the socket each process answered on
+        self._lock = threading.Lock()
 
     def collect(self, target: ProbeTarget, now: float) -> ProbeResult:
         if not os.path.exists(proc_path(self.root, target.pid)):
@@ -65,10 +68,17 @@ class AllocatorProbe:
                 f"hook at {path} belongs to pid {pid}, not to {target.instance}'s pid {target.pid}: "
                 "put %p in the socket path so that each process gets its own"
             )
+        with self._lock:
+            self._sockets[(target.instance, target.pid, target.start_time)] = path
         return ProbeResult(samples=samples_from_stats(target.instance, now, reply))
 
     def forget(self, target: ProbeTarget) -> None:
-        """Nothing is cached per target: each collect opens a fresh connection."""
+        """The process is gone or was replaced: remove the socket it answered on if nobody listens there
+        any more (a target stopped by TERM or KILL leaves its socket behind)."""
+        with self._lock:
+            path = self._sockets.pop((target.instance, target.pid, target.start_time), None)
+        if path is not None and self.root == HOST_ROOT:
+            remove_if_stale(path, target.pid)
 
 
 def samples_from_stats(instance: str, now: float, reply: dict) -> list[Sample]:

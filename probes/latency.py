@@ -5,6 +5,9 @@ Each scrape is compared with the previous one of the same process (pid, start ti
 increases between the two give `histogram_quantile` over exactly that interval (`agent.core.quantiles`).
 The first scrape of a process, and one after a gap longer than `MAX_GAP`, only sets the baseline.
 An interval without requests stores a rate of 0 and no quantiles: "no traffic" is not an error.
+The rates are for the detectors; `/metrics` exports `requests_total` and `errors_total` instead,
+counters of the increases medic saw, kept per instance so that a restart of the target (its own
+counters back to zero) does not reset them.
 Instances without `latency.prometheus` in their config get an empty result.
 
 Config (`instances[].latency.prometheus`): `url`, `histogram` (family name), `labels` (only the
@@ -57,6 +60,14 @@ class Scrape:
     errors: dict[LabelKey, float] | None
 
 
+@dataclass(slots=True)
+class RunningTotals:
+    """Requests and errors summed over every interval of one instance, for the exported counters."""
+
+    requests: float = 0.0
+    errors: float = 0.0
+
+
 class LatencyProbe:
     name: ClassVar[str] = "latency"
     schedule: ClassVar[Schedule] = "fast"
@@ -64,6 +75,7 @@ class LatencyProbe:
     def __init__(self) -> None:
         self._client = None
         self._previous: dict[tuple[int, float], Scrape] = {}
+        self._totals: dict[str, RunningTotals] = {}
         self._lock = threading.Lock()
 
     def collect(self, target: ProbeTarget, now: float) -> ProbeResult:
@@ -75,9 +87,10 @@ class LatencyProbe:
         with self._lock:
             previous = self._previous.get(key)
             self._previous[key] = scrape
+            totals = self._totals.setdefault(target.instance, RunningTotals())
         if previous is None or not 0 < now - previous.ts <= MAX_GAP:
             return ProbeResult()  # the baseline of this process
-        return interval_result(target.instance, previous, scrape, now)
+        return interval_result(target.instance, previous, scrape, now, totals)
 
     def forget(self, target: ProbeTarget) -> None:
         with self._lock:
@@ -212,8 +225,11 @@ def counter_increase(earlier: Mapping[LabelKey, float], later: Mapping[LabelKey,
     return total
 
 
-def interval_result(instance: str, previous: Scrape, current: Scrape, now: float) -> ProbeResult:
-    """The samples of one interval between two scrapes of the same process."""
+def interval_result(
+    instance: str, previous: Scrape, current: Scrape, now: float, totals: RunningTotals | None = None
+) -> ProbeResult:
+    """The samples of one interval between two scrapes of the same process; with `totals`, the
+    interval's requests and errors are added to them and exported as `requests_total`/`errors_total`."""
     result = ProbeResult()
     seconds = current.ts - previous.ts
     interval: IntervalHistogram = interval_histogram(previous.histogram, current.histogram)
@@ -232,9 +248,15 @@ def interval_result(instance: str, previous: Scrape, current: Scrape, now: float
     if current.requests is not None and previous.requests is not None:
         requests = counter_increase(previous.requests, current.requests)
     add("request_rate", requests / seconds)
+    if totals is not None and math.isfinite(requests):
+        totals.requests += requests
+        add("requests_total", totals.requests)
     if current.errors is not None and previous.errors is not None:
         errors = counter_increase(previous.errors, current.errors)
         add("error_rate", errors / seconds)
         if requests > 0:
             add("error_ratio", errors / requests)
+        if totals is not None and math.isfinite(errors):
+            totals.errors += errors
+            add("errors_total", totals.errors)
     return result

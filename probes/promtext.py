@@ -9,16 +9,29 @@ A scrape of a big server can hold tens of thousands of lines, while the latency 
 two or three families; `families=` parses only the samples of those (and every `# TYPE`), and
 checks the other lines only for a valid first character, which is several times cheaper.
 
-Accepted beyond the strict grammars, as Prometheus itself does: `\\r\\n` line ends, blank
-lines, tabs between tokens, a trailing comma in a label set, samples of one family not kept
-together, the quoted metric and label names of the UTF-8 form (`{"my.metric", "a.b"="1"}`).
+An OpenMetrics page is held to the OpenMetrics 1.0 rules, as the OpenMetrics project's parser
+conformance suite states them: no blank line; one group of lines per family (metadata first,
+each of HELP, TYPE and UNIT at most once, a UNIT the name ends with); sample names the family's
+type allows (`_total` for a counter, `_info` for an info…); counters, `_count`, `_sum` of
+histograms and buckets neither negative nor NaN; histogram buckets with a `le` that is a number,
+cumulative, with a `+Inf` bucket that equals `_count`; summary quantiles between 0 and 1; info
+values 1, stateset values 0 or 1 with the family's label; exemplars only on counters' `_total` and
+buckets, their labels at most 128 characters; a series' timestamps not going back; `# EOF` last.
+The text format has no such rules and Prometheus accepts more there, so a text page may have:
+`\\r\\n` line ends, blank lines, tabs between tokens, a trailing comma in a label set, samples of
+one family not kept together, the quoted metric and label names of the UTF-8 form
+(`{"my.metric", "a.b"="1"}`). In both formats an unknown escape in a label value or HELP text
+(`\\z`) is kept as written, as Prometheus does.
+
+With `families=`, the OpenMetrics rules apply to the families kept; the lines of the others are only
+checked for a valid first character.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -138,6 +151,11 @@ class _Parser:
         self.resolved: dict[str, str] = {}  # sample name → family name
         self.lineno = 0
         self.line = ""
+        self.strict = fmt == "openmetrics"
+        self.group = ""  # OpenMetrics: the family whose lines come now
+        self.closed: set[str] = set()  # families whose group has ended
+        self.sample_lines: dict[str, list[int]] = {}  # family → line of each kept sample (OpenMetrics)
+        self.exemplars: list[tuple[int, str, str]] = []  # (line, sample name, line text)
 
     def fail(self, what: str) -> ProbeError:
         shown = self.line if len(self.line) <= 80 else self.line[:77] + "..."
@@ -151,6 +169,9 @@ class _Parser:
         wanted, prefixes = self.wanted, self.prefixes
         for lineno, line in enumerate(lines, 1):
             if not line:
+                if self.strict and not eof:
+                    self.lineno, self.line = lineno, line
+                    raise self.fail("blank line (OpenMetrics allows none)")
                 continue
             self.lineno, self.line = lineno, line
             if eof:
@@ -167,11 +188,50 @@ class _Parser:
             family = self.family_of(sample.name)
             if wanted is None or family.name in wanted:
                 family.samples.append(sample)
+                if self.strict:
+                    self.enter(family.name)
+                    self.sample_lines.setdefault(family.name, []).append(lineno)
         if self.fmt == "openmetrics" and not eof:
             self.lineno, self.line = len(lines), lines[-1] if lines else ""
             raise self.fail("OpenMetrics exposition does not end with '# EOF' (truncated?)")
         kept = self.families if wanted is None else {k: v for k, v in self.families.items() if k in wanted}
+        if self.strict:
+            self.check_openmetrics(kept, lines)
         return Exposition(self.fmt, kept, self.declared, len(lines))
+
+    def enter(self, family: str) -> None:
+        """OpenMetrics: a family's lines form one group; coming back to an ended one is an error."""
+        if family == self.group:
+            return
+        if family in self.closed:
+            raise self.fail(
+                f"a line of {family} after another family's lines (OpenMetrics keeps a family together)"
+            )
+        if self.group:
+            self.closed.add(self.group)
+        self.group = family
+
+    def check_openmetrics(self, families: dict[str, MetricFamily], lines: list[str]) -> None:
+        """The OpenMetrics rules on the values of each kept family (names, types, buckets, exemplars)."""
+        for lineno, sample_name, text in self.exemplars:
+            family = self.families.get(self.resolved.get(sample_name, sample_name))
+            if family is None or (self.wanted is not None and family.name not in self.wanted):
+                continue
+            self.lineno, self.line = lineno, text
+            allowed = {"counter": "_total", "histogram": "_bucket", "gaugehistogram": "_bucket"}.get(
+                family.type
+            )
+            if allowed is None or sample_name != family.name + allowed:
+                raise self.fail(
+                    f"an exemplar on {sample_name} ({family.type}: only counters' _total and buckets)"
+                )
+        for family in families.values():
+            at = self.sample_lines.get(family.name, [])
+            check_family(family, at, lines, self.fail_at)
+
+    def fail_at(self, lineno: int, line: str, what: str) -> ProbeError:
+        self.lineno, self.line = lineno, line
+        return self.fail(what)
 
     # ------------------------------------------------------------------------------ comments
     def comment(self, line: str) -> bool:
@@ -187,6 +247,15 @@ class _Parser:
         if len(parts) < 2 or not _NAME.fullmatch(parts[1]):
             raise self.fail(f"# {keyword} needs a valid metric name")
         name, rest = parts[1], (parts[2] if len(parts) > 2 else "")
+        if self.strict and (self.wanted is None or name in self.wanted):
+            self.enter(name)
+            family = self.families.get(name)
+            if family is not None and family.samples:
+                raise self.fail(f"# {keyword} for {name} after its samples")
+            if keyword == "HELP" and family is not None and family.help is not None:
+                raise self.fail(f"second # HELP line for {name}")
+            if keyword == "UNIT" and family is not None and family.unit is not None:
+                raise self.fail(f"second # UNIT line for {name}")
         if keyword == "TYPE":
             kind = rest.strip()
             if kind not in self.types:
@@ -207,7 +276,10 @@ class _Parser:
             family = self.families.setdefault(name, MetricFamily(name, self.untyped))
             family.help = _unescape_help(rest, self.fmt)
         else:
-            self.families.setdefault(name, MetricFamily(name, self.untyped)).unit = rest.strip()
+            unit = rest.strip()
+            if self.strict and unit and not name.endswith("_" + unit):
+                raise self.fail(f"the name {name} does not end with its unit '_{unit}'")
+            self.families.setdefault(name, MetricFamily(name, self.untyped)).unit = unit
         return False
 
     @property
@@ -284,6 +356,7 @@ class _Parser:
                 raise self.fail(f"timestamp must be integer milliseconds, got {tokens[1]!r}")
         if exemplar:
             self.exemplar(exemplar)
+            self.exemplars.append((self.lineno, name, line))
         return PromSample(name, labels, value, timestamp)
 
     def labels(self, line: str, pos: int, name: str | None, out: dict[str, str]) -> tuple[str | None, int]:
@@ -347,9 +420,7 @@ class _Parser:
             char = raw[i]
             if char == "\\":
                 code = raw[i + 1]  # the regex guarantees a character follows
-                if code not in _ESCAPES:
-                    raise self.fail(f"invalid escape '\\{code}' in a label value (only \\\\, \\\" and \\n)")
-                out.append(_ESCAPES[code])
+                out.append(_ESCAPES.get(code, "\\" + code))  # an unknown escape stays as written
                 i += 2
             else:
                 out.append(char)
@@ -364,7 +435,10 @@ class _Parser:
     def exemplar(self, text: str) -> None:
         """Validate an OpenMetrics exemplar (`# {labels} value [timestamp]`); its figures are not kept."""
         text = text.strip()
-        _, pos = self.labels(text, 1, "exemplar", {})
+        labels: dict[str, str] = {}
+        _, pos = self.labels(text, 1, "exemplar", labels)
+        if sum(len(k) + len(v) for k, v in labels.items()) > 128:
+            raise self.fail("an exemplar's labels exceed 128 characters")
         tokens = text[pos:].split()
         if not 1 <= len(tokens) <= 2:
             raise self.fail("an exemplar needs a value and an optional timestamp")
@@ -403,3 +477,120 @@ def _unescape_help(text: str, fmt: Format) -> str:
         return text
     codes = r'[\\n"]' if fmt == "openmetrics" else r"[\\n]"
     return re.sub(r"\\(" + codes + ")", lambda m: "\n" if m.group(1) == "n" else m.group(1), text)
+
+
+# ----------------------------------------------------------------------------- OpenMetrics value rules
+_ALLOWED_SAMPLES: dict[str, tuple[str, ...]] = {
+    "counter": ("_total", "_created"),
+    "gauge": ("",),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+    "gaugehistogram": ("_bucket", "_gcount", "_gsum"),
+    "summary": ("", "_count", "_sum", "_created"),
+    "info": ("_info",),
+    "stateset": ("",),
+    "unknown": ("",),
+}
+_NOT_NEGATIVE = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_count"),
+    "gaugehistogram": ("_bucket",),
+    "summary": ("_count", "_sum"),
+}
+
+
+FailAt = Callable[[int, str, str], ProbeError]
+
+
+class _Fail:
+    """Builds the error for one sample line."""
+
+    def __init__(self, at: list[int], lines: list[str], fail_at: FailAt) -> None:
+        self.at, self.lines, self.fail_at = at, lines, fail_at
+
+    def __call__(self, index: int, what: str) -> ProbeError:
+        lineno = self.at[index] if index < len(self.at) else 0
+        return self.fail_at(lineno, self.lines[lineno - 1] if lineno else "", what)
+
+
+def check_family(family: MetricFamily, at: list[int], lines: list[str], fail_at: FailAt) -> None:
+    """OpenMetrics rules on one family's samples; `at` holds each sample's line number."""
+    fail = _Fail(at, lines, fail_at)
+    allowed = _ALLOWED_SAMPLES.get(family.type, ("",))
+    last_time: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for i, sample in enumerate(family.samples):
+        suffix = sample.name[len(family.name) :] if sample.name.startswith(family.name) else None
+        if suffix not in allowed:
+            shown = ", ".join(family.name + s for s in allowed)
+            raise fail(i, f"{sample.name} is not a sample of {family.type} {family.name} (expected {shown})")
+        if suffix in _NOT_NEGATIVE.get(family.type, ()) and not sample.value >= 0:
+            raise fail(i, f"{sample.name} must be a non-negative number, got {sample.value}")
+        if family.type == "info" and sample.value != 1:
+            raise fail(i, f"an info sample's value is 1, got {sample.value}")
+        if family.type == "stateset":
+            if sample.value not in (0, 1):
+                raise fail(i, f"a stateset sample's value is 0 or 1, got {sample.value}")
+            if family.name not in sample.labels:
+                raise fail(i, f"a stateset sample needs the label {family.name!r}")
+        if family.type == "summary" and suffix == "":
+            quantile = _number_or_none(sample.labels.get("quantile"))
+            if quantile is None or not 0 <= quantile <= 1:
+                raise fail(
+                    i,
+                    f"a summary quantile needs a 'quantile' label between 0 and 1, got {sample.labels.get('quantile')!r}",
+                )
+            if not (sample.value >= 0 or math.isnan(sample.value)):
+                raise fail(i, f"a summary quantile's value must not be negative, got {sample.value}")
+        if sample.timestamp is not None:
+            key = (sample.name, tuple(sorted(sample.labels.items())))
+            if sample.timestamp < last_time.get(key, -math.inf):
+                raise fail(i, "timestamps of a series must not go back")
+            last_time[key] = sample.timestamp
+    if family.type in ("histogram", "gaugehistogram"):
+        _check_buckets(family, fail)
+
+
+def _number_or_none(text: str | None) -> float | None:
+    if text is None or not _FLOAT.fullmatch(text):
+        return None
+    return float(text)
+
+
+def _check_buckets(family: MetricFamily, fail: _Fail) -> None:
+    """Buckets: a numeric `le`, cumulative counts, a `+Inf` bucket, `_count` equal to it."""
+    count_suffix = "_count" if family.type == "histogram" else "_gcount"
+    groups: dict[tuple[tuple[str, str], ...], list[tuple[int, float, float]]] = {}
+    counts: dict[tuple[tuple[str, str], ...], tuple[int, float]] = {}
+    sums: dict[tuple[tuple[str, str], ...], tuple[int, float]] = {}
+    sum_suffix = "_sum" if family.type == "histogram" else "_gsum"
+    for i, sample in enumerate(family.samples):
+        key = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "le"))
+        if sample.name == family.name + "_bucket":
+            bound = _number_or_none(sample.labels.get("le"))
+            if bound is None or math.isnan(bound):
+                raise fail(i, f"a bucket needs a numeric 'le' label, got {sample.labels.get('le')!r}")
+            groups.setdefault(key, []).append((i, bound, sample.value))
+        elif sample.name == family.name + count_suffix:
+            counts[key] = (i, sample.value)
+        elif sample.name == family.name + sum_suffix:
+            sums[key] = (i, sample.value)
+    for key, buckets in groups.items():
+        previous_bound, previous_value = -math.inf, 0.0
+        for i, bound, value in buckets:
+            if bound <= previous_bound:
+                raise fail(i, "buckets must be in increasing order of 'le'")
+            if value < previous_value:
+                raise fail(i, "bucket counts must be cumulative (not decreasing)")
+            previous_bound, previous_value = bound, value
+        last_index, last_bound, last_value = buckets[-1]
+        if last_bound != math.inf:
+            raise fail(last_index, 'a histogram needs a bucket with le="+Inf"')
+        if key in counts and counts[key][1] != last_value:
+            raise fail(
+                counts[key][0], f"{family.name}{count_suffix} must equal the +Inf bucket ({last_value})"
+            )
+    for key, (i, total) in sums.items():
+        if total < 0 and not any(bound < 0 for _, bound, _ in groups.get(key, [])):
+            raise fail(i, f"a negative {sum_suffix} needs a bucket with a negative 'le'")
+    for key, (i, _) in counts.items():
+        if key not in groups:
+            raise fail(i, f"{family.name}{count_suffix} without buckets")

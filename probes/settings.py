@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError
 
 from agent.core.errors import ProbeError
 from agent.core.records import ProbeTarget
-from agent.core.types import DAY, HOUR, MAX_DURATION, Duration, Strict, within
+from agent.core.types import DAY, HOUR, MAX_DURATION, Duration, Size, Strict, within
 
 M = TypeVar("M", bound=Strict)
 
@@ -32,12 +32,25 @@ class JvmHistograms(Strict):
     jcmd: str | None = None  # default: the jcmd beside the target's java, else PATH
 
 
+class PythonSites(Strict):
+    """Python allocation sites through the hook's tracemalloc session (docs/histograms.md)."""
+
+    on_leak: bool = True  # start a session when a leak finding opens on the instance
+    frames: int = Field(5, ge=1, le=25)  # frames kept per allocation (tracemalloc's cost grows with them)
+    duration: Annotated[Duration, within(1, 6 * HOUR)] = 900.0  # the session stops itself after this
+    max_memory: Annotated[Size, Field(ge=2**20, le=2**28)] = 16 * 2**20  # tracemalloc's own memory, at most
+    interval: Annotated[Duration, within(0.5, HOUR)] = 60.0  # a snapshot this often while tracing
+    top: int = Field(50, ge=1, le=500)
+
+
 class PythonHistograms(Strict):
-    """Python targets with the in-process hook: type histograms (gc-tracked objects)."""
+    """Python targets with the in-process hook: type histograms (gc-tracked objects, and the contents
+    of the largest dicts) and, while a session runs, allocation sites."""
 
     interval: Annotated[Duration, within(1, DAY)] = 300.0
     top: int = Field(200, ge=1, le=1000)
     budget: Annotated[Duration, within(0.001, 60)] = 1.0  # the walk holds the GIL at most this long
+    sites: PythonSites = Field(default_factory=PythonSites)
 
 
 class HeapProfiles(Strict):

@@ -33,6 +33,7 @@ from agent.core.types import (
     within,
 )
 from remediation.budget import BudgetLimits
+from remediation.coordinator.etcd_security import EtcdAuthSection, EtcdTlsSection
 from remediation.planner import PlanSettings
 from remediation.policy import LadderSettings
 from remediation.windows import TimeWindow, Windows, parse_days
@@ -87,9 +88,9 @@ class PlanSection(Strict):
 
 
 class CrashLoopSection(Strict):
-    max_restarts: int = Field(3, ge=1, le=1000)
+    max_restarts: int = Field(3, ge=1, le=1000)  # short-lived processes (crashes) within `window`
     window: Span = 3600.0
-    reset_after: Span = 1800.0
+    reset_after: Span = 1800.0  # a process that stayed up this long ends the run
 
 
 class LadderSection(Strict):
@@ -97,6 +98,9 @@ class LadderSection(Strict):
     slow_confirm: Annotated[Duration, within(0, DAY)] = 120.0
     clear_check: Annotated[Duration, within(0, DAY)] = 600.0
     crash_loop: CrashLoopSection = Field(default_factory=CrashLoopSection)
+    # an escalation ends by itself this long after it was raised; None: only a person ends it
+    # (`medic clear NAME`), or, for escalations other than crash loops, the end of their finding
+    escalation_expiry: Annotated[Duration, within(0, 30 * DAY, above=True)] | None = None
 
 
 # ----------------------------------------------------------------------------- coordinator
@@ -107,6 +111,8 @@ class LocalCoordinatorSection(Strict):
 class EtcdCoordinatorSection(Strict):
     endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:2379"], min_length=1)
     prefix: str = "/medic"
+    tls: EtcdTlsSection | None = None  # https endpoints: {ca_file, cert_file, key_file}
+    auth: EtcdAuthSection | None = None  # etcd user: {username, password_file}
 
     @field_validator("endpoints")
     @classmethod
@@ -239,16 +245,48 @@ class DrainSection(Strict):
         return self
 
 
+WARMUP_FORM = "warmup: {requests: DIR, target: 250ms, consecutive: 5, deadline: 2m}"
+
+
+class WarmupSection(Strict):
+    """Replay `requests` to the new process until `consecutive` answer within `target` in a row."""
+
+    requests: Path  # a directory of .http request files or bodies to POST (`medic warmup --help`)
+    url: str | None = None  # default: the instance's latency.canary.url, else its latency.prometheus origin
+    target: Annotated[Duration, within(0, 600, above=True)] | None = None  # default: latency.slo.threshold
+    consecutive: int = Field(5, ge=1, le=10_000)
+    deadline: Annotated[Duration, within(0, DAY, above=True)] = 120.0
+    timeout: Timeout = 5.0  # of one request
+    # not warm by the deadline: `escalate` (the restart counts as failed) or `release` (the slot is
+    # released with a warning event: the instance serves, slowly)
+    on_cold: Literal["escalate", "release"] = "escalate"
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return None if value is None else _check_url(value)
+
+
 class VerifySection(Strict):
     timeout: Annotated[Duration, within(0, DAY, above=True)] = 300.0  # the slot is held this long at most
     stable_for: Annotated[Duration, within(0, HOUR)] = 5.0  # the new process must stay up this long
     health_url: str | None = None  # must answer 2xx
-    warmup: bool = True  # ask the warm-up gate (latency), when one is installed
+    warmup: WarmupSection | None = None  # hold the slot until the new process is warm
 
     @field_validator("health_url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
         return None if value is None else _check_url(value)
+
+    @field_validator("warmup", mode="before")
+    @classmethod
+    def _warmup_form(cls, value: object) -> object:
+        if value is True:
+            raise ValueError(
+                f"`warmup: true` names no requests to replay; give them: {WARMUP_FORM} "
+                "(target defaults to the instance's latency.slo threshold)"
+            )
+        return None if value is False else value
 
 
 class SignalActuatorSection(Strict):

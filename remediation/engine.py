@@ -36,7 +36,9 @@ from remediation import planner, policy
 from remediation.budget import HOUR
 from remediation.config import RemediationSection
 from remediation.coordinator import Coordinator, create_coordinator
-from remediation.fleet_view import history_window, local_entries, shared_view
+from remediation.errors import CoordinatorError
+from remediation.fleet_view import history_window, local_entries
+from remediation.grants import ElectedPlanner
 from remediation.hooks import EngineHooks, PurgeFn
 from remediation.intake import SUBMITTED_TTL, Intake
 from remediation.ladder_actions import LadderActions
@@ -98,6 +100,8 @@ class Engine:
             self.hooks,
             reset_after=self.ladder.crash_loop_reset_after,
             mode=lambda: self.mode,
+            expiry=config.ladder.escalation_expiry,
+            clock=clock,
         )
         self.restarts = Restarts(
             config,
@@ -113,10 +117,18 @@ class Engine:
         )
         self._owns_coordinator = False
         self._coordinator_error: str | None = None
-        self._problems: tuple[str, ...] = ()
+        self._problems: tuple[tuple[str, str], ...] = ()
         self._pruned_at = -math.inf
         self._stepped_at: float | None = None
         self.last: StepReport | None = None
+        self.planning = ElectedPlanner(
+            coordinator,
+            agent_id,
+            limits=self.limits,
+            windows=self.windows,
+            leader_ttl=config.coordinator.lease_ttl,
+            fleet_ttl=config.coordinator.fleet_ttl,
+        )
         for action in self.ledger.interrupt_unfinished(clock()):
             events.emit(
                 "remediation_interrupted",
@@ -241,9 +253,8 @@ class Engine:
             elif intent.action != "restart":
                 report.decisions[name] = Decision.block("policy", intent.code, intent.reason)
         wanted = {n: i for n, i in report.intents.items() if i.action == "restart"}
-        fleet, history = self._shared_view(now, views, primary, wanted, report)
         settings = replace(self.plan_settings, step=self._step_length(now))
-        report.plan = planner.plan(fleet, history, self.limits, settings, now, self.windows)
+        fleet, history = self._shared_view(now, views, primary, wanted, report, settings)
         self._report_plan_problems(report.plan)
         for name in sorted(wanted, key=lambda n: _slot(report.plan, n)):
             report.decisions[name] = self._guard(
@@ -341,21 +352,23 @@ class Engine:
         primary: Mapping[str, RemediationRequest],
         wanted: Mapping[str, Intent],
         report: StepReport,
+        settings: planner.PlanSettings,
     ) -> tuple[list[FleetEntry], list[RestartRecord]]:
+        """Publish, and plan: as the elected leader for the fleet, or from the leader's grants."""
+
         def first_seen(instance: str, finding_id: str) -> float | None:
             case = self.ledger.case(instance, finding_id)
             return case.first_seen if case else None
 
         mine = local_entries(self.agent_id, views, primary, wanted, first_seen, now)
         since = now - history_window(self.config)
-        fleet, history, error = shared_view(
-            self.coordinator, self.agent_id, mine, self.config.coordinator.fleet_ttl, since
-        )
-        self._note_coordinator(error)
-        report.coordinator_error = error
-        if self.mode == "dry-run":  # its would-be restarts count, so its plan advances as enforce's would
-            history = [*history, *self.ledger.dry_run_restarts(since, self.agent_id)]
-        return fleet, history
+        dry_run = self.mode == "dry-run"  # its would-be restarts count: its plan advances as enforce's
+        extra = self.ledger.dry_run_restarts(since, self.agent_id) if dry_run else []
+        planned = self.planning.step(now, mine, since, settings, dry_run=dry_run, extra_history=extra)
+        report.plan = planned.plan
+        self._note_coordinator(planned.error)
+        report.coordinator_error = planned.error
+        return planned.fleet, planned.history
 
     def _note_coordinator(self, error: str | None) -> None:
         if error and error != self._coordinator_error:
@@ -372,14 +385,23 @@ class Engine:
         self._coordinator_error = error
 
     def _report_plan_problems(self, plan: Plan) -> None:
-        if plan.problems and plan.problems != self._problems:
+        """One event per change of which instances cannot be saved in time (the problems' wording,
+        with its times, changes every step; the instances concerned do not)."""
+        problems = tuple(
+            sorted(
+                (e.instance, "hopeless" if e.hopeless else "late")
+                for e in plan.entries
+                if e.late or e.hopeless
+            )
+        )
+        if plan.problems and problems != self._problems:
             self.events.emit(
                 "remediation_plan_infeasible",
                 f"{len(plan.problems)} restart(s) cannot meet their deadline: {plan.problems[0]}",
                 severity="warning",
                 problems=list(plan.problems),
             )
-        self._problems = plan.problems
+        self._problems = problems if plan.problems else ()
 
     def _reap(self) -> None:
         """Record how finished restarts ended in their cases; drop one-shot requests carried out."""
@@ -424,8 +446,12 @@ class Engine:
                 "cooldown": self.limits.cooldown,
             },
             "windows": self.windows.describe(),
-            "escalations": self.ledger.escalations(),
+            "escalations": [
+                {**e, "expires_at": self.actions.expires_at(e), "hold": self.actions.hold_reason(e)}
+                for e in self.ledger.escalations()
+            ],
             "in_progress": self.in_progress(),
+            "restarts_in_flight": self.restarts.describe(),
             "step": last.to_dict() if last else None,
             "age_seconds": (now - last.now) if last else None,
         }
@@ -436,6 +462,10 @@ class Engine:
         self.restarts.wait(timeout)
         with self._lock:
             self._reap()
+        try:
+            self.coordinator.resign()  # a successor need not wait for the leader key's TTL
+        except CoordinatorError as exc:
+            log.info("could not resign the fleet's leadership (it expires by itself): %s", exc)
         if self._owns_coordinator:
             self.coordinator.close()
 

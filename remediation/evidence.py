@@ -3,7 +3,8 @@
 The runtime injects capture callables by name (`heap_profile`, `class_histogram`, `smaps_rollup`,
 `series`...): `capture(view, timeout) -> bytes | str | dict | list | Path | None`. They run in
 parallel, bounded by one deadline (`timeout`) and one size budget (`max_bytes`, shared), and are
-written under `<dir>/<instance>/<action id>/`, with the finding's own evidence as `finding.json`.
+written under `<dir>/<instance>/<action id>/`, with the whole finding (id, kind, verdict, summary,
+suspects, attribution, evidence) as `finding.json`; the finding counts against the size budget too.
 A capture that fails or overruns is recorded as such; it never stops the restart. Only the last
 `keep` restarts' evidence is kept per instance.
 
@@ -31,7 +32,14 @@ from typing import Any, BinaryIO
 from probes.linux.fstrust import atomic_file, atomic_write, ensure_private_dir
 from remediation.model import InstanceView
 
-CaptureFn = Callable[[InstanceView, float], "bytes | str | dict | list | Path | None"]
+CaptureFn = Callable[[InstanceView, float], "bytes | str | dict | list | Path | Parts | None"]
+
+
+class Parts(dict):  # type: ignore[type-arg]
+    """Several files from one capture, `{part: value}`, stored as `<capture>.<part>.<suffix>`
+    (a heap profile: the raw dump and its symbolized sites)."""
+
+
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -63,6 +71,8 @@ class EvidenceStore:
         self.keep = keep
         self.max_bytes = max_bytes
         self.timeout = timeout
+        self._pruned: list[int] = []
+        self._lock = threading.Lock()
 
     def capture(
         self,
@@ -76,8 +86,7 @@ class EvidenceStore:
         budget = self.max_bytes
         items = []
         if finding:
-            data = json.dumps(dict(finding), indent=2, default=str).encode()
-            item = self._write(folder, "finding", data, budget, 0.0)
+            item = self._write(folder, "finding", dict(finding), budget, 0.0)
             budget -= item.size
             items.append(item)
         results: dict[str, tuple[object, BaseException | None, float]] = {}
@@ -113,14 +122,25 @@ class EvidenceStore:
             if value is None:
                 items.append(EvidenceItem(name, None, 0, False, seconds, "nothing to capture"))
                 continue
-            try:
-                item = self._write(folder, name, value, budget, seconds)
-            except OSError as exc:
-                item = EvidenceItem(name, None, 0, False, seconds, f"cannot store: {exc.strerror or exc}")
-            budget -= item.size
-            items.append(item)
+            parts = value.items() if isinstance(value, Parts) else [(None, value)]
+            for part, part_value in parts:
+                label = name if part is None else f"{name}.{part}"
+                try:
+                    item = self._write(folder, label, part_value, budget, seconds)
+                except OSError as exc:
+                    item = EvidenceItem(
+                        label, None, 0, False, seconds, f"cannot store: {exc.strerror or exc}"
+                    )
+                budget -= item.size
+                items.append(item)
         self.prune(view.name)
         return items
+
+    def take_pruned(self) -> list[int]:
+        """The action ids whose evidence `prune` removed since the last call (their ledger rows drop it)."""
+        with self._lock:
+            pruned, self._pruned = self._pruned, []
+        return pruned
 
     def _write(self, folder: Path, name: str, value: object, budget: int, seconds: float) -> EvidenceItem:
         safe = _SAFE.sub("_", name)
@@ -152,6 +172,8 @@ class EvidenceStore:
         folders = sorted(p for p in root.iterdir() if p.is_dir() and p.name.isdigit())
         for old in folders[: max(0, len(folders) - self.keep)]:
             shutil.rmtree(old, ignore_errors=True)
+            with self._lock:
+                self._pruned.append(int(old.name))
 
 
 def _open_regular(path: Path) -> BinaryIO:

@@ -1,6 +1,6 @@
 """One restart, carried out in its own thread while its coordinator slot is held and kept alive:
 
-    evidence → drain → act → verify → release
+    evidence → drain → act → verify (process up, health, warm-up) → release
 
 Each stage's Decision is kept in the action's `stages`; the first that fails ends the restart.
 The slot is renewed every TTL/3 and always released at the end with the outcome:
@@ -69,6 +69,8 @@ class Execution:
         self.outcome: str | None = None
         self.finished_at: float | None = None
         self.stages: list[dict[str, Any]] = []
+        self.current = "starting"  # the stage running now, for the plan
+        self.started_at = clock()
         self.lease_lost: str | None = None
         self._done = threading.Event()  # set last, once the ledger and the coordinator know the outcome
         self._stages_over = threading.Event()  # stops the keep-alive
@@ -136,11 +138,14 @@ class Execution:
 
     def _stages(self) -> tuple[str, str, int | None]:
         job = self.job
-        if job.evidence is not None and (job.captures or (job.request and job.request.evidence)):
+        if job.evidence is not None and (job.captures or job.request):
+            self.current = "evidence"
             started = time.monotonic()
-            finding = dict(job.request.evidence) if job.request else None
+            finding = job.request.finding_record() if job.request else None
             items = job.evidence.capture(job.action_id, job.view, job.captures, finding)
             self.ledger.update_action(job.action_id, evidence=[i.to_dict() for i in items])
+            for pruned in job.evidence.take_pruned():  # older actions' evidence, removed to keep `keep`
+                self.ledger.update_action(pruned, evidence=[])
             failed = [i.name for i in items if i.error]
             self._stage(
                 Decision.allow(
@@ -155,24 +160,49 @@ class Execution:
         if self._held_by_pause():
             return "skipped", "remediation was paused before the restart began: nothing was done", None
         if job.drain is not None:
+            self.current = "drain"
             started = time.monotonic()
             drained = self._stage(job.drain.run(job.view, job.request, self.stop), started)
             if not drained.ok:
                 return "skipped", drained.reason, None
         if self._held_by_pause():
             return "skipped", "remediation was paused during the drain: the process was not restarted", None
+        self.current = "act"
         started = time.monotonic()
         acted = self._stage(job.actuator.restart(job.view, job.request, job.act_timeout), started)
         if not acted.ok:
             return ("skipped" if acted.code in _NOTHING_DONE else "failed"), acted.reason, None
+        self.current = "verify"
         started = time.monotonic()
         verified = self._stage(job.verifier.verify(job.view, job.request, self.stop), started)
         new_pid = verified.data.get("new_pid") or acted.data.get("new_pid")
+        self._warmup_stage(verified)
         if self.stop.is_set() and not verified.ok:
             return "interrupted", f"{acted.reason}; the agent stopped before verification", new_pid
         if not verified.ok:
             return "failed", f"{acted.reason}; verification failed: {verified.reason}", new_pid
         return "succeeded", f"{acted.reason}; {verified.reason}", new_pid
+
+    def _warmup_stage(self, verified: Decision) -> None:
+        """The warm-up gate's outcome as a stage of its own; a cold instance is an event."""
+        warmup = verified.data.get("warmup")
+        if not isinstance(warmup, dict):
+            return
+        self.stages.append(dict(warmup))
+        if not warmup.get("ok"):
+            released = verified.ok
+            self.events.emit(
+                "remediation_warmup_timeout",
+                f"not warm in time: {warmup.get('reason')}; "
+                + (
+                    "the slot was released all the same (verify.warmup.on_cold: release)"
+                    if released
+                    else "the restart counts as failed and is escalated (verify.warmup.on_cold: escalate)"
+                ),
+                instance=self.instance,
+                severity="warning" if released else "error",
+                action_id=self.job.action_id,
+            )
 
     # ----------------------------------------------------------------------------- the slot
     def _keep_alive(self) -> None:

@@ -1,9 +1,10 @@
 """The shared view every agent plans from: its own instances published, everyone's read back.
 
 Each agent publishes one `FleetEntry` per local instance (ready? wants a restart? by when?) with
-a lease, then reads every agent's entries and the shared restart history. The inputs being the
-same everywhere, every agent derives the same plan. Without the coordinator, the view shrinks to
-this agent's own instances and no history, and the error says why (no restart will start).
+a lease. The elected leader (`remediation.grants`) reads every agent's entries and the shared
+restart history and plans; `shared_view` is the read-everything path that dry-run keeps (every
+agent plans for itself). Without the coordinator, the view shrinks to this agent's own instances
+and no history, and the error says why (no restart will start).
 """
 
 from __future__ import annotations

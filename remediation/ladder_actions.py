@@ -1,9 +1,11 @@
 """The ladder's actions that need no fleet slot: purge the allocator, escalate to a person.
 
 An escalation belongs to the instance (not to one finding), so a crash loop that yields a new finding
-per process pages once. While escalated, the instance gets no automatic action; the escalation ends
-when a person clears it, when a crash-looping instance has stayed up `reset_after`, or, for the other
-escalations, when no finding is reported any more.
+per process pages once. While escalated, the instance gets no automatic action (the runtime also stops
+the supervisor's relaunches); the escalation ends when a person clears it, when `escalation_expiry`
+has passed since it was raised, when a crash-looping instance has stayed up `reset_after`, or, for the
+other escalations, when no finding is reported any more. Clearing and expiry both start the crash-loop
+count and the restart history afresh.
 """
 
 from __future__ import annotations
@@ -32,7 +34,11 @@ class LadderActions:
         *,
         reset_after: float,
         mode: Callable[[], str],
+        expiry: float | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        self.expiry = expiry
+        self.clock = clock
         self.ledger = ledger
         self.events = events
         self.hooks = hooks
@@ -133,47 +139,81 @@ class LadderActions:
         return Decision.block("policy", intent.code, f"escalated: {intent.reason}")
 
     def held(self, view: InstanceView, now: float) -> Intent | None:
-        """The hold on an escalated instance, or None (also when a crash loop has just ended)."""
+        """The hold on an escalated instance, or None (also when it has just expired or a crash loop ended)."""
         escalation = self.ledger.escalation(view.name)
         if escalation is None:
+            return None
+        if self._expired(escalation, now):
             return None
         crash_loop = escalation["code"] == "crash-loop"
         uptime = view.uptime(now)
         if crash_loop and uptime is not None and uptime >= self.reset_after:
-            self._end(view.name, f"up for {span(uptime)} since the crash loop")
+            self._end(view.name, f"up for {span(uptime)} since the crash loop", reset=False, now=now)
             return None
-        until = f" or it stays up {span(self.reset_after)}" if crash_loop else ""
-        return Intent(
-            "none",
-            "escalated",
-            f"escalated at {at(escalation['at'])} ({escalation['reason']}); no automatic action until a person "
-            f"clears it{until}",
+        return Intent("none", "escalated", self.hold_reason(escalation))
+
+    def hold_reason(self, escalation: dict[str, Any]) -> str:
+        """What holds an escalated instance, and what ends the hold: the same words in the plan, the
+        decisions and the events."""
+        ends = [f"a person clears it (`medic clear {escalation['instance']}`)"]
+        if self.expiry is not None:
+            ends.append(f"it expires at {at(escalation['at'] + self.expiry)}")
+        if escalation["code"] == "crash-loop":
+            ends.append(f"it stays up {span(self.reset_after)}")
+        return (
+            f"escalated at {at(escalation['at'])} ({escalation['reason']}); no automatic restart or relaunch "
+            f"until {' or '.join(ends)}"
         )
 
+    def expires_at(self, escalation: dict[str, Any]) -> float | None:
+        return None if self.expiry is None else escalation["at"] + self.expiry
+
+    def _expired(self, escalation: dict[str, Any], now: float) -> bool:
+        until = self.expires_at(escalation)
+        if until is None or now < until:
+            return False
+        assert self.expiry is not None
+        self._end(
+            escalation["instance"],
+            f"the escalation of {at(escalation['at'])} ({escalation['code']}) expired after {span(self.expiry)} "
+            "(ladder.escalation_expiry)",
+            reset=True,
+            now=now,
+        )
+        return True
+
     def expire(self, reporting: Container[str], now: float, grace: float) -> None:
-        """End escalations (other than crash loops) of instances that no longer report any finding."""
+        """End escalations past `escalation_expiry`, and those (other than crash loops) of instances
+        that no longer report any finding."""
         for escalation in self.ledger.escalations():
+            if self._expired(escalation, now):
+                continue
             name = escalation["instance"]
             if (
                 escalation["code"] != "crash-loop"
                 and name not in reporting
                 and now - escalation["at"] >= grace
             ):
-                self._end(name, "no finding is reported any more")
+                self._end(name, "no finding is reported any more", reset=False, now=now)
 
     def clear(self, instance: str, by: str | None) -> bool:
-        cleared = self.ledger.clear_escalation(instance, reset_history=True)
-        self.events.emit(
-            "remediation_escalation_cleared",
-            f"escalation cleared by {by or 'an operator'}; automatic remediation may act again",
-            instance=instance,
-        )
+        """A person looked: the hold ends, and the crash-loop count and restart history start afresh."""
+        cleared = self.ledger.clear_escalation(instance, reset_history=True, now=self.clock())
+        if cleared:
+            self.events.emit(
+                "remediation_escalation_cleared",
+                f"escalation cleared by {by or 'an operator'}; automatic remediation and relaunches may act again",
+                instance=instance,
+                by=by,
+            )
         return cleared
 
-    def _end(self, instance: str, why: str) -> None:
-        self.ledger.clear_escalation(instance, reset_history=False)
+    def _end(self, instance: str, why: str, *, reset: bool, now: float) -> None:
+        self.ledger.clear_escalation(instance, reset_history=reset, now=now)
         self.events.emit(
-            "remediation_escalation_expired", f"{why}; automatic remediation may act again", instance=instance
+            "remediation_escalation_expired",
+            f"{why}; automatic remediation and relaunches may act again",
+            instance=instance,
         )
 
 

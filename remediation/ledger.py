@@ -6,6 +6,8 @@
     remediation_cases      per (instance, finding): first/last seen, purge, restart, escalation
     remediation_starts     every process start seen per instance (crash-loop counting)
     remediation_escalations  instances handed to a person: no automatic action until cleared
+    remediation_resets     when each instance's escalation was last cleared or expired: crash loops
+                           are counted from the processes started after it
     remediation_control    the global pause (reason, who, until)
 
 All of it survives an agent restart; the budget itself lives in the coordinator.
@@ -51,6 +53,7 @@ CREATE TABLE IF NOT EXISTS remediation_control (key TEXT PRIMARY KEY, value TEXT
 CREATE TABLE IF NOT EXISTS remediation_escalations (
     instance TEXT PRIMARY KEY, at REAL NOT NULL, code TEXT NOT NULL, reason TEXT NOT NULL,
     finding_id TEXT, action_id INTEGER);
+CREATE TABLE IF NOT EXISTS remediation_resets (instance TEXT PRIMARY KEY, at REAL NOT NULL);
 """
 _JSON_COLUMNS = ("stages", "evidence", "data")
 _ACTION_COLUMNS = [
@@ -358,18 +361,30 @@ class Ledger:
         rows = self.store.query("SELECT instance FROM remediation_escalations ORDER BY instance")
         return [e for e in (self.escalation(r[0]) for r in rows) if e]
 
-    def clear_escalation(self, instance: str, *, reset_history: bool) -> bool:
-        """Forget an instance's escalation; `reset_history` also forgets its restarts and crash-loop count."""
+    def clear_escalation(self, instance: str, *, reset_history: bool, now: float | None = None) -> bool:
+        """Forget an instance's escalation (its open cases no longer say they are escalated);
+        `reset_history` also forgets its restarts and starts its crash-loop count afresh at `now`."""
         with self.store.transaction() as db:
             cur = db.execute("DELETE FROM remediation_escalations WHERE instance = ?", (instance,))
+            db.execute(
+                "UPDATE remediation_cases SET escalated_at = NULL WHERE instance = ? AND closed_at IS NULL",
+                (instance,),
+            )
             if reset_history:
                 db.execute(
-                    "UPDATE remediation_cases SET escalated_at = NULL, restarted_at = NULL, restart_outcome = NULL, "
+                    "UPDATE remediation_cases SET restarted_at = NULL, restart_outcome = NULL, "
                     "restart_deadline = NULL, restart_finding = NULL WHERE instance = ? AND closed_at IS NULL",
                     (instance,),
                 )
                 db.execute("DELETE FROM remediation_starts WHERE instance = ?", (instance,))
+                if now is not None:
+                    db.execute("INSERT OR REPLACE INTO remediation_resets VALUES (?, ?)", (instance, now))
             return cur.rowcount > 0
+
+    def reset_at(self, instance: str) -> float | None:
+        """When the instance's escalation was last cleared or expired (crash loops count from then)."""
+        rows = self.store.query("SELECT at FROM remediation_resets WHERE instance = ?", (instance,))
+        return float(rows[0][0]) if rows else None
 
     # ----------------------------------------------------------------------------- process starts
     def record_start(self, instance: str, start_time: float, now: float) -> bool:

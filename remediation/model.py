@@ -14,10 +14,20 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Literal, TypeVar, get_args, get_type_hints
 
-RequestKind = Literal["leak", "oom-risk", "fragmentation", "slow", "external", "manual"]
-REQUEST_KINDS: tuple[str, ...] = ("leak", "oom-risk", "fragmentation", "slow", "external", "manual")
-# When one instance has several requests, the most urgent kind leads (a restart fixes all of them).
+RequestKind = Literal["leak", "oom-risk", "fragmentation", "slow", "external", "manual", "crash-loop"]
+REQUEST_KINDS: tuple[str, ...] = (
+    "leak",
+    "oom-risk",
+    "fragmentation",
+    "slow",
+    "external",
+    "manual",
+    "crash-loop",
+)
+# When one instance has several requests, the most urgent kind leads (a restart fixes all of them;
+# a crash loop leads them all: it escalates, and no restart can fix it).
 KIND_PRIORITY: dict[str, int] = {
+    "crash-loop": -1,
     "oom-risk": 0,
     "leak": 1,
     "manual": 2,
@@ -48,6 +58,24 @@ class RemediationRequest:
     requested_at: float | None = None
     force: bool = False
     requested_by: str | None = None
+    # the whole finding (id, kind, verdict, summary, suspects, attribution), kept as finding.json
+    finding: Mapping[str, Any] = field(default_factory=dict)
+
+    def finding_record(self) -> dict[str, Any]:
+        """What `finding.json` holds: the finding as the detectors made it, with its evidence."""
+        record: dict[str, Any] = {
+            "id": self.finding_id,
+            "instance": self.instance,
+            "kind": self.kind,
+            "summary": self.reason,
+            **dict(self.finding),
+        }
+        evidence = dict(record.get("evidence") or self.evidence)
+        record["evidence"] = evidence
+        for key in ("suspects", "attribution"):
+            record.setdefault(key, evidence.get(key))
+        record.setdefault("verdict", None)
+        return record
 
     def problem(self) -> str | None:
         """What is wrong with this request, or None: bad input is reported, never raised into the agent."""
@@ -93,6 +121,23 @@ class InstanceView:
 
     def uptime(self, now: float) -> float | None:
         return None if self.start_time is None else max(0.0, now - self.start_time)
+
+
+@dataclass(frozen=True, slots=True)
+class Lifetime:
+    """One process of an instance as the supervisor or the tracker recorded it: when it started,
+    when it ended (None: it still runs) and how (`exit_status`, None when unknown)."""
+
+    start: float
+    end: float | None = None
+    exit_status: int | None = None
+    pid: int | None = None
+
+    def uptime(self, now: float) -> float:
+        return max(0.0, (now if self.end is None else self.end) - self.start)
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from remediation.model import KIND_PRIORITY, Intent, RemediationRequest
+from remediation.model import KIND_PRIORITY, Intent, Lifetime, RemediationRequest
 from remediation.planner import PlanSettings, latest_start
 from remediation.text import at, span
 
@@ -87,12 +87,34 @@ def crash_loop_count(starts: Sequence[float], now: float, window: float, reset_a
     return count
 
 
+def crash_loop_run(
+    lifetimes: Sequence[Lifetime], now: float, window: float, reset_after: float
+) -> list[Lifetime]:
+    """The processes of the current crash loop: those that ended having lived less than
+    `reset_after`, started within `window` before `now`, newest last, back to the last process that
+    stayed up `reset_after` (which ends a run, as does the current one once it has been up that long).
+
+    Judged from real uptimes, so a relaunch back-off longer than `reset_after` does not hide a loop.
+    """
+    ordered = sorted((lt for lt in lifetimes if lt.start <= now), key=lambda lt: lt.start)
+    run: list[Lifetime] = []
+    for lifetime in reversed(ordered):
+        if lifetime.uptime(now) >= reset_after:
+            break
+        if lifetime.start < now - window:
+            break
+        if lifetime.end is not None:
+            run.append(lifetime)
+    return run[::-1]
+
+
 def primary_request(requests: Sequence[RemediationRequest]) -> RemediationRequest:
     """The request that leads an instance's case: forced first, then earliest deadline, then kind."""
     return min(
         requests,
         key=lambda r: (
             not r.force,
+            r.kind != "crash-loop",
             r.deadline if r.deadline is not None else float("inf"),
             KIND_PRIORITY.get(r.kind, 99),
             r.finding_id,
@@ -119,6 +141,13 @@ def decide(
             "none",
             "escalated",
             f"escalated at {at(case.escalated_at)}; no automatic restart until a person clears it",
+        )
+    if request.kind == "crash-loop":
+        return Intent(
+            "escalate",
+            "crash-loop",
+            f"{request.reason}: a person must look; in enforce mode medic neither restarts nor relaunches "
+            "it (the supervisor included) until the escalation is cleared or expires",
         )
     restarts = crash_loop_count(starts, now, settings.crash_loop_window, settings.crash_loop_reset_after)
     if restarts >= settings.crash_loop_restarts:

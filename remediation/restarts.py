@@ -203,7 +203,8 @@ class Restarts:
             timeout=section.timeout,
             stable_for=section.stable_for,
             health_url=section.health_url,
-            warmup_gate=self.hooks.warmup_gate if section.warmup else None,
+            warmup_gate=self.hooks.warmup_gate if section.warmup is not None else None,
+            on_cold=section.warmup.on_cold if section.warmup is not None else "escalate",
         )
 
     # ----------------------------------------------------------------------------- executing
@@ -268,6 +269,19 @@ class Restarts:
         )
         execution.start()
         return Decision.allow("act", f"restart started (action {action_id}): {intent.reason}", code="started")
+
+    def describe(self) -> list[dict[str, Any]]:
+        """The restarts running now: which action, since when, at which stage (`medic plan`)."""
+        return [
+            {
+                "instance": e.instance,
+                "action_id": e.job.action_id,
+                "started_at": e.started_at,
+                "stage": e.current,
+                "stages": list(e.stages),
+            }
+            for e in list(self.executions.values())
+        ]
 
     def finished(self) -> list[Execution]:
         """Executions that ended since the last call (each returned once)."""

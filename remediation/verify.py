@@ -5,7 +5,9 @@ and a warm-up gate (the latency part of medic) when one is installed.
        `stable_for` (a new process that crashes at once is not a success)
     2. health: `health_url` answers 2xx (polled)
     3. warm-up: `warmup_gate(new view, deadline)` returns an ok Decision, typically after replaying
-       warm-up requests until latency is acceptable
+       warm-up requests until latency is acceptable; its Decision becomes the action's `warmup`
+       stage. Not warm in time: verification fails (`on_cold: escalate`), or the slot is released
+       all the same with a warning (`on_cold: release`)
 
 All within `timeout`; the engine holds the fleet slot until this returns.
 """
@@ -38,8 +40,10 @@ class Verifier:
         stable_for: float = 5.0,
         health_url: str | None = None,
         warmup_gate: WarmupGate | None = None,
+        on_cold: str = "escalate",
         poll: float = 0.2,
     ) -> None:
+        self.on_cold = on_cold  # not warm by the deadline: "escalate" (verification fails) or "release"
         self.locate = locate
         self.timeout = timeout
         self.stable_for = stable_for
@@ -68,23 +72,34 @@ class Verifier:
             if not healthy.ok:
                 return Decision.block(STAGE, "unhealthy", healthy.reason, new_pid=new.pid, timings=timings)
             timings["healthy"] = time.monotonic() - started
+        warmup: dict[str, object] = {}
         if self.warmup_gate is not None:
             remaining = deadline - time.monotonic()
+            gate_started = time.monotonic()
             try:
                 warm = self.warmup_gate(view, time.time() + max(0.0, remaining))
             except Exception as exc:  # injected: report, never propagate
                 warm = Decision.block("warmup", "error", f"the warm-up gate failed: {exc}")
-            if not warm.ok:
-                return Decision.block(STAGE, "not-warm", warm.reason, new_pid=new.pid, timings=timings)
-            timings["warm"] = time.monotonic() - started
+            warmup = {**warm.to_dict(), "seconds": round(time.monotonic() - gate_started, 3)}
+            if not warm.ok and self.on_cold != "release":
+                return Decision.block(
+                    STAGE, "not-warm", warm.reason, new_pid=new.pid, timings=timings, warmup=warmup
+                )
+            timings["warm" if warm.ok else "released_cold"] = time.monotonic() - started
         return Decision.allow(
             STAGE,
             f"{before.name} is back: pid {new.pid}, up after {timings['process_up']:.1f}s"
             + (", healthy" if "healthy" in timings else "")
-            + (", warmed up" if "warm" in timings else ""),
+            + (", warmed up" if "warm" in timings else "")
+            + (
+                ", released before it was warm (verify.warmup.on_cold: release)"
+                if "released_cold" in timings
+                else ""
+            ),
             new_pid=new.pid,
             new_start_time=new.start_time,
             timings=timings,
+            **({"warmup": warmup} if warmup else {}),  # type: ignore[arg-type]  # data, not a parameter
         )
 
     def _new_stable_process(

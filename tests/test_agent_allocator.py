@@ -81,7 +81,8 @@ def test_purge_through_the_agent_returns_memory_and_is_guarded(agent, spawn, tmp
 def test_purge_without_a_hook_is_refused_clearly(agent, workload):
     plain = workload("stable", "--size", "4Mi")
     agent.start({"agent": FAST, "instances": [{"name": "plain", "match": {"pid": plain.pid}}]})
-    wait_until(lambda: agent.instance("plain")["probes"].get("allocator", {}).get("unavailable"), 10)
+    # "no hook" is said only after the start-up grace (PROBE_GRACE) of the process
+    wait_until(lambda: agent.instance("plain")["probes"].get("allocator", {}).get("unavailable"), 30)
     token = (agent.state_dir / "admin.token").read_text().strip()
     reply = httpx.post(
         f"{agent.url}/api/v1/instances/plain/purge", headers={"Authorization": f"Bearer {token}"}, timeout=10

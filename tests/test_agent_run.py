@@ -63,7 +63,7 @@ def test_records_rising_and_flat_memory_and_serves_it(agent, workload):
     assert 'medic_instance_up{name="leaky"} 1.0' in metrics
     assert 'medic_probe_duration_seconds_count{probe="process"}' in metrics
     assert 'medic_probe_errors_total{name="stable",probe="process"} 0.0' in metrics
-    assert "medic_agent_process_resident_memory_bytes" in metrics
+    assert "\nprocess_resident_memory_bytes " in metrics and "medic_agent_process" not in metrics
 
     status = subprocess.run(
         [PYTHON, "-m", "agent.cli.main", "status", "--url", agent.url],

@@ -180,3 +180,22 @@ def test_the_recorded_jemalloc_leak_of_the_benchmark_is_found(tmp_path, capsys):
     leak = next(f for f in findings if f["kind"] == "leak")
     assert leak["evidence"]["series"] == "allocator_allocated_bytes"
     assert not math.isnan(leak["first_fired"])
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("now", 1_000_000_000.0), ("2h", 1_000_000_000.0 - 7200), ("1700000000", 1_700_000_000.0)],
+)
+def test_start_and_end_name_a_moment_as_a_person_would(text, expected):
+    from agent.cli.analyze import _resolve, instant
+
+    assert _resolve(instant(text), now=1_000_000_000.0) == expected
+
+
+def test_an_unreadable_moment_is_a_usage_error():
+    import argparse
+
+    from agent.cli.analyze import instant
+
+    with pytest.raises((argparse.ArgumentTypeError, ValueError)):
+        instant("yesterday-ish")

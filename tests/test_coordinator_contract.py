@@ -10,11 +10,14 @@ import sqlite3
 import threading
 import time
 import uuid
+from dataclasses import fields
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from remediation.budget import BudgetLimits, BudgetState, admit
-from remediation.coordinator.base import EXPIRED, SlotRequest
+from remediation.coordinator.base import EXPIRED, PlannedGrant, SlotRequest
 from remediation.coordinator.etcd import EtcdCoordinator
 from remediation.coordinator.local import LocalCoordinator
 from remediation.errors import CoordinatorUnavailable, LeaseLost
@@ -24,6 +27,11 @@ from support.remediation import NEEDS_ETCD, etcd_server, silent_server
 
 TTL = 2.0  # etcd's minimum
 EXPIRY_WAIT = TTL + 1.8  # etcd's leader checks expiry about once a second
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
+)
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +149,7 @@ def test_racing_agents_never_exceed_the_budget(make):
     assert sum(r.in_flight for r in clients[0].restarts(since=0)) == 1
 
 
+@pytest.mark.slow  # waits for a TTL
 def test_renew_keeps_the_slot_past_its_ttl(make):
     c = make()
     grant = c.acquire(slot("serving-1"), allow).grant
@@ -153,6 +162,7 @@ def test_renew_keeps_the_slot_past_its_ttl(make):
     assert record.in_flight
 
 
+@pytest.mark.slow  # waits for a TTL
 def test_a_dead_holders_slot_frees_itself_after_the_ttl(make):
     dead, alive = make(), make()
     grant = dead.acquire(slot("serving-1", "agent-dead"), allow).grant
@@ -196,6 +206,7 @@ def test_finished_restarts_older_than_retention_are_forgotten(make):
     assert [r.instance for r in c.restarts(since=0)] == ["serving-2"]
 
 
+@pytest.mark.slow  # waits for a TTL
 def test_published_fleet_is_shared_replaced_and_expires(make):
     a, b = make(), make()
     now = time.time()
@@ -220,6 +231,7 @@ def test_published_fleet_is_shared_replaced_and_expires(make):
     assert [e.instance for e in a.fleet()] == ["s2"]
 
 
+@pytest.mark.slow  # waits for a TTL
 def test_publish_refreshes_the_lease(make):
     c = make()
     end = time.monotonic() + EXPIRY_WAIT
@@ -241,6 +253,139 @@ def test_namespaces_do_not_share_a_budget(make, request):
         assert other.acquire(slot("serving-1"), allow).granted
     finally:
         other.close()
+
+
+# ----------------------------------------------------------------------------- the elected planner
+def granted(instance, agent, revision, slot_at=0.0, fleet="f"):
+    return PlannedGrant(
+        instance, fleet, agent, slot_at, slot_at, revision, reason=f"test slot for {instance}"
+    )
+
+
+def test_one_leader_at_a_time_and_it_stays_while_it_campaigns(make):
+    a, b = make(), make()
+    lead = a.campaign("agent-a", TTL)
+    assert lead is not None and lead.agent == "agent-a"
+    assert b.campaign("agent-b", TTL) is None
+    assert a.campaign("agent-a", TTL) == lead  # renewed, same fencing revision
+    assert b.leader() == "agent-a" and a.leader() == "agent-a"
+
+
+def test_grants_reach_their_agent_and_are_written_only_when_they_change(make):
+    a, b = make(), make()
+    lead = a.campaign("agent-a", TTL)
+    assert b.campaign("agent-b", TTL) is None
+    grants = {"agent-b": [granted("b1", "agent-b", lead.revision, slot_at=100.0)]}
+    assert a.write_grants(lead, grants) == 1
+    assert a.write_grants(lead, grants) == 0  # unchanged: nothing written
+    wait_until_equal(lambda: [g.instance for g in b.grants("agent-b") or []], ["b1"])
+    (grant,) = b.grants("agent-b")
+    assert grant.revision == lead.revision and grant.not_before == 100.0
+    assert b.grants("agent-c") == []
+    assert a.write_grants(lead, {}) == 1  # agent-b's grants withdrawn
+    wait_until_equal(lambda: b.grants("agent-b"), [])
+
+
+def test_a_resigned_leaders_grants_and_writes_no_longer_count(make):
+    a, b = make(), make()
+    old = a.campaign("agent-a", TTL)
+    a.write_grants(old, {"agent-b": [granted("b1", "agent-b", old.revision)]})
+    wait_until_equal(lambda: len(b.grants("agent-b") or []), 1)  # b holds a grant from agent-a
+    a.resign()
+    new = wait_until_value(lambda: b.campaign("agent-b", TTL))
+    assert new.agent == "agent-b" and new.revision > old.revision
+    assert b.grants("agent-b") == []  # the old leader's grant is ignored
+    with pytest.raises(LeaseLost):
+        a.write_grants(old, {"agent-b": [granted("b1", "agent-b", old.revision)]})
+
+
+def test_acquire_under_a_deposed_leaders_grant_takes_nothing(make):
+    a, b, c = make(), make(), make()
+    old = a.campaign("agent-a", TTL)
+    a.write_grants(old, {"agent-b": [granted("b1", "agent-b", old.revision)]})
+    wait_until_equal(lambda: len(b.grants("agent-b") or []), 1)
+    a.resign()  # the grant is in b's hands; its grantor is gone
+    assert wait_until_value(lambda: c.campaign("agent-c", TTL)) is not None
+    result = b.acquire(slot("b1", "agent-b"), allow)
+    assert not result.granted and result.decision.code == "stale-grant"
+    assert b.restarts(since=0) == []
+    # the new leader's grant is honoured
+    new = c.campaign("agent-c", TTL)
+    c.write_grants(new, {"agent-b": [granted("b1", "agent-b", new.revision)]})
+    wait_until_equal(lambda: [g.revision for g in b.grants("agent-b") or []], [new.revision])
+    assert b.acquire(slot("b1", "agent-b"), allow).granted
+
+
+def test_nothing_is_granted_while_the_fleet_is_paused(make):
+    a, b = make(), make()
+    lead = a.campaign("agent-a", TTL)
+    a.write_grants(lead, {"agent-b": [granted("b1", "agent-b", lead.revision)]})
+    wait_until_equal(lambda: len(b.grants("agent-b") or []), 1)
+    a.set_fleet_pause({"reason": "incident 42", "by": "oncall"})
+    wait_until_equal(lambda: b.grants("agent-b"), [])
+    assert b.fleet_pause()["reason"] == "incident 42"
+    a.set_fleet_pause(None)
+    wait_until_equal(lambda: len(b.grants("agent-b") or []), 1)
+    assert b.fleet_pause() is None
+
+
+@pytest.mark.slow  # waits for a TTL
+def test_a_leader_that_stops_campaigning_is_replaced_within_its_ttl(make):
+    a, b = make(), make()
+    old = a.campaign("agent-a", TTL)
+    assert b.campaign("agent-b", TTL) is None
+    started = time.monotonic()
+    new = wait_until_value(lambda: b.campaign("agent-b", TTL), timeout=TTL + 4)
+    assert new.revision > old.revision
+    assert time.monotonic() - started <= TTL + 2.5  # etcd checks expiry about once a second
+
+
+def test_bad_grants_from_another_writer_are_no_grants(make):
+    a, b = make(), make()
+    lead = a.campaign("agent-a", TTL)
+    a.write_grants(lead, {"agent-b": [granted("b1", "agent-b", lead.revision)]})
+    wait_until_equal(lambda: len(b.grants("agent-b") or []), 1)
+    corrupt(a, "agent-b", '[{"instance": "b1", "slot_at": "soon"}, 7, "x"]')
+    wait_until_equal(lambda: b.grants("agent-b"), [])
+
+
+def corrupt(coordinator, agent, text):
+    """Write `text` as `agent`'s grants behind the coordinator's back (another writer, a bug)."""
+    if isinstance(coordinator, LocalCoordinator):
+        db = sqlite3.connect(coordinator.path, isolation_level=None)
+        db.execute(
+            "UPDATE grants SET data = ? WHERE namespace = ? AND agent = ?",
+            (text, coordinator.namespace, agent),
+        )
+        db.close()
+    else:
+        gw = coordinator.gateway
+        gw.call("kv/put", gw.put_op(coordinator.base + "grants/" + agent, text)["request_put"])
+
+
+@given(st.dictionaries(st.sampled_from([f.name for f in fields(PlannedGrant)] + ["x"]), JSON_VALUES))
+def test_a_grant_parses_or_says_what_is_wrong(data):
+    try:
+        grant = PlannedGrant.from_dict(data)
+    except ValueError as exc:
+        assert str(exc)
+    else:
+        assert isinstance(grant.instance, str) and isinstance(grant.revision, int)
+
+
+def wait_until_equal(fn, expected, timeout=5.0):
+    end = time.monotonic() + timeout
+    while (value := fn()) != expected and time.monotonic() < end:
+        time.sleep(0.02)
+    assert value == expected
+
+
+def wait_until_value(fn, timeout=5.0):
+    end = time.monotonic() + timeout
+    while (value := fn()) is None and time.monotonic() < end:
+        time.sleep(0.05)
+    assert value is not None
+    return value
 
 
 # ----------------------------------------------------------------------------- unreachable

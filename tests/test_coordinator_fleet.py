@@ -165,3 +165,59 @@ def test_a_killed_agent_frees_its_slot_after_the_lease_ttl(spawn, tmp_path, back
     assert killed_at < expired.finished_at <= killed_at + TTL + 0.5
     # ... b1 did not start before that, and started soon after (etcd notices expiry up to ~1 s late)
     assert expired.finished_at - 0.05 <= started <= expired.finished_at + 3.0, (started, expired.finished_at)
+
+
+@NEEDS_ETCD
+def test_killing_the_leader_while_its_grants_are_out_never_doubles_the_budget(spawn, tmp_path, etcd_url):
+    """agent-a leads and holds the only slot (a1, a drain that hangs); it has granted b1 and c1 their
+    later slots. Killed there, it is replaced within the TTL; its grants count for nothing, the new
+    leader grants again, and b1 and c1 restart one at a time, after a1's slot expired."""
+    namespace = f"t{uuid.uuid4().hex[:8]}"
+    client = EtcdCoordinator([etcd_url], namespace=namespace)
+    gw, base = client.gateway, client.base
+    try:
+        with silent_server() as hung:
+            holding = namespaced({**CONFIG, "drain": {"http": hung + "/drain", "timeout": "60s"}}, namespace)
+            a = start_agent(spawn, tmp_path, "agent-a", f"etcd:{etcd_url}", ["a1"], holding)
+            wait_until(
+                lambda: any(r.in_flight and r.holder == "agent-a" for r in client.restarts(since=0)), 20
+            )
+            old = gw.get(base + "control/leader")
+            assert json.loads(old["value"])["agent"] == "agent-a"
+            b = start_agent(
+                spawn, tmp_path, "agent-b", f"etcd:{etcd_url}", ["b1"], namespaced(CONFIG, namespace)
+            )
+            c = start_agent(
+                spawn, tmp_path, "agent-c", f"etcd:{etcd_url}", ["c1"], namespaced(CONFIG, namespace)
+            )
+
+            def granted_by_a():
+                docs = [gw.get(base + f"grants/agent-{x}") for x in "bc"]
+                return all(
+                    d and json.loads(d["value"])[0]["revision"] == old["create_revision"] for d in docs
+                )
+
+            wait_until(granted_by_a, 20)  # both followers hold a grant from agent-a, for later
+            killed_at = time.time()
+            os.killpg(a.pid, signal.SIGKILL)
+            a.wait()
+            while (new := gw.get(base + "control/leader")) is None or new["create_revision"] == old[
+                "create_revision"
+            ]:
+                assert time.time() - killed_at < TTL + 5, "no new leader"
+                time.sleep(0.02)
+            failover = time.time() - killed_at
+            assert json.loads(new["value"])["agent"] in ("agent-b", "agent-c")
+            for proc, name in ((b, "agent-b"), (c, "agent-c")):
+                assert proc.wait(timeout=60) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+    finally:
+        records = client.restarts(since=0)
+        client.close()
+    # replaced within the lease TTL (+ etcd's expiry check, about a second, + one 0.1 s step)
+    assert failover <= TTL + 1.5, failover
+    by_instance = {r.instance: r for r in records}
+    assert by_instance["a1"].outcome == "lease-expired"
+    done = sorted((by_instance[i] for i in ("b1", "c1")), key=lambda r: r.started_at)
+    assert [r.outcome for r in done] == ["succeeded", "succeeded"]
+    assert done[0].started_at >= by_instance["a1"].finished_at - 0.05  # never two in flight
+    assert done[1].started_at >= done[0].finished_at

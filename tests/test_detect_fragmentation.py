@@ -105,3 +105,39 @@ def test_without_allocator_statistics_fragmentation_says_it_cannot_judge():
     frag = next(o for o in evaluate(s, T0 + DAY, PARAMS) if o.kind == "fragmentation")
     assert frag.state == "unknown"
     assert "cannot judge fragmentation" in frag.summary and "allocator" in frag.summary
+
+
+def test_a_jvm_native_leak_outside_the_heap_is_a_leak_and_never_heap_the_jvm_keeps():
+    """RSS grows over a flat heap after GC: the leak fires on RSS outside the Java heap; its RSS far
+    above the heap is the leak's growth, so no `allocator-retention` finding sends it to a purge."""
+    s = _instance(
+        days=3,
+        rss_bytes=_flat(300 * MiB, 3, grow_per_day=1500 * MiB),  # 2.5x the heap before it grows
+        jvm_heap_after_gc_bytes=_flat(120 * MiB, 3, every=30),
+    )
+    result = analyze_instance(s, PARAMS)
+    leak = next(f for f in result.findings if f.kind == "leak")
+    assert leak.verdict == "leak" and leak.evidence["outside_java_heap"]
+    assert "fragmentation" not in kinds(result.findings)
+    frag = next(o for o in evaluate(s, T0 + 3 * DAY, PARAMS) if o.kind == "fragmentation")
+    assert frag.state == "clear" and "the leak's growth" in frag.summary
+
+
+def test_fragmentation_there_before_a_leak_is_reported_beside_it_with_the_dominant_one():
+    """Resident far above live from the start, and then the live bytes leak: both explanations hold, and
+    each finding says which holds more memory and by how much."""
+    s = _instance(
+        days=3,
+        rss_bytes=_flat(2000 * MiB, 3, grow_per_day=300 * MiB),
+        allocator_allocated_bytes=_flat(300 * MiB, 3, grow_per_day=300 * MiB),
+        allocator_resident_bytes=_flat(1900 * MiB, 3, grow_per_day=300 * MiB),
+    )
+    result = analyze_instance(s, PARAMS)
+    found = {f.kind: f for f in result.findings}
+    assert found["leak"].verdict == "leak" and found["fragmentation"].verdict == "fragmentation"
+    both = found["fragmentation"].evidence["both"]
+    assert both["dominant"] == "fragmentation" and both["factor"] > 5
+    assert "fragmentation dominates" in found["fragmentation"].summary
+    observations = {o.kind: o for o in evaluate(s, T0 + 3 * DAY, PARAMS)}
+    if observations["leak"].state == "firing" and observations["fragmentation"].state == "firing":
+        assert observations["leak"].evidence["both"]["dominant"] == "fragmentation"

@@ -110,3 +110,18 @@ def test_a_resolution_can_carry_a_new_verdict():
     assert transitions[-1].change == "resolved"
     assert transitions[-1].finding.verdict == "working-set-plateau"
     assert transitions[-1].to_dict()["finding"]["verdict"] == "working-set-plateau"
+
+
+def test_suspects_and_attribution_stay_with_the_finding_across_judgements():
+    """The detection job adds them; a later judgement's figures replace the detector's evidence only."""
+    active, _ = run(["firing", "firing"])
+    active[0].evidence |= {
+        "suspects": [{"name": "com.app.Leak"}],
+        "attribution": {"growth_layer": "jvm_heap"},
+    }
+    for tick in (3.0, 4.0, 5.0):
+        active, _ = update(active, [obs("firing", tick)], P)
+    evidence = active[0].evidence
+    assert evidence["tick"] == 5.0
+    assert evidence["suspects"] == [{"name": "com.app.Leak"}]
+    assert evidence["attribution"] == {"growth_layer": "jvm_heap"}

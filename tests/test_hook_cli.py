@@ -54,6 +54,22 @@ def test_call_by_pid_and_by_socket(spawn, sock_dir: str) -> None:
     bad = medic("hook", "call", "prof_dump", "path=/tmp/x.heap", "--socket", path)
     assert bad.returncode != 0 and "glibc malloc has no heap profiler" in bad.stderr
     assert bad.stderr.count("\n") == 1
+    # the documented order: options first, KEY=VALUE after them (argparse alone refused this)
+    after = medic(
+        "hook",
+        "call",
+        "histogram",
+        "--pid",
+        str(target.pid),
+        "top=2",
+        "contents=0",
+        env={**os.environ, **env},
+    )
+    assert after.returncode == 0, after.stderr
+    assert len(json.loads(after.stdout)["types"]) == 2
+    mixed = medic("hook", "call", "--pid", str(target.pid), "stats", "detail=true", env={**os.environ, **env})
+    assert mixed.returncode == 0, mixed.stderr
+    assert "malloc_info" in json.loads(mixed.stdout)
 
 
 def test_call_without_a_hook_says_how_to_get_one() -> None:

@@ -46,6 +46,7 @@ RULES: dict[str, set[str]] = {
         "native_hooks",
         "medic_hook",
         "remediation",
+        "agent.series",  # the history job pulls with the offline readers
     },
 }
 # The top: imported by nobody but the entry point (`agent.cli.main`) and each other as drawn here.
@@ -54,6 +55,9 @@ RULES["agent.api"] = BELOW_TOP | {"dashboards"}
 RULES["agent.runtime"] = BELOW_TOP | {"agent.api", "dashboards"}
 RULES["agent.demo"] = BELOW_TOP | {"agent.api", "agent.runtime"}
 RULES["agent.cli"] = BELOW_TOP | {"agent.api", "agent.runtime", "agent.demo"}
+# `medic guardrail`: what agent/jobs may import, and agent/jobs; only agent/cli imports it
+RULES["agent.guardrail"] = RULES["agent.jobs"] | {"agent.jobs", "agent.series"}
+RULES["agent.cli"] = RULES["agent.cli"] | {"agent.guardrail"}
 
 
 def module_name(path: Path, root: Path = REPO) -> str:

@@ -116,3 +116,67 @@ def test_prometheus_scrapes_openmetrics_gzipped(agent, workload, spawn, tmp_path
     assert target["health"] == "up" and target["lastError"] == "", target
     assert prom.query('medic_probe_duration_seconds_count{probe="process"}')
     assert prom.query('{__name__=~".+_created"}') == []
+
+
+def test_standard_names_quantile_label_counters_and_no_pid(agent, workload, spawn):
+    """The agent's own process as `process_*`, latency quantiles as one family with a `quantile`
+    label, request and error counters instead of rates, an info family without the pid; promtool
+    reads the page without a complaint."""
+    from support.latency_app import start_app
+
+    app = start_app(spawn, "--mode", "healthy", "--base", "0.005", "--load", "40")
+    stable = workload("stable", "--size", "8Mi")
+    latency = {
+        "prometheus": {
+            "url": app.url("/metrics"),
+            "histogram": "request_latency_seconds",
+            "labels": {"route": "/work"},
+            "requests_counter": "requests",
+            "errors_counter": "request_errors",
+        }
+    }
+    agent.start(
+        {
+            "agent": FAST,
+            "instances": [
+                {"name": "stable", "match": {"pid": stable.pid}},
+                {"name": "served", "match": {"pid": app.proc.pid}, "latency": latency},
+            ],
+        }
+    )
+
+    def counted() -> dict | None:
+        families = {f.name: f for f in parse_text(agent.get("/metrics"))}
+        requests = families.get("medic_requests")
+        return families if requests and requests.samples and requests.samples[0].value > 20 else None
+
+    families = wait_until(counted, 30, interval=0.3)
+    quantiles = {s.labels["quantile"] for s in families["medic_latency_seconds"].samples}
+    assert quantiles == {"0.5", "0.9", "0.99", "0.999"}
+    assert all(s.labels["name"] == "served" for s in families["medic_latency_seconds"].samples)
+    assert families["medic_requests"].type == "counter" and families["medic_errors"].type == "counter"
+    first = families["medic_requests"].samples[0].value
+    later = wait_until(
+        lambda: (
+            (v := {f.name: f for f in parse_text(agent.get("/metrics"))}["medic_requests"].samples[0].value)
+            > first
+            and v
+        ),
+        15,
+        interval=0.3,
+    )
+    assert later > first, "a counter only goes up"
+    names = {s.name for f in families.values() for s in f.samples}
+    assert {"process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"} <= names
+    assert not [n for n in names if n.startswith("medic_agent_") or n.endswith(("_rate", "_ratio"))]
+    assert not [n for n in names if re.fullmatch(r"medic_latency_p\d+_seconds", n)]
+    for sample in families["medic_instance_info"].samples:  # the text format names it with _info
+        assert "pid" not in sample.labels and sample.labels["mode"] == "attached"
+
+    assert families["medic_latency_seconds"].type == "summary"
+    _, text = scrape(agent.url, "*/*")
+    checked = promtool_check(text)
+    assert checked.returncode == 0, checked.stdout.decode() + checked.stderr.decode()
+    _, page = scrape(agent.url, PROMETHEUS_2)
+    strict = {f.name: f for f in parse_openmetrics(page.decode())}
+    assert strict["medic_latency_seconds"].type == "summary" and strict["medic_requests"].type == "counter"

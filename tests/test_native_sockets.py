@@ -18,6 +18,7 @@ from native_hooks.sockets import (
     find_socket,
     is_live,
     namespace_pids,
+    remove_if_stale,
     remove_stale_sockets,
 )
 
@@ -93,3 +94,30 @@ def test_remove_stale_sockets(sock_dir: str) -> None:
         assert os.path.exists(f"{sock_dir}/hook.999999.sock")
     finally:
         live_listener.close()
+
+
+def test_remove_if_stale_takes_only_a_dead_process_s_refusing_socket(sock_dir: str) -> None:
+    """What the agent does when a process it followed is gone (TERM-stopped targets keep their socket)."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = f"{sock_dir}/custom.{dead.pid}.sock"  # any name: the path the process answered on
+    leftover = socket.socket(socket.AF_UNIX)
+    leftover.bind(stale)
+    leftover.close()
+    live = bind_listener(f"{sock_dir}/hook.{dead.pid}.sock")
+    with open(f"{sock_dir}/file.sock", "w") as f:
+        f.write("not a socket")
+    try:
+        assert remove_if_stale(f"{sock_dir}/hook.{dead.pid}.sock", dead.pid) is False  # it listens
+        assert remove_if_stale(f"{sock_dir}/file.sock", dead.pid) is False
+        assert remove_if_stale(f"{sock_dir}/missing.sock", dead.pid) is False
+        young = f"{sock_dir}/young.sock"
+        other = socket.socket(socket.AF_UNIX)
+        other.bind(young)
+        other.close()
+        assert remove_if_stale(young, 1) is False  # pid 1 lives: maybe between bind() and listen()
+        assert remove_if_stale(young, 1, now=time.time() + STALE_GRACE_SECONDS + 1) is True
+        assert remove_if_stale(stale, dead.pid) is True and not os.path.exists(stale)
+        assert os.path.exists(f"{sock_dir}/file.sock")
+    finally:
+        live.close()

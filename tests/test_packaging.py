@@ -74,7 +74,15 @@ def read_dockerignore() -> list[str]:
 
 
 def tracked_files(under: str) -> list[str]:
-    done = subprocess.run(["git", "ls-files", under], cwd=REPO, capture_output=True, text=True, check=True)
+    """The files of the work tree under `under` (tracked or new, not git-ignored): what Docker's build
+    context holds, before .dockerignore."""
+    done = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", under],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return [line for line in done.stdout.splitlines() if (REPO / line).is_file()]
 
 
@@ -176,18 +184,38 @@ def _containers(pod: dict) -> dict[str, dict]:
     return {c["name"]: c for c in pod.get("initContainers", []) + pod["containers"]}
 
 
+def _downward_env(manifests: dict[str, dict]) -> dict[str, str]:
+    """The medic container's environment as the kubelet fills it from the Downward API
+    (`resourceFieldRef` limits in bytes) and plain values; secrets are left out."""
+    containers = _containers(_pod(manifests))
+    env: dict[str, str] = {}
+    for item in containers["medic"].get("env", []):
+        ref = item.get("valueFrom", {}).get("resourceFieldRef")
+        if ref:
+            section, resource = ref["resource"].split(".")
+            quantity = containers[ref.get("containerName", "medic")]["resources"][section][resource]
+            env[item["name"]] = str(parse_size(quantity))
+        elif "value" in item:
+            env[item["name"]] = item["value"]
+    return env
+
+
 def _medic_config(manifests: dict[str, dict]):
-    return parse_config(manifests["ConfigMap"]["data"]["medic.yaml"], source="ConfigMap")
+    return parse_config(
+        manifests["ConfigMap"]["data"]["medic.yaml"], source="ConfigMap", environ=_downward_env(manifests)
+    )
 
 
 def test_the_configmap_config_passes_medic_config_check(manifests, tmp_path: Path) -> None:
     path = tmp_path / "medic.yaml"
     path.write_text(manifests["ConfigMap"]["data"]["medic.yaml"])
+    env = {**os.environ, **_downward_env(manifests)}
     done = subprocess.run(
         [sys.executable, "-m", "agent.cli.main", "config", "check", "--json", str(path)],
         cwd=REPO,
         capture_output=True,
         text=True,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     effective = json.loads(done.stdout)
@@ -195,9 +223,21 @@ def test_the_configmap_config_passes_medic_config_check(manifests, tmp_path: Pat
     bad = tmp_path / "bad.yaml"  # the same check does fail: the kubernetes backend is refused
     bad.write_text(path.read_text().replace("backend: etcd", "backend: kubernetes"))
     done = subprocess.run(
-        [sys.executable, "-m", "agent.cli.main", "config", "check", str(bad)], cwd=REPO, capture_output=True
+        [sys.executable, "-m", "agent.cli.main", "config", "check", str(bad)],
+        cwd=REPO,
+        capture_output=True,
+        env=env,
     )
     assert done.returncode == 2 and b"not implemented" in done.stderr
+    unset = {k: v for k, v in env.items() if k != "SERVER_MEMORY_LIMIT"}  # outside the pod: one clear line
+    done = subprocess.run(
+        [sys.executable, "-m", "agent.cli.main", "config", "check", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=unset,
+    )
+    assert done.returncode == 2 and "environment variable SERVER_MEMORY_LIMIT is not set" in done.stderr
 
 
 def test_every_container_has_resources_probes_and_a_restricted_security_context(manifests) -> None:
@@ -249,6 +289,9 @@ def test_the_config_matches_the_server_container(manifests) -> None:
     (instance,) = config.instances
     assert re.search(instance.match.cmdline, " ".join(server["args"])), "the cmdline regex misses the server"
     assert instance.memory_limit == parse_size(server["resources"]["limits"]["memory"])
+    assert "memory_limit: ${SERVER_MEMORY_LIMIT}" in manifests["ConfigMap"]["data"]["medic.yaml"]
+    downward = {e["name"]: e for e in medic["env"]}["SERVER_MEMORY_LIMIT"]["valueFrom"]
+    assert downward == {"resourceFieldRef": {"containerName": "server", "resource": "limits.memory"}}
     server_env = {e["name"]: e.get("value") for e in server["env"]}
     assert server_env["MEDIC_HOOK_SOCKET"] == instance.hook.socket
     socket_dir = os.path.dirname(instance.hook.socket)
@@ -274,10 +317,12 @@ def test_ports_images_and_user_are_consistent(manifests, docker) -> None:
     medic_port = {p["name"]: p["containerPort"] for p in containers["medic"]["ports"]}["metrics"]
     assert medic_port == config.agent.port
     annotations = manifests["Deployment"]["spec"]["template"]["metadata"]["annotations"]
-    assert (
-        annotations["prometheus.io/port"]
-        == str(medic_port)
-        == manifests["Service"]["metadata"]["annotations"]["prometheus.io/port"]
+    assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == str(
+        medic_port
+    )
+    # one scrape path: the pods carry the annotations, the Service none (an endpoints job would scrape twice)
+    assert not any(
+        key.startswith("prometheus.io/") for key in manifests["Service"]["metadata"].get("annotations", {})
     )
     assert manifests["Service"]["spec"]["ports"][0]["targetPort"] == "metrics"
     version = re.search(r'^version = "(.+)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)
@@ -461,3 +506,113 @@ def test_systemd_analyze_verifies_the_unit_with_a_real_medic(installed_medic: Pa
     broken = text.replace("NoNewPrivileges=yes", "NoNewPrivilegez=yes")  # the check can fail
     done = _verify(broken, tmp_path / "bad")
     assert "Unknown key" in done.stderr
+
+
+# ----------------------------------------------------------------------------- native parts and dependencies
+def _build_context(root: Path) -> Path:
+    """The files of the Python package, as the image's builder gets them."""
+    context = root / "src"
+    patterns = read_dockerignore()
+    for source, _ in copy_sources():
+        if source.startswith("deploy/"):
+            continue
+        files = tracked_files(source) if (REPO / source).is_dir() else [source]
+        for name in files:
+            if not dockerignore_excludes(patterns, name):
+                (context / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / name, context / name)
+    return context
+
+
+@pytest.mark.slow
+def test_an_install_without_a_compiler_succeeds_with_the_python_fallback(tmp_path: Path) -> None:
+    """CC=false: both native parts fail to compile; the install goes on, says so, and medic runs on
+    the Python twins of the trend kernels."""
+    context = _build_context(tmp_path)
+    wheels = tmp_path / "wheels"
+    env = {**os.environ, "CC": "false", "PIP_CONSTRAINT": str(REPO / "constraints.txt")}
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(wheels), str(context)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert "agent.detect._kernels was not built" in built.stdout + built.stderr
+    assert "medic uses the Python fallback" in built.stdout + built.stderr
+    (wheel,) = wheels.glob("*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([str(venv / "bin/pip"), "install", "-q", "--no-deps", str(wheel)], check=True, timeout=120)
+    probe = (
+        "import agent.detect.trend as t, json; "
+        "print(json.dumps({'kernels': t._kernels is not None, 'file': t.__file__}))"
+    )
+    done = subprocess.run(
+        [str(venv / "bin/python"), "-c", probe], capture_output=True, text=True, cwd=tmp_path, check=True
+    )
+    state = json.loads(done.stdout)
+    assert state["kernels"] is False and str(venv) in state["file"]
+    hook = subprocess.run(
+        [str(venv / "bin/medic"), "hook", "path"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert hook.returncode != 0 and "the LD_PRELOAD shim is not built" in hook.stderr
+    assert "Traceback" not in hook.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.native
+def test_the_shim_is_a_plain_c_library_not_a_python_extension(installed_medic: Path, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [str(installed_medic), "hook", "path"], capture_output=True, text=True, cwd=tmp_path
+    )
+    shim = Path(done.stdout.strip())
+    assert shim.name == "libmedic_shim.so", "no interpreter suffix: one file serves every Python version"
+    needed = subprocess.run(["readelf", "-d", str(shim)], capture_output=True, text=True, check=True).stdout
+    assert "libpython" not in needed
+    symbols = subprocess.run(
+        ["nm", "-D", str(shim)], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert "medic_shim_socket_path" in symbols
+    assert not [s for s in symbols if s.startswith(("Py", "_Py", "PyInit"))], "the shim uses no Python API"
+
+
+def _requirements() -> tuple[dict, dict[str, str]]:
+    import tomllib
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[name.strip().lower().replace("_", "-")] = version.strip()
+    parsed = {
+        extra: [Requirement(r) for r in reqs]
+        for extra, reqs in [("", project["dependencies"]), *project["optional-dependencies"].items()]
+    }
+    return parsed, pins
+
+
+def test_lint_tools_have_their_own_extra_and_the_web_stack_upper_bounds() -> None:
+    extras, _ = _requirements()
+    names = {extra: {r.name.lower() for r in reqs} for extra, reqs in extras.items()}
+    assert {"ruff", "mypy", "types-pyyaml"} <= names["lint"]
+    assert not names["test"] & names["lint"], "the test extra holds no lint tool"
+    bounded = {r.name.lower(): r.specifier for r in extras[""]}
+    for name in ("fastapi", "starlette", "uvicorn", "pydantic", "prometheus-client"):
+        assert any(spec.operator == "<" for spec in bounded[name]), f"{name} has no upper bound"
+
+
+def test_the_constraints_pin_every_dependency_within_its_bounds_and_are_used() -> None:
+    extras, pins = _requirements()
+    for extra, reqs in extras.items():
+        for requirement in reqs:
+            name = requirement.name.lower().replace("_", "-")
+            assert name in pins, f"{name} ({extra or 'runtime'}) is not pinned in constraints.txt"
+            assert requirement.specifier.contains(pins[name]), f"{name}=={pins[name]} outside {requirement}"
+    makefile = (REPO / "Makefile").read_text()
+    assert "pip install -q -c constraints.txt -e '.[test,lint]'" in makefile
+    assert "PIP_CONSTRAINT=/src/constraints.txt" in (REPO / "Dockerfile").read_text()
+    assert ("constraints.txt", "./") in copy_sources()

@@ -240,7 +240,10 @@ def test_enforce_restarts_a_leaking_instance_before_its_limit_with_evidence(made
     assert [s["stage"] for s in action["stages"]] == ["evidence", "act", "verify"]
     names = {e["name"]: e for e in action["evidence"]}
     assert captured == [old_pid] and "Rss:" in Path(names["smaps_rollup"]["path"]).read_text()
-    assert json.loads(Path(names["finding"]["path"]).read_text())["rss_bytes"] > 0
+    finding = json.loads(Path(names["finding"]["path"]).read_text())
+    assert names["finding"]["path"].endswith("finding.json")
+    assert finding["id"] == action["finding_id"] and finding["kind"] == "oom-risk"
+    assert finding["evidence"]["rss_bytes"] > 0
     assert {"remediation_restart_started", "remediation_restart_succeeded"} <= set(kinds(store))
     (record,) = engine.coordinator.restarts(since=0)
     assert record.outcome == "succeeded" and record.instance == "leaky"

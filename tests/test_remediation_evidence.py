@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from remediation.evidence import EvidenceStore
+from remediation.evidence import EvidenceStore, Parts
 from remediation.model import InstanceView
 
 VIEW = InstanceView("serving-7", 4242, 1.0)
@@ -85,6 +85,29 @@ def test_only_the_last_n_restarts_are_kept_per_instance(tmp_path):
     store.capture(9, InstanceView("other", 1, 1.0), {"s": lambda v, t: "x"})
     assert sorted(p.name for p in (tmp_path / "serving-7").iterdir()) == ["00000002", "00000003"]
     assert [p.name for p in (tmp_path / "other").iterdir()] == ["00000009"]
+    assert store.take_pruned() == [1] and store.take_pruned() == []  # the ledger drops action 1's list
+
+
+def test_the_finding_is_kept_whole_as_json_and_parts_are_files_of_their_own(tmp_path):
+    (tmp_path / "ev").mkdir(mode=0o755)
+    os.chmod(tmp_path / "ev", 0o755)  # left readable by an older medic: tightened
+    store = EvidenceStore(tmp_path / "ev")
+    finding = {
+        "id": "svc:leak:1",
+        "kind": "leak",
+        "suspects": [{"name": "leak_records"}],
+        "evidence": {"x": 1},
+    }
+    items = store.capture(
+        3, VIEW, {"heap_profile": lambda v, t: Parts(sites={"rows": []}, heap=b"heap_v2/65536\n")}, finding
+    )
+    paths = {i.name: Path(i.path) for i in items if i.path}
+    assert paths["finding"].name == "finding.json" and json.loads(paths["finding"].read_text()) == finding
+    assert paths["heap_profile.sites"].name == "heap_profile.sites.json"
+    assert paths["heap_profile.heap"].read_bytes() == b"heap_v2/65536\n"
+    for directory in (tmp_path / "ev", tmp_path / "ev" / "serving-7", paths["finding"].parent):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in paths.values())
 
 
 def test_instance_and_capture_names_cannot_escape_the_directory(tmp_path):

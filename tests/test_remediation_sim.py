@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from remediation import budget, planner
+from support.remediation import NEEDS_ETCD
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -55,3 +58,22 @@ def test_command_line_prints_a_table_and_checks_acceptance(sim, capsys):
     assert "scenario mixed: N=200" in out and "acceptance: ok" in out
     for policy in ("medic", "threshold", "threshold+budget", "fixed+jitter"):
         assert f"\n{policy} " in out
+
+
+@pytest.mark.slow
+@NEEDS_ETCD
+def test_the_simulators_claims_hold_through_the_elected_planner_on_a_real_etcd():
+    """The load benchmark's `--check` on a compressed clock, smaller than its documented 1,000 agents
+    (those take minutes here): every leak restarted before its OOM, never more in flight than the
+    budget although the leader is killed mid-run, one restart per leaking instance, none for the healthy."""
+    argv = [
+        sys.executable, "-m", "benchmarks.coordination", "--agents", "41", "--per-process", "20",
+        "--seconds", "36", "--interval", "1", "--leaking", "0.3", "--budget", "2", "--speed", "300",
+        "--check", "--json",
+    ]  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=240)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0 and result["problems"] == [], result
+    assert result["max_in_flight"] <= result["budget"] == 2
+    assert result["ooms"] == 0 and result["restarts"] == result["leaking"] > 0
+    assert result["failover_seconds"] is not None

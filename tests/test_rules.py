@@ -52,6 +52,31 @@ def test_the_checks_can_fail(tmp_path):
     assert result.returncode == 1 and "MedicMemoryNearLimit" in result.stdout + result.stderr
 
 
+RUNBOOKS = REPO / "docs" / "runbooks.md"
+RUNBOOK_BASE = "https://medic.example.internal/docs/runbooks.md#"
+
+
+def test_every_alert_has_a_runbook_section_and_names_no_job():
+    """A job name ties a rule to one scrape setup; medic targets are known by medic_build_info instead."""
+    sections = {
+        line.removeprefix("## ").strip().lower(): line
+        for line in RUNBOOKS.read_text().splitlines()
+        if line.startswith("## ")
+    }
+    for rule in alerts():
+        name = rule["alert"]
+        url = rule["annotations"]["runbook_url"]
+        assert url == RUNBOOK_BASE + name.lower(), name
+        assert name.lower() in sections, f"docs/runbooks.md has no section for {name}"
+        assert "job=" not in rule["expr"].replace(" ", ""), f"{name} names a job"
+    body = RUNBOOKS.read_text()
+    for heading in sections.values():
+        section = body.split(heading, 1)[1].split("\n## ", 1)[0]
+        for part in ("**Means.**", "**Check.**", "**Do.**"):
+            assert part in section, f"{heading}: no {part}"
+    assert set(sections) == {rule["alert"].lower() for rule in alerts()}
+
+
 def test_every_alert_follows_the_conventions_and_is_unit_tested():
     tested = {
         case["alertname"]

@@ -171,16 +171,16 @@ def test_evidence_does_not_follow_a_planted_symlink(tmp_path):
     store = EvidenceStore(tmp_path / "evidence", timeout=5)
     folder = tmp_path / "evidence" / "svc" / "00000001"
     folder.mkdir(mode=0o700, parents=True)
-    for name in ("finding.bin", "smaps_rollup.txt"):
+    for name in ("finding.json", "smaps_rollup.txt"):
         (folder / name).symlink_to(victim)
     items = store.capture(
         1, InstanceView("svc", 1, 1.0), {"smaps_rollup": lambda v, t: "Rss: 1 kB"}, {"a": 1}
     )
     assert victim.read_text() == "precious\n"
-    assert sorted(Path(i.path).name for i in items if i.path) == ["finding.bin", "smaps_rollup.txt"]
+    assert sorted(Path(i.path).name for i in items if i.path) == ["finding.json", "smaps_rollup.txt"]
     for item in items:
         assert not Path(item.path).is_symlink() and os.stat(item.path).st_mode & 0o777 == 0o600
-    assert json.loads((folder / "finding.bin").read_text()) == {"a": 1}
+    assert json.loads((folder / "finding.json").read_text()) == {"a": 1}
 
 
 def test_evidence_does_not_copy_a_file_through_a_symlink(tmp_path):

@@ -124,8 +124,8 @@ def test_degrading_instance_gets_a_slow_finding_and_the_healthy_one_never(agent,
     p99 = {row.split()[0]: re.split(r"\s{2,}", row)[column] for row in rows}
     assert p99["healthy"].endswith("ms") and p99["degrading"] not in ("-", p99["healthy"])
     metrics = agent.get("/metrics")
-    assert 'medic_latency_p99_seconds{name="degrading"}' in metrics
-    assert 'medic_request_rate{name="healthy"}' in metrics
+    assert 'medic_latency_seconds{name="degrading",quantile="0.99"}' in metrics
+    assert 'medic_requests_total{name="healthy"}' in metrics
     assert 'medic_probe_duration_seconds_count{probe="latency"}' in metrics
 
 

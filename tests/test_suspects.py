@@ -181,6 +181,73 @@ def test_without_a_growing_reference_the_share_is_of_the_histogram(tmp_path):
     assert found[0].share_of == "histogram_total" and abs(found[0].share - 0.75) < 0.01
 
 
+def sawtooth_series(n: int = 30, seed: int = 3) -> list[Snapshot]:
+    """`-all` histograms of a JVM serving requests: `[F` and a helper class are request garbage (what the
+    GC has not collected yet when the histogram is taken, and a slow ramp where GC and snapshot periods
+    alias), `java.util.zip.Deflater` accumulates (with its stream reference and its cleaner)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        ramp = (i * 7) % 100  # the GC aliasing ramp: rises for 14 snapshots, then falls back
+        garbage = rng.randrange(0, 200_000) + 4000 * ramp
+        leaked = 200 + 40 * i
+        rows = {
+            "[F": (garbage, 48 * garbage),
+            "com.app.Handler$Scratch": (c := rng.randrange(0, 50_000) + 900 * ramp, 32 * c),
+            "java.util.zip.Deflater": (leaked, 32 * leaked),
+            "java.util.zip.Deflater$DeflaterZStreamRef": (leaked, 24 * leaked),
+            "jdk.internal.ref.CleanerImpl$PhantomCleanableRef": (leaked + 12, 48 * (leaked + 12)),
+            "com.app.Buffer": (5 * i + 10, 100_000 * (5 * i + 10)),  # heap growth that owns no native memory
+        }
+        out.append(snap(i, rows, detail={"[F": "java.base@17"}))
+    return out
+
+
+def test_request_garbage_in_a_gc_sawtooth_is_not_growth_on_its_post_gc_floor():
+    suspects = rank(sawtooth_series())
+    names = [s.name for s in suspects]
+    assert "[F" not in names and "com.app.Handler$Scratch" not in names
+    assert names[0] == "com.app.Buffer"  # by heap bytes when the growth is in the heap
+
+
+def test_a_live_histogram_is_the_floor_when_there_are_enough_of_them():
+    series = sawtooth_series()
+    for s in series:
+        s.meta = {"variant": "all"}
+    live = [snap(100 + i, {"com.app.Record": (50 * i + 1, 4800 * i + 96)}) for i in range(5)]
+    for s in live:
+        s.meta = {"variant": "live"}
+    assert [s.name for s in rank(series + live)] == ["com.app.Record"]
+
+
+def test_for_native_growth_the_class_whose_count_follows_it_ranks_first_with_its_correlation(tmp_path):
+    store = Store(tmp_path)
+    histos = HistogramStore(store)
+    series = sawtooth_series()
+    for s in series:
+        histos.add(s)
+    # RSS grows by 256 KiB per leaked Deflater (its zlib state), in a lower envelope with noise
+    rng = random.Random(1)
+    store.add_samples(
+        Sample("svc", "rss_bytes", T0 + k * 20, 4e8 + 2**18 * 40 * (k * 20 / 60) + rng.uniform(0, 2e6))
+        for k in range(90)
+    )
+    store.flush()
+    found = suspects_for(store, "svc", T0 - 60, T0 + 1800, native=True)
+    top = found[0]
+    assert top.name == "java.util.zip.Deflater"
+    assert top.correlation is not None and top.correlation > 0.95
+    assert set(top.carried) == {
+        "java.util.zip.Deflater$DeflaterZStreamRef",
+        "jdk.internal.ref.CleanerImpl$PhantomCleanableRef",
+    }
+    assert "[F" not in [s.name for s in found]
+    assert "count follows native memory (r=" in describe(top)
+    assert top.to_dict()["correlation"] > 0.95
+    by_heap = suspects_for(store, "svc", T0 - 60, T0 + 1800)
+    assert by_heap[0].name == "com.app.Buffer" and by_heap[0].correlation is None
+
+
 series_strategy = st.lists(
     st.dictionaries(
         st.sampled_from(["a.A", "a.B", "[B", "dict", "java.lang.X"]),

@@ -181,3 +181,33 @@ def test_medic_warmup_command(spawn, tmp_path):
     )
     no_url = run_cli("x", "--requests", str(tmp_path / "req"), "--target", "1s")
     assert no_url.returncode == 2 and "give --url" in no_url.stderr
+
+
+def test_the_engines_gate_uses_the_instance_settings_and_says_what_is_missing(spawn, tmp_path):
+    """`warmup_gate` as the agent installs it: URL and target from the instance's latency section."""
+    import time
+
+    from agent.config.model import LatencySpec
+    from agent.jobs.warmup import warmup_gate
+    from remediation.config import WarmupSection
+    from remediation.model import InstanceView
+
+    app = start_app(spawn, "--mode", "slowstart", "--slow-first", "4", "--slow", "0.25", "--base", "0.005")
+    requests = tmp_path / "warm"
+    requests.mkdir()
+    (requests / "work.http").write_text("GET /work\n")
+    spec = WarmupSection.model_validate({"requests": str(requests), "consecutive": 3, "deadline": "10s"})
+    latency = LatencySpec.model_validate({"canary": {"url": app.url("/")}, "slo": {"threshold": "100ms"}})
+    view = InstanceView("svc", 1, 1.0)
+    warm = warmup_gate(lambda name: spec, lambda name: latency)(view, time.time() + 30)
+    assert warm.ok and warm.code == "warm" and warm.data["requests"] == 7
+    assert warm.data["target_seconds"] == 0.1 and warm.data["url"] == app.url("/")
+
+    unknown = warmup_gate(lambda name: spec, lambda name: None)(view, time.time() + 30)
+    assert not unknown.ok and unknown.code == "misconfigured"
+    assert "latency.canary.url" in unknown.reason and "latency.slo" in unknown.reason
+    missing = WarmupSection.model_validate({"requests": str(tmp_path / "none"), "target": "100ms"})
+    gone = warmup_gate(lambda name: missing, lambda name: latency)(view, time.time() + 30)
+    assert not gone.ok and "not a directory of request files" in gone.reason
+    late = warmup_gate(lambda name: spec, lambda name: latency)(view, time.time() - 1)
+    assert not late.ok and "no time left" in late.reason

@@ -1,7 +1,8 @@
 """`/metrics`: a snapshot of what the probes last saw, never a probe run at scrape time.
 
-Per-instance figures come from `agent.core.catalog` as `medic_<metric>{name="<instance>"}`; the
-agent's own health (probe durations and errors, instance status) sits beside them. A scrape
+Per-instance figures come from `agent.core.catalog` as `medic_<metric>{name="<instance>"}` (latency
+quantiles as one family with a `quantile` label); the agent's own health (probe durations and
+errors, instance status) sits beside them, and its own process as the standard `process_*`. A scrape
 gets OpenMetrics when it asks for it (as Prometheus does), else the text format, gzipped when
 the scraper accepts gzip.
 """
@@ -17,7 +18,7 @@ from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 
 from agent import __version__
-from agent.core.catalog import CATALOG, prometheus_name
+from agent.core.catalog import ExportedFamily, exported_families, exported_sample
 from agent.watch.tracker import Tracker
 
 _PROBE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
@@ -55,19 +56,14 @@ class InstanceCollector(Collector):
                 "When the probe last read the instance.",
                 labels=["probe", "name"],
             )
-            families = {
-                metric: (CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily)(
-                    prometheus_name(metric), spec.help, labels=["name"]
-                )
-                for metric, spec in CATALOG.items()
-            }
+            families = {family.name: _family(family) for family in exported_families().values()}
             for state in states:
                 labels = [state.name]
                 up.add_metric(labels, 1.0 if state.status == "up" else 0.0)
+                # no pid: a label that changes on every restart makes a new series each time
                 info.add_metric(
                     labels,
                     {
-                        "pid": str(state.pid or ""),
                         "status": state.status,
                         "mode": "managed" if state.spec.match.managed else "attached",
                         "limit_source": state.memory_limit_source or "",
@@ -86,11 +82,25 @@ class InstanceCollector(Collector):
                 if state.status != "up":
                     continue
                 for metric, value in state.latest.items():
-                    family = families.get(metric)
-                    if family is not None:
+                    exported = exported_sample(metric)
+                    if exported is None:
+                        continue
+                    family_name, extra = exported
+                    family = families[family_name]
+                    if extra:  # a quantile of a summary: a sample of the family's own name
+                        family.add_sample(family_name, {"name": state.name, extra[0]: extra[1]}, value)
+                    else:
                         family.add_metric(labels, value)
         yield from (up, info, restarts, start, last_probe, errors, success)
         yield from (family for family in families.values() if family.samples)
+
+
+def _family(family: ExportedFamily) -> Metric:
+    """An empty metric family of the catalog, labelled by instance `name`."""
+    if family.kind == "summary":
+        return Metric(family.name, family.help, "summary")
+    kind = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily
+    return kind(family.name, family.help, labels=["name"])
 
 
 class FindingCollector(Collector):
@@ -134,12 +144,13 @@ class FindingCollector(Collector):
 
 
 class Telemetry:
-    """The agent's registry: instance snapshot, probe timings and the agent's own process."""
+    """The agent's registry: instance snapshot, probe timings and the agent's own process
+    (`process_*`, the names every client library's process collector exports)."""
 
     def __init__(self, tracker: Tracker) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(InstanceCollector(tracker))
-        ProcessCollector(namespace="medic_agent", registry=self.registry)
+        ProcessCollector(registry=self.registry)
         self.probe_duration = Histogram(
             "medic_probe_duration_seconds",
             "Wall time of one probe run on one instance.",

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.api.auth import TokenGuard
-from agent.notify.config import sink_names
+from agent.notify.config import delivery_names
 from agent.notify.outbox import Outbox
 from agent.notify.router import ensure_router_schema
 from agent.notify.silences import ensure_silence_schema
@@ -27,7 +27,7 @@ def outbox_routes(ctx: Any) -> APIRouter:
     outbox = Outbox(ctx.store, ctx.notify.retry)
     ensure_router_schema(ctx.store)
     ensure_silence_schema(ctx.store)
-    configured = sink_names(ctx.notify.sinks)
+    configured = delivery_names(ctx.notify.sinks)  # an HA Alertmanager: one queue per replica
 
     @router.get("/api/v1/outbox")
     def outbox_items(

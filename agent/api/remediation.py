@@ -4,15 +4,19 @@ Reads are open like the rest of the API; every mutation needs the admin token an
 its reason and, as `by`, the identity the token proves (`token:<hash prefix>`), never a name the
 client sends: that one (`note`, or `by` as older CLIs send it) follows as `(note: …)`. A manual
 restart goes through the same budget and coordinator as any other unless `force` is given with a
-reason, which is logged.
+reason, which is logged. Clearing an escalation (`POST /instances/{name}/clear`) lets remediation
+and the supervisor's relaunches act on the instance again; the evidence of an action is read back
+item by item (`GET /actions/{id}/evidence/{item}`).
 """
 
 from __future__ import annotations
 
+import base64
+import os
 import time
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.api.auth import TokenGuard
@@ -50,6 +54,27 @@ def audit_by(identity: str, body: BaseModel | None) -> str:
     return f"{identity} (note: {note})" if note else identity
 
 
+MAX_EVIDENCE_READ = 16 * 2**20
+
+
+def read_evidence(engine: Any, path: str) -> bytes:
+    """One stored evidence file: only under the engine's evidence directory, never through a symlink,
+    at most `MAX_EVIDENCE_READ` bytes; a file pruned since is a 404 that says so."""
+    store = engine.restarts.evidence
+    root = os.path.realpath(store.directory) if store is not None else None
+    real = os.path.realpath(path)
+    if root is None or os.path.commonpath([root, real]) != root:
+        raise HTTPException(404, f"{path} is not in the evidence directory")
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise HTTPException(404, f"{path}: {exc.strerror} (pruned?)") from None
+    try:
+        return os.read(fd, MAX_EVIDENCE_READ)
+    finally:
+        os.close(fd)
+
+
 def remediation_routes(remediation: Remediation, guard: TokenGuard, instance_or_404) -> APIRouter:
     """The routes; `guard` checks the admin token and names the caller for the audit trail."""
     router = APIRouter(prefix="/api/v1")
@@ -69,6 +94,38 @@ def remediation_routes(remediation: Remediation, guard: TokenGuard, instance_or_
             "now": time.time(),
             "actions": engine.ledger.actions(instance=instance, since=since, limit=limit),
         }
+
+    @router.get("/actions/{action_id}")
+    def action(action_id: int = Path(..., ge=1, le=2**62)) -> dict[str, Any]:
+        found = engine.ledger.action(action_id)
+        if found is None:
+            raise HTTPException(404, f"no action {action_id}; `medic actions` lists them")
+        return {"now": time.time(), "action": found}
+
+    @router.get("/actions/{action_id}/evidence/{item}")
+    def evidence_item(
+        action_id: int = Path(..., ge=1, le=2**62), item: str = Path(..., min_length=1, max_length=200)
+    ) -> dict[str, Any]:
+        found = engine.ledger.action(action_id)
+        if found is None:
+            raise HTTPException(404, f"no action {action_id}; `medic actions` lists them")
+        entry = next((e for e in found.get("evidence") or [] if e.get("name") == item), None)
+        if entry is None or not entry.get("path"):
+            names = ", ".join(e["name"] for e in found.get("evidence") or [] if e.get("path")) or "none"
+            raise HTTPException(404, f"action {action_id} has no evidence item {item!r}; it has: {names}")
+        data = read_evidence(engine, entry["path"])
+        try:
+            content, encoding = data.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            content, encoding = base64.b64encode(data).decode("ascii"), "base64"
+        return {"action_id": action_id, **entry, "encoding": encoding, "content": content}
+
+    @router.post("/instances/{name}/clear")
+    def clear(name: str, body: ResumeRequest | None = None, who: str = Depends(guard)) -> dict[str, Any]:
+        instance_or_404(name)
+        if not remediation.clear(name, audit_by(who, body)):
+            raise HTTPException(409, f"{name} has no escalation to clear")
+        return {"instance": name, "cleared": True}
 
     @router.get("/decisions")
     def decisions(instance: str | None = None, limit: int = Query(100, ge=1, le=10_000)) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """`medic analyze FILE...`: run the detectors offline on recorded series, as the agent would have.
 
-Reads JSON Lines or Prometheus `query_range` exports (see `agent.series.reader`), replays the
-online judgement tick by tick (`agent.detect.analyze`) and lists, per instance, each finding
-with the time it would first have fired. Bad lines are reported on stderr and skipped, unless
-`--strict`.
+Reads JSON Lines or Prometheus `query_range` exports (see `agent.series.reader`), or pulls the
+same from a Prometheus server (`--prometheus URL --query Q`, `agent.series.prometheus_pull`),
+replays the online judgement tick by tick (`agent.detect.analyze`) and lists, per instance, each
+finding with the time it would first have fired. Bad lines are reported on stderr and skipped,
+unless `--strict`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-from agent.cli.options import duration
+from agent.cli.options import duration, when
 from agent.core.text import echo, printable
 
 HELP = (
@@ -27,7 +28,23 @@ LIMIT_METRIC = "memory_limit_bytes"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "files", nargs="+", metavar="FILE", help="JSON Lines or Prometheus query_range JSON (.gz ok)"
+        "files", nargs="*", metavar="FILE", help="JSON Lines or Prometheus query_range JSON (.gz ok)"
+    )
+    source = parser.add_argument_group("reading from a Prometheus server instead of files")
+    source.add_argument(
+        "--prometheus", metavar="URL", help="the server's base URL, e.g. http://127.0.0.1:9090"
+    )
+    source.add_argument("--query", metavar="PROMQL", help="one memory series per instance, e.g. rss_bytes")
+    source.add_argument(
+        "--start", type=instant, metavar="WHEN", help="a span ago (14d), a unix time or ISO 8601 (default 8d)"
+    )
+    source.add_argument("--end", type=instant, metavar="WHEN", help="as --start, or now (the default)")
+    source.add_argument("--step", type=duration, metavar="DURATION", help="resolution (default 1m)")
+    source.add_argument(
+        "--bearer-token-file", metavar="FILE", help="file (0600) with a token sent as Authorization: Bearer"
+    )
+    source.add_argument(
+        "--ca-file", metavar="FILE", help="CA bundle for an https:// server (default: the system's)"
     )
     parser.add_argument(
         "--limit", metavar="SIZE", help="memory limit of every instance, e.g. 4Gi (else from the file)"
@@ -61,6 +78,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="growth ignored after each process start (default 30m)",
     )
     parser.add_argument(
+        "--fleet-label",
+        metavar="NAME",
+        help="label that groups instances into fleets (workloads) for fleet evidence and priors "
+        "(default: all instances of the input are one fleet)",
+    )
+    slo = parser.add_argument_group(
+        "latency (series latency_p99_seconds and the other quantiles, or the canary's)"
+    )
+    slo.add_argument(
+        "--slo", type=duration, metavar="DURATION", help="the SLO threshold, e.g. 250ms (default: none)"
+    )
+    slo.add_argument(
+        "--slo-quantile", type=float, choices=[0.5, 0.9, 0.99, 0.999], default=0.99, help="the SLO's quantile"
+    )
+    slo.add_argument(
+        "--slo-for", type=duration, metavar="DURATION", help="over the threshold this long (default 5m)"
+    )
+    parser.add_argument(
         "--json", action="store_true", help="print JSON: per instance, the findings and when each fired"
     )
     parser.add_argument(
@@ -74,7 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from agent.core.errors import SeriesFormatError, UsageError
     from agent.core.units import parse_duration, parse_size
-    from agent.detect import DetectParams, analyze
+    from agent.detect import DetectParams
+    from agent.detect.fleet import analyze_fleet
     from agent.series.reader import collector_paused, read_files
 
     spans: dict[str, float] = {}
@@ -100,11 +136,20 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--limit must be positive, e.g. --limit 4Gi")
     progress = Progress(sys.stderr, enabled=args.progress or sys.stderr.isatty())
     started = time.monotonic()
-    result = read_files(args.files, strict=args.strict, label=args.label, progress=progress.reading)
+    if args.prometheus is not None:
+        if args.files:
+            raise UsageError("give recorded FILEs or --prometheus URL, not both")
+        result = _pull(args, progress)
+        sources = f"{args.prometheus} {args.query!r}"
+    elif not args.files:
+        raise UsageError("give recorded FILEs, or --prometheus URL --query PROMQL to read from a server")
+    else:
+        result = read_files(args.files, strict=args.strict, label=args.label, progress=progress.reading)
+        sources = ", ".join(args.files)
     if not result.points:
         first = "".join(f"\n  {problem}" for problem in result.problems[:5])
         raise SeriesFormatError(
-            f"no samples found in {', '.join(args.files)}"
+            f"no samples found in {sources}"
             + (
                 f" ({result.problem_count} malformed lines or series skipped){first}"
                 if result.problem_count
@@ -114,7 +159,10 @@ def run(args: argparse.Namespace) -> int:
     instances = result.instances(memory_limit=limit)
     missing_limit = _apply_limit_metric(instances, args.limit_metric) if limit is None else []
     with collector_paused():
-        analyses = analyze(instances, params, progress=progress.analysing)
+        analyses = analyze_fleet(
+            instances, params, fleet_of=_fleet_of(result, args.fleet_label), progress=progress.analysing
+        )
+        _judge_latency(instances, analyses, _fleet_of(result, args.fleet_label), args)
     progress.done()
     elapsed = time.monotonic() - started
     for problem in result.problems:
@@ -128,6 +176,113 @@ def run(args: argparse.Namespace) -> int:
     else:
         echo(_table(analyses, result.points, elapsed, missing_limit), end="")
     return 0
+
+
+def instant(text: str) -> str:
+    """An argparse type: what `when` accepts (a span ago, a unix time), an ISO 8601 time, or `now`."""
+    if text.strip().lower() == "now":
+        return "now"
+    try:
+        _iso(text)
+        return text
+    except ValueError:
+        return when(text)
+
+
+def _iso(text: str) -> float:
+    moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.timestamp()
+
+
+def _resolve(text: str, now: float) -> float:
+    """The unix time an `instant` names."""
+    from agent.core.units import parse_duration
+
+    if text == "now":
+        return now
+    try:
+        return _iso(text)
+    except ValueError:
+        pass
+    try:
+        number = float(text)
+    except ValueError:
+        return now - parse_duration(text)
+    return number if number >= 1e9 else now - number
+
+
+def _pull(args: argparse.Namespace, progress: Progress) -> Any:
+    """The series of `--query` over [--start, --end] from `--prometheus`, with the agent's bounds."""
+    from pathlib import Path
+
+    from agent.core.errors import UsageError
+    from agent.core.units import parse_duration
+    from agent.series.prometheus_pull import PullSpec, pull_range
+    from probes.linux.secrets import MAX_SECRET_BYTES, client_tls_context, read_secret
+
+    if not args.query:
+        raise UsageError("--prometheus needs --query PROMQL, e.g. --query rss_bytes")
+    now = time.time()
+    end = _resolve(args.end, now) if args.end else now
+    start = _resolve(args.start, now) if args.start else end - 8 * 86400
+    headers = {}
+    if args.bearer_token_file:
+        token = read_secret(Path(args.bearer_token_file), "--bearer-token-file", MAX_SECRET_BYTES).strip()
+        headers["Authorization"] = f"Bearer {token}"
+    context = client_tls_context(Path(args.ca_file), None, None, "--ca-file") if args.ca_file else None
+    spec = PullSpec(
+        url=args.prometheus,
+        query=args.query,
+        start=start,
+        end=end,
+        step=parse_duration(args.step) if args.step else 60.0,
+        headers=headers,
+        ssl_context=context,
+        label=args.label,
+        metric="rss_bytes",
+        max_samples=50_000_000,
+        max_bytes=16 * 2**30,
+        deadline=1800.0,
+    )
+    return pull_range(spec, strict=args.strict, progress=progress.pulling)
+
+
+def _judge_latency(instances: list, analyses: list, fleet_of: Any, args: argparse.Namespace) -> None:
+    """The slow detector over the latency series of the input, with the same fleets as memory."""
+    from agent.core.errors import UsageError
+    from agent.core.units import parse_duration
+    from agent.detect.latency_rules import Slo
+    from agent.detect.slow_replay import analyze_slow
+    from agent.series.buckets import quantiles_from_buckets
+
+    quantiles_from_buckets(instances)  # histogram buckets in the input: their interval quantiles
+    slo = None
+    if args.slo is not None:
+        threshold = parse_duration(args.slo)
+        window = parse_duration(args.slo_for) if args.slo_for else 300.0
+        if threshold <= 0 or window <= 0:
+            raise UsageError("--slo and --slo-for must be positive, e.g. --slo 250ms --slo-for 5m")
+        slo = Slo(args.slo_quantile, threshold, window)
+    elif args.slo_for:
+        raise UsageError("--slo-for needs --slo THRESHOLD")
+    groups: dict[str, list] = {}
+    for series in instances:
+        groups.setdefault(fleet_of(series) if fleet_of else "", []).append(series)
+    analyze_slow(
+        [groups[key] for key in sorted(groups)],
+        {a.instance: a for a in analyses},
+        slos=dict.fromkeys((s.instance for s in instances), slo),
+    )
+
+
+def _fleet_of(result: Any, label: str | None) -> Any:
+    """Each instance's fleet: its `label` label (instances without it form one fleet), else one
+    fleet for the whole input."""
+    if label is None:
+        return None
+    return lambda series: result.labels.get(series.instance, {}).get(label, "")
 
 
 def _apply_limit_metric(instances: list, name: str | None) -> list[str]:
@@ -204,6 +359,10 @@ def _table(analyses: list, points: int, elapsed: float, missing_limit: list[str]
         for note in a.notes:
             if not note.startswith("fragmentation: cannot judge"):
                 lines.append(f"{a.instance}: {note}")
+    for a in analyses:
+        for f in a.findings:
+            if f.kind == "slow":  # its figures are latencies: say them in a sentence
+                lines.append(f"{_when(f.opened_at)} {printable(a.at_open.get(f.id, f).summary)}")
     return "\n".join(lines) + "\n"
 
 
@@ -244,6 +403,9 @@ class Progress:
 
     def reading(self, done: int, total: int) -> None:
         self._show(f"reading {done * 100 // max(total, 1)}% of {total / 1e6:.1f} MB", force=done >= total)
+
+    def pulling(self, done: int, total: int) -> None:
+        self._show(f"pulling {done}/{total} chunks", force=done >= total)
 
     def analysing(self, done: int, total: int) -> None:
         self._show(f"analysing {done}/{total} instances", force=done >= total)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from agent.core.text import echo
 
@@ -18,10 +19,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     check.add_argument("--quiet", "-q", action="store_true", help="print nothing when the file is valid")
 
 
+def _warnings(config) -> list[str]:
+    """Valid, but probably not what was meant."""
+    from agent.watch.supervisor import relaunch_warnings
+
+    loop = config.remediation.ladder.crash_loop
+    return relaunch_warnings(config.instances, loop.window, loop.reset_after, loop.max_restarts)
+
+
 def run(args: argparse.Namespace) -> int:
     from agent.config.loader import dump_config, load_config
 
     config = load_config(args.file)
+    for warning in _warnings(config):
+        echo(f"{args.file}: warning: {warning}", file=sys.stderr)
     if args.quiet:
         return 0
     if args.json:

@@ -49,6 +49,7 @@ def _rows(events: list[dict]) -> list[list]:
             e["severity"],
             e.get("instance") or "-",
             e["kind"],
+            str((e.get("data") or {}).get("action_id") or "-"),
             e["message"],
         ]
         for e in events
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         for event in events:
             echo(json.dumps(event), flush=True)
     elif events:
-        echo(render(["TIME", "SEVERITY", "INSTANCE", "KIND", "MESSAGE"], _rows(events)), flush=True)
+        echo(render(["TIME", "SEVERITY", "INSTANCE", "KIND", "ACTION", "MESSAGE"], _rows(events)), flush=True)
     if not args.follow:
         return 0
     last = max((e["id"] for e in events), default=0)

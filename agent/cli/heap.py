@@ -1,6 +1,9 @@
-"""`medic heap NAME [--base 1h]`: which native allocation sites grew (the agent's heap-profile snapshots), and
-in which memory layer the instance grows. `medic heap --file NEW.heap [--base-file OLD.heap]` does the same
-for dump files on this machine, without an agent (like `jeprof --text --base=OLD BINARY NEW`)."""
+"""`medic heap NAME [--base 1h]`: which allocation sites grew (the agent's heap-profile snapshots of native
+targets, or the tracemalloc snapshots of Python ones), and in which memory layer the instance grows.
+`medic heap NAME --sites 15m` starts tracing Python allocation sites in the target now (through its hook,
+on this machine; the agent then takes a snapshot every `histograms.python.sites.interval` and the session
+stops itself after the duration); `--stop-sites` ends it early. `medic heap --file NEW.heap [--base-file
+OLD.heap]` reads dump files on this machine, without an agent (like `jeprof --text --base=OLD BINARY NEW`)."""
 
 from __future__ import annotations
 
@@ -10,12 +13,12 @@ import os
 
 from agent.cli.client import agent_url, get_json
 from agent.cli.histo import render_diff, render_suspects
-from agent.cli.options import when
+from agent.cli.options import duration, when
 from agent.core.errors import ApiError, UsageError
 from agent.core.text import echo, printable, render
 from agent.core.units import format_bytes
 
-HELP = "show which native allocation sites grew between two heap profiles, and where memory grows"
+HELP = "show which allocation sites grew (native heap profiles, Python tracemalloc), and where memory grows"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +39,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--frames", type=int, default=1, help="with --file: frames that name a site (default 1)"
     )
     parser.add_argument("--top", type=int, default=20, help="rows to show (default 20)")
+    parser.add_argument(
+        "--sites",
+        type=duration,
+        metavar="DURATION",
+        help="Python targets: trace allocation sites for this long (e.g. 15m; at most 6h), starting now",
+    )
+    parser.add_argument(
+        "--sites-frames", type=int, default=5, help="with --sites: frames kept per allocation (default 5)"
+    )
+    parser.add_argument("--stop-sites", action="store_true", help="Python targets: stop tracing now")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give an instance name, or --file DUMP for a local heap profile")
     url = agent_url(args.url, args.state_dir)
     base = f"/api/v1/instances/{args.name}"
+    if args.sites or args.stop_sites:
+        return _sites(args, get_json(url, base)["instance"])
     attribution = get_json(url, f"{base}/attribution", {"since": args.since})  # also: the instance exists
     suspects = get_json(url, f"{base}/suspects", {"since": args.since, "kind": "site"})
     try:
@@ -59,6 +74,43 @@ def run(args: argparse.Namespace) -> int:
     echo(render_suspects(suspects["suspects"]))
     echo()
     echo(render_attribution(attribution))
+    return 0
+
+
+def _sites(args: argparse.Namespace, instance: dict) -> int:
+    """Start or stop the tracemalloc session in the instance's process, through its hook."""
+    from agent.core.units import parse_duration
+    from native_hooks.client import HookClient
+    from native_hooks.errors import HOOK_HOWTO, HookNotFound
+    from native_hooks.sockets import find_socket
+
+    pid = instance.get("pid")
+    if not isinstance(pid, int) or instance.get("status") != "up":
+        raise UsageError(f"{args.name} has no running process (status {instance.get('status')})")
+    configured = ((instance.get("settings") or {}).get("hook") or {}).get("socket")
+    path = configured.replace("%p", str(pid)) if configured else find_socket(pid)
+    if path is None:
+        raise HookNotFound(f"no hook socket found for {args.name} (pid {pid}): {HOOK_HOWTO}")
+    with HookClient(path, 10.0, pid=pid) as client:
+        if args.stop_sites:
+            reply = client.request("sites_stop")
+        else:
+            seconds = parse_duration(args.sites)
+            if not 1 <= seconds <= 6 * 3600 or not 1 <= args.sites_frames <= 25:
+                raise UsageError("--sites takes 1s to 6h, --sites-frames 1 to 25")
+            reply = client.request("sites_start", frames=args.sites_frames, duration_s=seconds)
+    if args.json:
+        echo(json.dumps(reply, indent=2))
+    elif reply.get("tracing"):
+        echo(
+            f"{args.name} (pid {pid}): tracing allocation sites with {reply['frames']} frames for "
+            f"{reply['remaining_s']:.0f}s more; the agent snapshots them, `medic heap {args.name}` "
+            "shows the growing ones as suspects"
+        )
+    else:
+        echo(
+            f"{args.name} (pid {pid}): not tracing allocation sites ({printable(str(reply.get('stopped_reason')))})"
+        )
     return 0
 
 

@@ -39,6 +39,22 @@ PTH_LINE = (
 )
 
 
+class _IntermixedParser(argparse.ArgumentParser):
+    """A parser that takes its options and its KEY=VALUE positionals in any order: plain argparse stops
+    filling `nargs="*"` at the first option, so `call stats --pid 1 detail=true` was refused."""
+
+    _inner = False
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        if self._inner:  # parse_known_intermixed_args calls back into this method
+            return super().parse_known_args(args, namespace)
+        self._inner = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inner = False
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="hook_command", metavar="ACTION", required=True)
     sub.add_parser("path", help="print the path of the built LD_PRELOAD shim")
@@ -54,7 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pth = sub.add_parser("install-pth", help=f"write {PTH_NAME} so Python targets autostart the hook")
     pth.add_argument("--dir", help="site-packages directory (default: this interpreter's purelib)")
     call = sub.add_parser("call", help="send one request to a hook and print the JSON reply")
-    call.add_argument("op", help="ping, stats, purge, prof_dump, prof_active or histogram")
+    call.__class__ = _IntermixedParser  # options and KEY=VALUE in any order
+    call.add_argument(
+        "op", help="ping, stats, purge, prof_dump, prof_active, histogram, sites_start, sites or sites_stop"
+    )
     call.add_argument(
         "params", nargs="*", metavar="KEY=VALUE", help="request fields; VALUE is JSON or a string"
     )

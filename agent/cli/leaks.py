@@ -1,5 +1,5 @@
 """`medic leaks [NAME]`: open memory findings (leak, oom-risk, fragmentation) with slope, time to OOM
-and confidence, newest first."""
+and confidence, the top suspect and where the growth is (the attribution), newest first."""
 
 from __future__ import annotations
 
@@ -37,6 +37,14 @@ def _suspect(evidence: dict) -> str:
     return f"{top.get('name')}" + (f" ({100 * share:.0f}%)" if isinstance(share, (int, float)) else "")
 
 
+def _attribution(evidence: dict) -> str:
+    """Where the growth is, in a few words: the attribution's verdict up to its advice."""
+    verdict = (evidence.get("attribution") or {}).get("verdict")
+    if not isinstance(verdict, str) or not verdict:
+        return "-"
+    return verdict.split(":", 1)[0].removeprefix("growth is ")
+
+
 def run(args: argparse.Namespace) -> int:
     params = {"state": "all" if args.all else "open"}
     if args.name:
@@ -67,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
                 format_duration(now - f["opened_at"]) + " ago" if f.get("opened_at") else "-",
                 f["state"],
                 _suspect(ev),
+                _attribution(ev),
                 f["summary"],
             ]
         )
@@ -81,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         "SINCE",
         "STATE",
         "SUSPECT",
+        "ATTRIBUTION",
         "SUMMARY",
     ]
     echo(render(headers, rows, numeric={3, 4, 5, 6}))

@@ -45,29 +45,42 @@ def run(args: argparse.Namespace) -> int:
     echo(line)
     step = body.get("step") or {}
     plan = step.get("plan") or {}
+    decisions = step.get("decisions") or {}
     entries = plan.get("entries") or []
     if entries:
-        rows = [
-            [
-                e["instance"],
-                e.get("kind") or "-",
-                _when(e.get("slot_at"), now),
-                _when(e.get("deadline"), now),
-                "hopeless" if e.get("hopeless") else ("late" if e.get("late") else "on time"),
-                e.get("reason") or "",
-            ]
-            for e in entries
-        ]
+        rows = [_row(e, decisions.get(e["instance"]), now) for e in entries]
         echo(render(["INSTANCE", "KIND", "PLANNED", "DEADLINE", "STATUS", "REASON"], rows))
     else:
         echo("no restarts planned")
     for problem in plan.get("problems") or []:
         echo(f"! {printable(problem)}")
+    flights = {r.get("instance"): r for r in body.get("restarts_in_flight") or []}
     for name in body.get("in_progress") or []:
-        echo(f"restarting now: {printable(name)}")
+        flight = flights.get(name) or {}
+        where = f" (action {flight['action_id']}, {flight.get('stage')})" if flight.get("action_id") else ""
+        echo(f"restarting now: {printable(name)}{printable(where)}")
     for esc in body.get("escalations") or []:
         echo(
-            f"escalated: {printable(esc.get('instance'))}: {printable(esc.get('reason'))} "
-            "(a person must look; automatic remediation stopped)"
+            f"escalated: {printable(esc.get('instance'))}: {printable(esc.get('hold') or esc.get('reason'))}"
         )
     return 0
+
+
+def _row(entry: dict, decision: dict | None, now: float) -> list[str]:
+    """One planned restart; a slot that is due but held (a blocker, the pause, the lock) says so."""
+    status = "hopeless" if entry.get("hopeless") else ("late" if entry.get("late") else "on time")
+    reason = entry.get("reason") or ""
+    if decision and not decision.get("ok") and decision.get("stage") not in ("plan", None):
+        status = f"{status}, held: {decision.get('code')}"
+        retry = decision.get("retry_at")
+        reason = decision.get("reason") or reason
+        if isinstance(retry, (int, float)):
+            reason += f" (retried {_when(retry, now)})"
+    return [
+        entry["instance"],
+        entry.get("kind") or "-",
+        _when(entry.get("slot_at"), now),
+        _when(entry.get("deadline"), now),
+        status,
+        reason,
+    ]

@@ -2,10 +2,19 @@
 
 Every problem is one line, `FILE: key.path: what was expected (got VALUE)`, all of them at once, so a
 user fixes a file in one round; the key path leaves out pydantic's internal markers.
+
+String values of a config file may name environment variables: `${NAME}`, or `${NAME:-default}` for
+a default used when NAME is unset or empty (as in a shell). Only that form is read: a `$` anywhere
+else (a regex's `$`, `$NAME`) stays as written, `$${` is a literal `${`, keys are never expanded, and
+an expanded value is not expanded again. An unset variable without a default is an error naming the
+key and the variable. Expansion runs on the parsed YAML, so a value cannot inject YAML structure.
 """
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +41,59 @@ def load_config(path: str | Path) -> Config:
     return parse_config(text, source=str(path))
 
 
-def parse_config(text: str, source: str = "<config>") -> Config:
+# `$${` (a literal `${`) or `${NAME}` / `${NAME:-default}`; NAME as a POSIX shell names variables
+_REFERENCE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+MAX_EXPANDED = 65536  # characters of one value after expansion: a config value, not a payload
+
+
+def expand_env(data: Any, environ: Mapping[str, str] | None = None, source: str = "<config>") -> Any:
+    """`data` (parsed YAML) with `${NAME}` / `${NAME:-default}` in its string values replaced from
+    `environ` (default `os.environ`); `ConfigError` lists every unset variable, one line each."""
+    env = os.environ if environ is None else environ
+    problems: list[str] = []
+
+    def expand(value: str, path: str) -> str:
+        if "$" not in value:
+            return value
+
+        def replace(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name is None:
+                return "${"
+            found = env.get(name)
+            if found:
+                return found
+            if default is not None:
+                return default
+            state = "is empty" if found == "" else "is not set"
+            problems.append(
+                f"{source}: {path or '<top>'}: environment variable {name} {state} "
+                f"(set it, or give a default: ${{{name}:-VALUE}})"
+            )
+            return ""
+
+        expanded = _REFERENCE.sub(replace, value)
+        if len(expanded) > MAX_EXPANDED:
+            problems.append(f"{source}: {path}: over {MAX_EXPANDED} characters after expanding ${{…}}")
+        return expanded
+
+    def walk(node: Any, path: str) -> Any:
+        if isinstance(node, str):
+            return expand(node, path)
+        if isinstance(node, dict):
+            return {key: walk(value, f"{path}.{key}" if path else str(key)) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(item, f"{path}[{index}]") for index, item in enumerate(node)]
+        return node
+
+    result = walk(data, "")
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return result
+
+
+def parse_config(text: str, source: str = "<config>", environ: Mapping[str, str] | None = None) -> Config:
+    """Parse YAML text, expand `${ENV}` references in its values, and validate it."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -44,7 +105,7 @@ def parse_config(text: str, source: str = "<config>") -> Config:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
-    return validate_config(data, source)
+    return validate_config(expand_env(data, environ, source), source)
 
 
 def validate_config(data: dict[str, Any], source: str = "<config>") -> Config:

@@ -15,7 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from agent.config.detect import DetectSection
+from agent.config.detect import DetectSection, history_problems
+from agent.config.history import HistorySection
 from agent.core.types import DAY, HOUR, Duration, Interval, Strict, within
 from agent.core.units import parse_size
 from agent.notify.config import NotifySection
@@ -252,6 +253,7 @@ class InstanceSpec(Strict):
 class Config(Strict):
     agent: AgentSection = Field(default_factory=AgentSection)
     detect: DetectSection = Field(default_factory=DetectSection)
+    history: HistorySection = Field(default_factory=HistorySection)  # docs/detection.md
     instances: list[InstanceSpec] = Field(default_factory=list)
     notify: NotifySection = Field(default_factory=NotifySection)  # docs/alerts.md
     remediation: RemediationSection = Field(default_factory=RemediationSection)  # docs/remediation.md
@@ -263,4 +265,12 @@ class Config(Strict):
             if spec.name in seen:
                 raise ValueError(f"instance name {spec.name!r} is used twice")
             seen.add(spec.name)
+        return self
+
+    @model_validator(mode="after")
+    def _history_kept(self) -> Config:
+        """The store must keep the history the memory detectors read, at their resolution."""
+        problems = history_problems(self.detect, self.agent.raw_retention, self.agent.interval)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self

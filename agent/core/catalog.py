@@ -2,8 +2,12 @@
 
 Probes emit samples under these names; the store keeps them; `/metrics` exports them as
 `medic_<name>` with the label `name` (the instance). The label is not `instance` because
-Prometheus attaches its own `instance` label to every scrape. Dashboards and alert rules
-are checked against this table by the tests.
+Prometheus attaches its own `instance` label to every scrape. Two kinds of stored metric are
+exported otherwise: the interval quantiles of the latency probe share one summary family with a
+`quantile` label (`medic_latency_seconds{quantile="0.99"}`; quantiles only, no `_count`/`_sum`),
+and the per-interval rates are not exported at all (PromQL derives them from the counters,
+`rate(medic_requests_total[5m])`). Dashboards, alert rules and docs/metrics.md are checked
+against this table by the tests.
 """
 
 from __future__ import annotations
@@ -18,6 +22,23 @@ class MetricSpec:
     kind: Literal["gauge", "counter"]
     help: str
     source: str  # the probe (or "agent") that produces it
+    # the exported family when it is not `medic_<name>`; "" when the metric is not exported
+    family: str | None = None
+    quantile: str | None = None  # the `quantile` label of a shared quantile family
+
+
+@dataclass(frozen=True, slots=True)
+class ExportedFamily:
+    """One family of `/metrics` made from stored metrics: its name, type, help and extra label."""
+
+    name: str
+    kind: Literal["gauge", "counter", "summary"]
+    help: str
+    extra_label: str | None = None
+
+
+LATENCY_FAMILY = "medic_latency_seconds"
+_NOT_EXPORTED = ""  # a rate over the last interval: stored for the detectors and the API only
 
 
 _SPECS = [
@@ -88,14 +109,58 @@ _SPECS = [
     ),
     MetricSpec("cgroup_cpu_throttled_seconds_total", "counter", "Time the cgroup spent throttled.", "cgroup"),
     # latency probe: the instance's own Prometheus histogram, per scrape interval (docs/latency.md)
-    MetricSpec("latency_p50_seconds", "gauge", "Median request latency over the last interval.", "latency"),
-    MetricSpec("latency_p90_seconds", "gauge", "90th percentile latency over the last interval.", "latency"),
-    MetricSpec("latency_p99_seconds", "gauge", "99th percentile latency over the last interval.", "latency"),
-    MetricSpec("latency_p999_seconds", "gauge", "99.9th percentile latency, last interval.", "latency"),
+    MetricSpec(
+        "latency_p50_seconds",
+        "gauge",
+        "Median request latency over the last interval.",
+        "latency",
+        family=LATENCY_FAMILY,
+        quantile="0.5",
+    ),
+    MetricSpec(
+        "latency_p90_seconds",
+        "gauge",
+        "90th percentile latency over the last interval.",
+        "latency",
+        family=LATENCY_FAMILY,
+        quantile="0.9",
+    ),
+    MetricSpec(
+        "latency_p99_seconds",
+        "gauge",
+        "99th percentile latency over the last interval.",
+        "latency",
+        family=LATENCY_FAMILY,
+        quantile="0.99",
+    ),
+    MetricSpec(
+        "latency_p999_seconds",
+        "gauge",
+        "99.9th percentile latency, last interval.",
+        "latency",
+        family=LATENCY_FAMILY,
+        quantile="0.999",
+    ),
     MetricSpec("latency_mean_seconds", "gauge", "Mean request latency over the last interval.", "latency"),
-    MetricSpec("request_rate", "gauge", "Requests per second over the last interval.", "latency"),
-    MetricSpec("error_rate", "gauge", "Errors per second over the last interval.", "latency"),
-    MetricSpec("error_ratio", "gauge", "Errors per request over the last interval.", "latency"),
+    MetricSpec(
+        "requests_total", "counter", "Requests served, as counted across the probe's scrapes.", "latency"
+    ),
+    MetricSpec(
+        "errors_total", "counter", "Failed requests, as counted across the probe's scrapes.", "latency"
+    ),
+    MetricSpec(
+        "request_rate",
+        "gauge",
+        "Requests per second over the last interval.",
+        "latency",
+        family=_NOT_EXPORTED,
+    ),
+    MetricSpec(
+        "error_rate", "gauge", "Errors per second over the last interval.", "latency", family=_NOT_EXPORTED
+    ),
+    MetricSpec(
+        "error_ratio", "gauge", "Errors per request over the last interval.", "latency", family=_NOT_EXPORTED
+    ),
     # canary probe: one active request every canary interval
     MetricSpec("canary_latency_seconds", "gauge", "Latency of the last canary request.", "canary"),
     MetricSpec("canary_success", "gauge", "1 if the last canary request got a 2xx answer, else 0.", "canary"),
@@ -150,5 +215,48 @@ CATALOG: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
 
 
 def prometheus_name(metric: str) -> str:
-    """The exported name of a stored metric: `rss_bytes` → `medic_rss_bytes`."""
+    """The exported sample name of a stored metric: `rss_bytes` → `medic_rss_bytes`,
+    `latency_p99_seconds` → `medic_latency_seconds`, "" for one that is not exported."""
+    spec = CATALOG.get(metric)
+    if spec is not None and spec.family is not None:
+        return spec.family
     return f"medic_{metric}"
+
+
+def _family_name(sample_name: str, kind: str) -> str:
+    """prometheus_client names a counter family without its `_total`."""
+    return sample_name.removesuffix("_total") if kind == "counter" else sample_name
+
+
+def exported_families() -> dict[str, ExportedFamily]:
+    """The families of `/metrics` made from the catalog, by family name."""
+    families: dict[str, ExportedFamily] = {}
+    for spec in _SPECS:
+        name = prometheus_name(spec.name)
+        if not name:
+            continue
+        if spec.quantile is not None:
+            families.setdefault(
+                name,
+                ExportedFamily(
+                    name, "summary", "Request latency quantiles over the last interval.", "quantile"
+                ),
+            )
+        else:
+            families[_family_name(name, spec.kind)] = ExportedFamily(
+                _family_name(name, spec.kind), spec.kind, spec.help
+            )
+    return families
+
+
+def exported_sample(metric: str) -> tuple[str, tuple[str, str] | None] | None:
+    """Where a stored metric goes on `/metrics`: its family name and the extra label, or None."""
+    spec = CATALOG.get(metric)
+    if spec is None:
+        return None
+    name = prometheus_name(metric)
+    if not name:
+        return None
+    if spec.quantile is not None:
+        return name, ("quantile", spec.quantile)
+    return _family_name(name, spec.kind), None

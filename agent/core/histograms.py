@@ -15,7 +15,14 @@ from typing import Any
 
 DEFAULT_TOP = 200
 # source -> what its rows name
-KINDS = {"jvm": "class", "python": "type", "jemalloc": "site", "gperftools": "site", "nmt": "nmt"}
+KINDS = {
+    "jvm": "class",
+    "python": "type",
+    "jemalloc": "site",
+    "gperftools": "site",
+    "tracemalloc": "site",  # Python allocation sites (file:line) from the hook's tracemalloc session
+    "nmt": "nmt",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +38,7 @@ class Snapshot:
     """One histogram of one process at one time; `rows` may be only the top of it (see `rows_total`)."""
 
     instance: str
-    source: str  # jvm | python | jemalloc | gperftools | nmt
+    source: str  # jvm | python | jemalloc | gperftools | tracemalloc | nmt
     ts: float
     rows: list[HistogramRow]
     total_count: float

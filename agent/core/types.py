@@ -25,7 +25,7 @@ MAX_COUNT = 1_000_000  # the loosest bound for a count: limits, retries, items k
 
 Severity = Literal["info", "warning", "error", "critical"]
 # What a finding is about: the memory detectors' three, the latency detector's, and an alert from outside
-Kind = Literal["leak", "oom-risk", "fragmentation", "slow", "external"]
+Kind = Literal["leak", "oom-risk", "fragmentation", "slow", "external", "crash-loop"]
 
 
 class Strict(BaseModel):

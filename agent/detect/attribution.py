@@ -3,7 +3,9 @@
 Layers, each from the probes that see it, stacked without double counting:
 
 - `file_mapped`: `rss_file_bytes + rss_shmem_bytes` (code, mapped model files, shared memory);
-- `jvm_heap`: NMT "Java Heap" committed, else `GC.heap_info` committed (may exceed what is resident);
+- `jvm_heap`: the resident part of the Java heap: committed (NMT "Java Heap", else `GC.heap_info`),
+  but no more than the most the heap has used in this lifetime (committed pages never touched are not
+  resident, and would otherwise absorb growth that is elsewhere);
 - `jvm_native`: NMT committed minus the Java heap (threads, code cache, GC, metaspace…);
 - `python_objects`: the type histogram's shallow bytes (inside malloc's live bytes when pymalloc is off);
 - `allocator_live`: allocator live bytes minus NMT's malloc (and Python objects, pymalloc off);
@@ -12,9 +14,12 @@ Layers, each from the probes that see it, stacked without double counting:
   libraries without a hook, allocations NMT does not see, pymalloc arenas, stacks).
 
 Values are lower envelopes on a common grid over the window (bucket minima, carried forward), so
-a GC sawtooth does not read as growth; each layer's slope and confidence come from the leak
-detector's trend test. The growth layer is the one growing most, if it explains at least half of
-the RSS growth (or RSS does not grow at all).
+a GC sawtooth does not read as growth. Each layer's bytes are stacked and clipped to the RSS, but its
+slope and confidence (the leak detector's trend test) come from its own figure, unclipped: a layer that
+does not grow cannot soak up growth elsewhere by being clipped less as RSS rises. `unexplained` grows
+as RSS minus every other layer's own figure does. The growth layer is the one growing most, if it
+explains at least half of the RSS growth (or RSS does not grow at all); its verdict names the next
+step that is really available for this target.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.detect.suspects import MIN_CONFIDENCE, growth
+from agent.detect.suspects import MIN_CONFIDENCE, growth, suspects_for
+from agent.state.histograms import HistogramStore
 from agent.state.store import Store
 
 GRID_POINTS = 48
@@ -31,6 +37,7 @@ INPUTS = (
     "rss_file_bytes",
     "rss_shmem_bytes",
     "jvm_heap_committed_bytes",
+    "jvm_heap_used_bytes",
     "jvm_nmt_committed_bytes",
     "jvm_nmt_heap_committed_bytes",
     "jvm_nmt_malloc_bytes",
@@ -41,7 +48,7 @@ INPUTS = (
 )
 TITLES = {
     "file_mapped": "file-backed and shared memory (code, mapped files)",
-    "jvm_heap": "Java heap (committed)",
+    "jvm_heap": "Java heap (resident: committed and used)",
     "jvm_native": "JVM native memory tracked by NMT",
     "python_objects": "Python objects (gc-tracked, shallow)",
     "allocator_live": "live native allocations (malloc)",
@@ -115,18 +122,32 @@ def attribution_for(store: Store, instance: str, since: float, now: float) -> At
     if not known:
         result.verdict = "no RSS samples in this window yet"
         return result
-    layers = split(grid, known)
+    layers, figures = split(grid, known)
     xs = [since + (i + 0.5) * step for i in known]
     rss_values = [rss[i] for i in known]
     rss_growth = growth(xs, rss_values)
     result.rss_bytes = rss_values[-1]
     result.rss_bytes_per_second = rss_growth.slope
     for name, values in layers.items():
-        fitted = growth(xs, values)
+        fitted = growth(xs, figures[name])
         result.layers.append(Layer(name, values[-1], fitted.slope, fitted.confidence, TITLES[name]))
     result.missing = _missing(grid)
-    result.growth_layer, result.verdict = _verdict(result, rss_growth.confidence, grid)
+    sites = bool(HistogramStore(store).snapshots(instance, since, now, "site", None, 1))
+    result.growth_layer, result.verdict = _verdict(result, rss_growth.confidence, grid, sites)
     return result
+
+
+def explain(store: Store, instance: str, since: float, now: float, limit: int = 5) -> dict[str, Any]:
+    """What a memory finding carries to name its culprit: the attribution, and the suspects ranked for
+    where the growth is (outside the Java heap: the classes whose counts rise with the native bytes)."""
+    attribution = attribution_for(store, instance, since, now)
+    native = attribution.growth_layer in ("unexplained", "jvm_native") and _is_jvm(attribution)
+    suspects = suspects_for(store, instance, since, now, limit=limit, native=native)
+    return {"attribution": attribution.to_dict(), "suspects": [s.to_dict() for s in suspects]}
+
+
+def _is_jvm(attribution: Attribution) -> bool:
+    return any(layer.name in ("jvm_heap", "jvm_native") for layer in attribution.layers)
 
 
 def _lifetime_start(store: Store, instance: str, since: float, now: float) -> float:
@@ -137,22 +158,33 @@ def _lifetime_start(store: Store, instance: str, since: float, now: float) -> fl
     return max(since, first[0][0]) if first and first[0][0] < now else since
 
 
-def split(grid: dict[str, list[float | None]], known: list[int]) -> dict[str, list[float]]:
-    """Each layer's values at the grid points `known` (where RSS is known), clipped to what remains."""
+def split(
+    grid: dict[str, list[float | None]], known: list[int]
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Each layer's values at the grid points `known` (where RSS is known), clipped to what remains, and
+    each layer's own figure unclipped (for `unexplained`: RSS minus every other figure)."""
     layers: dict[str, list[float]] = {name: [] for name in TITLES}
+    figures: dict[str, list[float]] = {name: [] for name in TITLES}
     present = {metric for metric, values in grid.items() if any(v is not None for v in values)}
+    heap_touched = 0.0  # the most the heap used so far: pages once touched stay resident
     for i in known:
         value = {metric: values[i] for metric, values in grid.items()}
-        left = value["rss_bytes"] or 0.0
+        rss = value["rss_bytes"] or 0.0
+        left = rss
 
         def take(name: str, amount: float | None) -> None:
             nonlocal left
+            figures[name].append(max(amount or 0.0, 0.0))
             part = min(max(amount or 0.0, 0.0), left)
             layers[name].append(part)
             left -= part
 
         take("file_mapped", (value["rss_file_bytes"] or 0.0) + (value["rss_shmem_bytes"] or 0.0))
         heap = value["jvm_nmt_heap_committed_bytes"] or value["jvm_heap_committed_bytes"]
+        used = value["jvm_heap_used_bytes"]
+        if heap is not None and used is not None:
+            heap_touched = max(heap_touched, used)
+            heap = min(heap, heap_touched)
         take("jvm_heap", heap)
         nmt_total, nmt_heap = value["jvm_nmt_committed_bytes"], value["jvm_nmt_heap_committed_bytes"]
         take("jvm_native", (nmt_total - (nmt_heap or 0.0)) if nmt_total is not None else None)
@@ -170,6 +202,9 @@ def split(grid: dict[str, list[float | None]], known: list[int]) -> dict[str, li
             free = resident - value["allocator_allocated_bytes"]
         take("allocator_free", free)
         layers["unexplained"].append(left)
+        figures["unexplained"].append(
+            rss - sum(figures[name][-1] for name in TITLES if name != "unexplained")
+        )
     wanted = {"file_mapped", "unexplained"}
     if present & {"jvm_heap_committed_bytes", "jvm_nmt_heap_committed_bytes"}:
         wanted.add("jvm_heap")
@@ -181,7 +216,10 @@ def split(grid: dict[str, list[float | None]], known: list[int]) -> dict[str, li
         wanted.add("allocator_live")
     if "allocator_resident_bytes" in present:
         wanted.add("allocator_free")
-    return {name: values for name, values in layers.items() if name in wanted}
+    return (
+        {name: values for name, values in layers.items() if name in wanted},
+        {name: values for name, values in figures.items() if name in wanted},
+    )
 
 
 def _on_grid(
@@ -216,7 +254,7 @@ def _missing(grid: dict[str, list[float | None]]) -> list[str]:
     return missing
 
 
-def _verdict(result: Attribution, rss_confidence: float, grid: dict) -> tuple[str | None, str]:
+def _verdict(result: Attribution, rss_confidence: float, grid: dict, sites: bool) -> tuple[str | None, str]:
     growing = [
         layer for layer in result.layers if layer.bytes_per_second > 0 and layer.confidence >= MIN_CONFIDENCE
     ]
@@ -229,23 +267,36 @@ def _verdict(result: Attribution, rss_confidence: float, grid: dict) -> tuple[st
     rss_grows = rss_slope > 0 and rss_confidence >= MIN_CONFIDENCE
     if rss_grows and top.bytes_per_second < 0.5 * rss_slope:
         return None, "RSS grows across several layers; none explains half of it"
-    return top.name, _explain(top.name, grid)
+    return top.name, _explain(top.name, grid, result.instance, sites)
 
 
-def _explain(layer: str, grid: dict) -> str:
+def _explain(layer: str, grid: dict, instance: str, sites: bool) -> str:
     has = {metric for metric, values in grid.items() if any(v is not None for v in values)}
     jvm = bool(has & {"jvm_heap_committed_bytes", "jvm_nmt_committed_bytes"})
     nmt = "jvm_nmt_committed_bytes" in has
+    python = bool(has & {"python_gc_objects_bytes", "pymalloc_allocated_blocks"})
+    site_step = (
+        "see the allocation-site suspects"
+        if sites
+        else f"enable allocation sites: medic heap {instance} --sites 15m"
+        if python
+        else "heap profiles name the allocation sites (histograms.heap_profiles with jemalloc or "
+        f"tcmalloc; medic heap {instance})"
+    )
     if layer == "unexplained":
         if jvm and nmt:
             return (
-                "growth is outside the Java heap: native memory not visible to NMT (JNI or native libraries)"
+                "growth is outside the Java heap and invisible to NMT: native memory of JNI, native "
+                "libraries or JDK objects that own native memory (zip streams, direct buffers): see the "
+                "class suspects whose counts rise with it"
             )
         if jvm:
             return (
                 "growth is outside the Java heap: native memory (start the JVM with "
                 "-XX:NativeMemoryTracking=summary to tell JVM internals from JNI and native libraries)"
             )
+        if python:
+            return f"growth is in memory outside Python's tracked objects and malloc's figures: {site_step}"
         if "allocator_allocated_bytes" in has:
             return "growth is in anonymous memory the allocator does not see (mmap, pymalloc arenas, stacks)"
         return "growth is in anonymous memory no probe accounts for: add the allocator hook to see malloc"
@@ -254,7 +305,7 @@ def _explain(layer: str, grid: dict) -> str:
         "jvm_heap": "growth is in the Java heap: see the class suspects",
         "jvm_native": "growth is in JVM native memory that NMT tracks: see the NMT categories",
         "python_objects": "growth is in Python objects: see the type suspects",
-        "allocator_live": "growth is in live native allocations: see the allocation-site suspects",
+        "allocator_live": f"growth is in live native allocations: {site_step}",
         "allocator_free": (
             "growth is free memory the allocator keeps (fragmentation or retention), not live data: "
             "a purge may return it"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.detect.context import Context
-from agent.detect.fragmentation import judge_fragmentation
+from agent.detect.fragmentation import judge_fragmentation, note_both
 from agent.detect.growth import time_to_limit
 from agent.detect.leak import judge_leak, leak_series
 from agent.detect.lifecycle import update
@@ -28,7 +28,7 @@ from agent.detect.model import (
     Observation,
     Transition,
 )
-from agent.detect.oom import judge_oom
+from agent.detect.oom import judge_oom, oom_peak
 from agent.detect.params import DetectParams
 from agent.detect.prepared import Prepared
 
@@ -58,11 +58,11 @@ def judge(prep: Prepared, tick: float, skip_quiet: bool = False) -> list[Observa
     if skip_quiet and _quiet(ctx):
         return []
     leak = judge_leak(ctx)
-    live_leaking = leak.state == "firing" and leak.evidence.get("series") != RSS
     oom = judge_oom(ctx)
     if skip_quiet and leak.state != "firing" and oom.state != "firing" and not _frag_inputs(ctx):
         return []
-    frag = judge_fragmentation(ctx, live_leaking)
+    frag = judge_fragmentation(ctx, leak)  # exclusive with the leak unless the evidence shows both
+    note_both(leak, frag)
     if skip_quiet and leak.state != "firing" and oom.state != "firing" and frag.state != "firing":
         return []
     if oom.state in ("firing", "holding"):
@@ -83,15 +83,16 @@ def _quiet(ctx: Context) -> bool:
     if _frag_inputs(ctx):
         return False
     p = ctx.params
-    settled = ctx.tick - ctx.lifetime_start >= p.season
+    settled = ctx.tick - ctx.lifetime_start >= ctx.prep.settle(ctx.life)
     for metric in {RSS, *leak_series(ctx)}:
         for fit in ctx.fits(metric):
-            if fit.confidence < p.confidence or fit.trend.confidence < p.confidence or fit.trend.slope <= 0:
+            if fit.confidence < p.confidence or fit.trend.slope <= 0:
                 continue
-            if fit.scale != "window" and settled:
+            strong = fit.trend.confidence >= p.confidence
+            if strong and fit.scale != "window" and settled:
                 return False
-            ttoom = time_to_limit(ctx.limit, ctx.peak, fit.trend.slope)
-            if ttoom is not None and ttoom < p.horizon:
+            ttoom = time_to_limit(ctx.limit, oom_peak(ctx, fit), fit.trend.slope)
+            if ttoom is not None and ttoom < (p.horizon if strong else p.horizon / 4):
                 return False
     return True
 

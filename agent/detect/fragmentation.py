@@ -6,6 +6,14 @@ live objects (fragmentation: a purge cannot return it) and free pages the alloca
 (retention: a purge or trim returns them). From a JVM: RSS over heap after GC, which is heap
 committed beyond the live set plus the JVM's own native memory. Without either it says that it
 cannot judge.
+
+Leak and fragmentation are exclusive explanations of the same memory unless the evidence shows both.
+While a leak fires, a JVM's RSS over its heap is the leak (native growth outside the heap, or the heap
+itself), never "heap it does not use": no fragmentation finding; nor while its RSS keeps rising (the
+leak detector is still confirming it). With allocator figures, fragmentation
+fires beside a leak only when the excess was already there at the start of the window, before the
+leak's growth; the finding then says which dominates (excess bytes against the leak's growth over the
+window) and by how much, and `note_both` writes the same into the leak's observation.
 """
 
 from __future__ import annotations
@@ -20,8 +28,10 @@ from agent.detect.trend import median
 CLEAR_FRACTION = 0.8  # clear when ratio excess or bytes fall below 80 % of the firing thresholds
 
 
-def judge_fragmentation(ctx: Context, live_leaking: bool) -> Observation:
+def judge_fragmentation(ctx: Context, leak: Observation | None = None) -> Observation:
+    """The fragmentation observation at `ctx.tick`, given the leak observation of the same tick."""
     p = ctx.params
+    leaking = leak is not None and leak.state == "firing"
     if ctx.present(ALLOCATED):
         live, resident, ratio_needed, jvm = (
             ALLOCATED,
@@ -64,29 +74,88 @@ def judge_fragmentation(ctx: Context, live_leaking: bool) -> Observation:
     }
     verdict, reclaimable, advice = _split_excess(ctx, live, first, end, jvm, excess)
     evidence |= {"reclaimable_bytes": reclaimable, "advice": advice}
-    firing = (
-        not live_leaking
-        and ratio >= ratio_needed
-        and min(ratios) >= 1 + (ratio_needed - 1) / 2
-        and excess >= p.frag_min_bytes
-    )
+
+    def fires(sample: list[tuple[float, float]]) -> bool:
+        rs = [r / lv for r, lv in sample]
+        return (
+            median(rs) >= ratio_needed
+            and min(rs) >= 1 + (ratio_needed - 1) / 2
+            and median([r - lv for r, lv in sample]) >= p.frag_min_bytes
+        )
+
+    firing = fires(pairs)
+    growing = jvm and _grows(ctx)
+    firing = firing and not growing  # a JVM's excess that keeps growing is native growth, not unused heap
+    both = None
+    if leaking and firing:
+        # the leak explains the excess unless it was there before the leak's growth in this window
+        firing = not jvm and fires(pairs[: p.min_buckets])
+        if firing and leak is not None:
+            both = _dominance(median([r - lv for r, lv in pairs[: p.min_buckets]]), leak, p.window)
+            evidence["both"] = both
     if firing:
         what = "allocator retention" if verdict == "allocator-retention" else "fragmentation"
         summary = (
             f"{ctx.prep.instance}: {what}: {format_bytes(resident_bytes)} resident for {format_bytes(live_bytes)} "
             f"live ({ratio:.1f}x); {advice}"
         )
+        if both is not None:
+            summary += f"; beside a leak: {both['text']}"
         return ctx.observation("fragmentation", "firing", summary, "warning", verdict, evidence)
     clear_ratio = 1 + CLEAR_FRACTION * (ratio_needed - 1)
     state = (
-        "clear"
-        if live_leaking or ratio < clear_ratio or excess < CLEAR_FRACTION * p.frag_min_bytes
-        else "holding"
+        "clear" if leaking or ratio < clear_ratio or excess < CLEAR_FRACTION * p.frag_min_bytes else "holding"
     )
     summary = f"resident {format_bytes(resident_bytes)} for {format_bytes(live_bytes)} live ({ratio:.2f}x)"
+    if leaking:
+        summary = (
+            "the memory above the heap is the leak's growth, not heap the JVM keeps"
+            if jvm
+            else f"{summary}: the excess came with the leak's growth"
+        )
     return ctx.observation(
         "fragmentation", state, summary, verdict=verdict if state == "holding" else None, evidence=evidence
     )
+
+
+def _grows(ctx: Context) -> bool:
+    """Whether RSS rises steadily on some scale: excess memory that grows is not memory kept."""
+    p = ctx.params
+    return any(
+        fit.trend.slope > 0
+        and fit.confidence >= p.confidence_clear
+        and fit.trend.confidence >= p.confidence_clear
+        for fit in ctx.fits(RSS)
+    )
+
+
+def _dominance(excess: float, leak: Observation, window: float) -> dict:
+    """Which of two present explanations holds more memory: the excess over the live bytes, or what the
+    leak added over the window."""
+    slope = leak.evidence.get("slope_bytes_per_second") or 0.0
+    grown = max(0.0, slope * window)
+    dominant = "fragmentation" if excess >= grown else "leak"
+    big, small = max(excess, grown), min(excess, grown)
+    factor = big / small if small > 0 else None
+    by = f"{factor:.1f}x" if factor is not None else "entirely"
+    return {
+        "dominant": dominant,
+        "excess_bytes": excess,
+        "leak_growth_bytes": grown,
+        "factor": factor,
+        "text": (
+            f"{dominant} dominates ({by}): {format_bytes(excess)} free in the allocator against "
+            f"{format_bytes(grown)} leaked over the window"
+        ),
+    }
+
+
+def note_both(leak: Observation, frag: Observation) -> None:
+    """Tell the leak's observation that fragmentation is present too, and which dominates."""
+    both = frag.evidence.get("both")
+    if leak.state == "firing" and frag.state == "firing" and both is not None:
+        leak.evidence["both"] = both
+        leak.summary += f"; beside fragmentation: {both['text']}"
 
 
 def _split_excess(

@@ -33,6 +33,7 @@ from agent.detect.trend import (
     trend,
 )
 
+REQUESTS = ("requests_total",)  # a request counter: memory that follows it is traffic, not a leak
 STEP_FLOOR = 0.02  # a level shift must exceed 2 % of the level to be removed as a step
 PEAK_BUCKETS = 4  # the peak is the median of the last few bucket maxima (ignores one burst)
 
@@ -55,6 +56,8 @@ class Fit:
     _steps: Steps | None = None
     _z: float | None = None
     _trend: Trend | None = None
+    wave: float = 0.0  # the cycle scale: half the swing of the fitted daily sine (0 elsewhere)
+    floors: list[float] | None = None  # the lower envelope before any profile was removed
 
     @property
     def rising(self) -> bool:
@@ -158,6 +161,9 @@ def fits(prep: Prepared, metric: str, life: int, tick: float) -> list[Fit]:
         daily = _daily_fit(prep, metric, life, tick)
         if daily is not None:
             long.append(daily)
+        cycle = _cycle_fit(prep, metric, life, tick) if half is not None and not half.profile_known else None
+        if cycle is not None:
+            long.append(cycle)
         prep.cache[key] = long
     return [window, *([half] if half is not None else []), *long]
 
@@ -172,18 +178,21 @@ def _fit(prep: Prepared, metric: str, life: int, tick: float, scale: str, part: 
         env, span = prep.long(metric), params.long_window * part
     width = env.width
     end = math.floor(tick / width + 1e-9)
-    first = max(math.ceil((prep.starts[life] + params.warmup) / width - 1e-9), end - round(span / width))
+    first = max(math.ceil((prep.starts[life] + prep.warmup(life)) / width - 1e-9), end - round(span / width))
     idx, lo, _ = env.select(life, first, end)
     if len(idx) < params.min_buckets:
         return None
     if scale != "window" and (idx[-1] - idx[0] + 1) * width <= params.window:
         return None  # the wider scales add nothing until they see more than the window scale
-    profile = prep.profile(metric, tick, env)
+    profile = prep.profile(metric, tick, env, life)
     seasonal = profile is not None and profile.amplitude > 0
     offset = 0.0
     ys = lo
     if seasonal:
         table = profile.values
+        if profile.relative:  # a workload's prior: fractions of this fit's own level
+            level = median(lo)
+            table = tuple(v * level for v in table)
         size = len(table)
         n, start = len(idx), idx[0] % size
         if idx[-1] - idx[0] == n - 1:  # no gap: the profile's values from `start` on, wrapping round
@@ -191,7 +200,9 @@ def _fit(prep: Prepared, metric: str, life: int, tick: float, scale: str, part: 
         else:
             ys = [y - table[b % size] for b, y in zip(idx, lo, strict=True)]
         offset = table[idx[-1] % size]
-    return Fit(metric, scale, width, idx, ys, offset, seasonal, profile is not None, STEP_FLOOR * abs(lo[-1]))
+    fit = Fit(metric, scale, width, idx, ys, offset, seasonal, profile is not None, STEP_FLOOR * abs(lo[-1]))
+    fit.floors = lo
+    return fit
 
 
 def _daily_fit(prep: Prepared, metric: str, life: int, tick: float) -> Fit | None:
@@ -215,7 +226,7 @@ def _daily_fit(prep: Prepared, metric: str, life: int, tick: float) -> Fit | Non
     # agent must find the same whichever tick of that bucket it asks at
     boundary = math.floor(tick / params.long_bucket + 1e-9) * params.long_bucket
     end = math.floor(boundary / width + 1e-9)
-    if prep.starts[life] + params.warmup + params.season > (end - 2 * period) * width:
+    if prep.starts[life] + prep.warmup(life) + params.season > (end - 2 * period) * width:
         return None
     idx, lo, _ = env.select(life, end - 2 * period, end)
     if len(idx) < 1.5 * period:
@@ -285,7 +296,7 @@ def at_record(prep: Prepared, metric: str, life: int, tick: float) -> bool:
     width = env.width
     per = params.season / width
     end = math.floor(tick / width + 1e-9)
-    start = math.ceil((prep.starts[life] + params.warmup) / width - 1e-9)
+    start = math.ceil((prep.starts[life] + prep.warmup(life)) / width - 1e-9)
     means = []
     hi = end
     oldest = end - params.season_days * per  # no further back than the history the agent keeps
@@ -318,3 +329,137 @@ def time_to_limit(limit: float | None, peak_now: float | None, slope: float) -> 
     if slope <= 0:
         return None
     return (limit - peak_now) / slope
+
+
+def traffic_rates(prep: Prepared, life: int, width: float) -> dict[int, float] | None:
+    """Requests per second in each bucket of `width` of lifetime `life`, from the request counter
+    (None without one). A bucket in which the counter falls (a reset) has no rate."""
+    key = ("traffic", life, width)
+    if key in prep.cache:
+        return prep.cache[key]  # type: ignore[return-value]
+    points = next((prep.series.series.get(name) for name in REQUESTS if prep.series.series.get(name)), None)
+    rates: dict[int, float] | None = None
+    if points:
+        start = prep.starts[life]
+        end = prep.starts[life + 1] if life + 1 < len(prep.starts) else math.inf
+        i, j = bisect_left(points, (start, -math.inf)), bisect_left(points, (end, -math.inf))
+        rates = {}
+        k = i
+        while k < j:
+            b = int(points[k][0] // width)
+            m = k
+            while m + 1 < j and int(points[m + 1][0] // width) == b:
+                m += 1
+            (t0, v0), (t1, v1) = points[k], points[m]
+            if t1 > t0 and v1 >= v0:
+                rates[b] = (v1 - v0) / (t1 - t0)
+            k = m + 1
+    prep.cache[key] = rates
+    return rates
+
+
+def traffic_explains(prep: Prepared, fit: Fit, life: int, confidence: float) -> bool | None:
+    """Whether the fit's growth is the traffic's: its floor regressed on the request rate leaves
+    no growth (bytes per request flat) at `confidence`. None without a request counter, or when
+    too few buckets have a rate to tell."""
+    rates = traffic_rates(prep, life, fit.width)
+    if not rates:
+        return None
+    if fit.scale == "daily":
+        return _traffic_explains_days(fit, rates, round(prep.params.season / fit.width), confidence)
+    floors = fit.floors if fit.floors is not None else fit.ys  # the rate carries the daily cycle too
+    pairs = [(rates[b], y) for b, y in zip(fit.idx, floors, strict=True) if b in rates]
+    if len(pairs) < max(4, 0.75 * len(fit.idx)):
+        return None
+    xs = [x for x, _ in pairs]
+    ys = [y for _, y in pairs]
+    n = len(xs)
+    x_mean, y_mean = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - x_mean) ** 2 for x in xs)
+    if sxx <= 0:
+        return False  # traffic did not change: it explains nothing
+    per_request = sum((x - x_mean) * (y - y_mean) for x, y in pairs) / sxx
+    if per_request <= 0:
+        return False
+    residual = [y - per_request * x for x, y in pairs]
+    return normal_cdf(mann_kendall(residual)[1]) < confidence
+
+
+def _traffic_explains_days(fit: Fit, rates: dict[int, float], period: int, confidence: float) -> bool | None:
+    """`traffic_explains` for day-over-day differences: the change of the floor against the
+    change of the request rate since the same time a day before; a leak is what remains."""
+    floors = dict(zip(fit.idx, fit.ys, strict=True))
+    pairs = [
+        (rates[b] - rates[b - period], floors[b] - floors[b - period])
+        for b in fit.idx
+        if b - period in floors and b in rates and b - period in rates
+    ]
+    if len(pairs) < 8:
+        return None
+    sxx = sum(x * x for x, _ in pairs)
+    if sxx <= 0:
+        return False
+    per_request = sum(x * y for x, y in pairs) / sxx
+    if per_request <= 0:
+        return False
+    residual = [y - per_request * x for x, y in pairs]
+    rising = sum(1 for r in residual if r > 0) - sum(1 for r in residual if r < 0)
+    return normal_cdf(rising / math.sqrt(len(residual))) < confidence
+
+
+CYCLE_COVERAGE = 0.75  # the cycle scale needs this fraction of a period after the warm-up
+CYCLE_WARMUP = 4  # ...and skips at least this many `warmup`s after the start
+
+
+def _cycle_fit(prep: Prepared, metric: str, life: int, tick: float) -> Fit | None:
+    """Growth with a daily cycle that has not been learned: a line plus one sine of the period,
+    fitted together to the lifetime's floor (30-minute buckets since the warm-up, at most
+    `long_window`), then judged on the floor with the fitted sine removed.
+
+    A process with no history and no prior has only hours of a daily cycle to go by: a rise in
+    the afternoon is half a sine, a leak is a line under it, and from three quarters of a period
+    on the two can be told apart. The removed sine is the profile of this fit alone. A sine also
+    bends to fit a cache that fills and levels off, so this scale only speaks for growth that
+    would reach the limit within the horizon (`leak.assess`)."""
+    params = prep.params
+    if any(prep.series.series.get(name) for name in REQUESTS):
+        return None  # the request rate explains the daily cycle itself (`traffic_explains`)
+    env = prep.stepped(metric)
+    width = env.width
+    # judged as of the last long-bucket boundary, like every fit of the cache it lives in
+    end = math.floor(math.floor(tick / params.long_bucket + 1e-9) * params.long_bucket / width + 1e-9)
+    warm = max(prep.warmup(life), CYCLE_WARMUP * params.warmup)  # a line is thrown by a warm-up's tail
+    first = max(math.ceil((prep.starts[life] + warm) / width - 1e-9), end - round(params.long_window / width))
+    idx, lo, _ = env.select(life, first, end)
+    if len(idx) < params.min_buckets or (idx[-1] - idx[0] + 1) * width < CYCLE_COVERAGE * params.season:
+        return None
+    omega = 2 * math.pi * width / params.season
+    centre = (idx[0] + idx[-1]) / 2
+    rows = [(1.0, b - centre, math.sin(omega * b), math.cos(omega * b)) for b in idx]
+    coef = _least_squares(rows, lo)
+    if coef is None:
+        return None
+    wave = [coef[2] * r[2] + coef[3] * r[3] for r in rows]
+    ys = list(map(sub, lo, wave))
+    offset = wave[-1]
+    fit = Fit(metric, "cycle", width, idx, ys, offset, True, True, STEP_FLOOR * abs(lo[-1]))
+    fit.wave = math.hypot(coef[2], coef[3])
+    return fit
+
+
+def _least_squares(rows: list[tuple[float, ...]], ys: list[float]) -> list[float] | None:
+    """Ordinary least squares by the normal equations (four columns: Gaussian elimination with
+    partial pivoting); None when the columns are (nearly) dependent."""
+    k = len(rows[0])
+    a = [[sum(r[i] * r[j] for r in rows) for j in range(k)] + [sum(r[i] * y for r, y in zip(rows, ys, strict=True))]
+         for i in range(k)]  # fmt: skip
+    for col in range(k):
+        pivot = max(range(col, k), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-9 * max(1.0, abs(a[col][col])):
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(k):
+            if r != col:
+                f = a[r][col] / a[col][col]
+                a[r] = [x - f * y for x, y in zip(a[r], a[col], strict=True)]
+    return [a[i][k] / a[i][i] for i in range(k)]

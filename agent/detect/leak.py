@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from agent.core.units import format_bytes, format_duration
 from agent.detect.context import Context
-from agent.detect.growth import Fit, at_record, time_to_limit
+from agent.detect.growth import Fit, at_record, time_to_limit, traffic_explains
 from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, RSS, Observation, Severity, State
 from agent.detect.params import DetectParams
 
@@ -67,10 +67,12 @@ def assess(fit: Fit, ctx: Context) -> tuple[State, float | None, bool]:
     # growth that is not urgent must also have run through a whole day of the process lifetime:
     # in its first day a working set ratchets up with the traffic peak (glibc arenas), a leak
     # keeps growing when the traffic falls
-    settled = ctx.tick - ctx.lifetime_start >= p.season
-    allowed = may_speak(fit, ttoom, p) and (urgent or (fit.scale != "window" and settled))
+    settled = ctx.tick - ctx.lifetime_start >= ctx.prep.settle(ctx.life)
+    allowed = may_speak(fit, ttoom, p) and (urgent or (fit.scale not in ("window", "cycle") and settled))
     enough = fit.long_enough(p, ttoom)
     if strong and growing and steady and enough and allowed:
+        if traffic_explains(ctx.prep, fit, ctx.life, p.confidence):
+            return "clear", ttoom, False  # memory follows the requests: bytes per request are flat
         return "firing", ttoom, False
     if t.confidence < p.confidence_clear or not growing or t.decel < p.decel_ratio * CLEAR_DECEL:
         return "clear", ttoom, plateau

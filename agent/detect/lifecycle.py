@@ -19,6 +19,8 @@ from dataclasses import replace
 from agent.detect.model import Finding, Observation, Transition
 from agent.detect.params import DetectParams
 
+EXPLANATION_KEYS = ("suspects", "attribution")  # added by the detection job, not by the detectors
+
 
 def update(
     findings: Iterable[Finding], observations: Iterable[Observation], params: DetectParams
@@ -86,7 +88,9 @@ def _fire(finding: Finding | None, obs: Observation, params: DetectParams, out: 
     finding.summary = obs.summary
     finding.severity = obs.severity
     finding.verdict = obs.verdict
-    finding.evidence = dict(obs.evidence)
+    # the judgement's figures replace the last ones; what names the culprit stays until it is refreshed
+    kept = {key: finding.evidence[key] for key in EXPLANATION_KEYS if key in finding.evidence}
+    finding.evidence = dict(obs.evidence) | kept
     if finding.state == "pending" and (
         finding.fire_streak >= params.open_after or obs.severity == "critical"
     ):

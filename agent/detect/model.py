@@ -18,9 +18,12 @@ allocator and JVM probes will emit; each role takes the first name present:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from agent.core.types import Kind, Severity
+
+if TYPE_CHECKING:
+    from agent.detect.priors import WorkloadProfile
 
 RSS = "rss_bytes"
 ALLOCATED = "allocator_allocated_bytes"
@@ -55,6 +58,8 @@ class InstanceSeries:
     restarts: list[float] | None = None
     memory_limit: float | None = None
     started_at: float | None = None
+    prior: WorkloadProfile | None = None
+    """What the instance's workload is known to do (`agent.detect.priors`), for a new process."""
 
     def first_ts(self) -> float | None:
         starts = [points[0][0] for points in self.series.values() if points]

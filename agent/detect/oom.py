@@ -2,20 +2,49 @@
 
 Whatever the cause (leak, fragmentation, a working set still growing), the RSS lower envelope
 grows with confidence and its peaks, projected at the more cautious of the window's slope and
-the recent slope, reach the limit before `horizon`. The cautious slope keeps a warm-up that is
-levelling off from projecting its early rate; like a leak, growth that a daily traffic rise could
-explain does not count until the daily profile is known (`leak.may_speak`).
+the recent slope, reach the limit before `horizon`. This is the safety net of a process of any
+age: it is gated on the quality of the fit (`fit_holds`), never on having learned a daily
+profile, so a new process bound for its limit is flagged in its first hours. The cautious slope
+keeps a warm-up that is levelling off from projecting its early rate.
 """
 
 from __future__ import annotations
 
 from agent.core.units import format_bytes, format_duration
 from agent.detect.context import Context
-from agent.detect.growth import time_to_limit
-from agent.detect.leak import may_speak
+from agent.detect.growth import Fit, time_to_limit, traffic_explains
 from agent.detect.model import RSS, Observation, State
+from agent.detect.params import DetectParams
 
 CLEAR_MARGIN = 1.5  # resolve only once the projection is beyond 1.5 × horizon
+SAFETY_EXTRAPOLATION = 2.0  # with no daily profile, project at most twice the steady growth seen
+STEADY = 0.9  # ...and its recent third at least this fraction of the rest's slope
+
+
+def fit_holds(fit: Fit, ttoom: float, p: DetectParams) -> bool:
+    """Whether the fit is good enough to project `ttoom`: growth that does not decelerate, over
+    at least `ttoom / max_extrapolation` once the daily profile is removed; before it is known,
+    over at least `ttoom / SAFETY_EXTRAPOLATION` and steady in its first and last thirds (a daily
+    rise is slow at its trough and its peak; a trajectory to the limit is not), unless the limit
+    is under a quarter of the horizon away and no further than the growth already seen."""
+    t = fit.trend
+    if t.decel < p.decel_ratio:
+        return False
+    if fit.profile_known:
+        return fit.long_enough(p, ttoom)
+    if ttoom < p.horizon / 4 and fit.coverage >= ttoom:
+        return True  # critical, and no further ahead than the growth already seen: say it now
+    steady = t.early_slope >= STEADY * t.slope and t.decel >= STEADY
+    return steady and fit.coverage >= ttoom / SAFETY_EXTRAPOLATION - 1e-6
+
+
+def oom_peak(ctx: Context, fit: Fit) -> float | None:
+    """Where the peaks start the projection from: now, plus on the cycle scale the part of the
+    fitted daily swing still to come today (the upper envelope covers the daily peak)."""
+    peak = ctx.peak
+    if fit.wave and peak is not None:
+        peak += max(0.0, fit.wave - fit.offset)
+    return peak
 
 
 def judge_oom(ctx: Context) -> Observation:
@@ -38,14 +67,15 @@ def judge_oom(ctx: Context) -> Observation:
             continue
         t = fit.trend
         slope = min(t.slope, t.recent_slope)
-        ttoom = time_to_limit(ctx.limit, ctx.peak, slope)
+        ttoom = time_to_limit(ctx.limit, oom_peak(ctx, fit), slope)
         if ttoom is None:
             continue
+        critical = ttoom < p.horizon / 4 and fit.confidence >= p.confidence and fit.coverage >= 2 * ttoom
         if (
-            t.confidence >= p.confidence
+            (t.confidence >= p.confidence or (critical and t.confidence >= p.confidence_clear))
             and ttoom < p.horizon
-            and fit.long_enough(p, ttoom)
-            and may_speak(fit, ttoom, p)
+            and fit_holds(fit, ttoom, p)
+            and not traffic_explains(ctx.prep, fit, ctx.life, p.confidence)
         ):
             if best is None or state != "firing" or ttoom < best[1]:
                 best, state = (fit, ttoom, slope), "firing"

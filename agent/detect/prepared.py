@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from typing import TYPE_CHECKING
 
 from agent.detect.envelope import Bucketed, Envelope, bucketize, build_envelope, infer_restarts
 from agent.detect.model import LIMIT_METRICS, RSS, InstanceSeries
 from agent.detect.params import DetectParams
 from agent.detect.seasonal import Profile, learn_profile
+
+if TYPE_CHECKING:
+    from agent.detect.priors import WorkloadProfile
 
 
 class Prepared:
@@ -72,19 +76,46 @@ class Prepared:
         """Index of the lifetime the judgement at `tick` is about (-1 before any data)."""
         return bisect_left(self.starts, tick) - 1
 
-    def profile(self, metric: str, tick: float, env: Envelope) -> Profile | None:
+    def profile(self, metric: str, tick: float, env: Envelope, life: int) -> Profile | None:
         """The daily profile of `metric` in buckets of `env` for the period containing `tick`
         (None: not learned yet). Each bucket width learns its own: a wider bucket's floor sits
-        at a different phase of the cycle than the floors of the buckets it spans."""
+        at a different phase of the cycle than the floors of the buckets it spans. Until the
+        series has taught its own, a lifetime with a prior uses its workload's."""
         period = self.params.season
         day_start = math.floor(tick / period + 1e-9) * period
-        key = (metric, env.width, day_start)
+        prior = self.prior_for(life)
+        key = (metric, env.width, day_start, prior is not None)
         if key not in self._profiles:
             idx, lows = self._flatten(metric, env)
-            self._profiles[key] = learn_profile(
-                idx, lows, env.width, day_start, self.params.season_days, period
-            )
+            learned = learn_profile(idx, lows, env.width, day_start, self.params.season_days, period)
+            if learned is None and prior is not None and metric == RSS:
+                learned = prior.profile(env.width, period)  # relative: scaled by each fit's level
+            self._profiles[key] = learned
         return self._profiles[key]
+
+    def prior_for(self, life: int) -> WorkloadProfile | None:
+        """The workload's prior, for a lifetime it may speak for: one learned from this very
+        series' history speaks only for the lifetimes that began after that history."""
+        prior = self.series.prior
+        if prior is None or life < 0:
+            return None
+        if prior.learned_until is not None and self.starts[life] < prior.learned_until - 1e-6:
+            return None
+        return prior
+
+    def warmup(self, life: int) -> float:
+        """How long growth after a start is a warm-up: `params.warmup`, or the workload's own when
+        a prior knows it (a cache that fills for hours after every start is not a leak)."""
+        prior = self.prior_for(life)
+        return max(self.params.warmup, prior.warmup) if prior is not None else self.params.warmup
+
+    def settle(self, life: int) -> float:
+        """How long a lifetime must have run before growth that is not urgent may be judged: a
+        whole period without a prior (in its first day a working set ratchets up with the traffic
+        peak), the workload's warm-up and one window with one."""
+        if self.prior_for(life) is None:
+            return self.params.season
+        return min(self.params.season, self.warmup(life) + self.params.window)
 
     def limit_at(self, tick: float) -> float | None:
         if self.series.memory_limit is not None:

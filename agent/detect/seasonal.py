@@ -35,6 +35,7 @@ class Profile:
     amplitude: float
     noise: float
     days: int
+    relative: bool = False  # values (amplitude, noise) are fractions of the level: a workload's prior
 
     def offset(self, bucket: int) -> float:
         return self.values[bucket % len(self.values)]

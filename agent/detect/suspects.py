@@ -7,8 +7,18 @@ confidently, well clear of its scatter, with a floor that rises block after bloc
 levelling off (see `Growth.sustained`). Garbage counted by `GC.class_histogram -all` lands anywhere
 in its range at each snapshot: a few snapshots of it can fool a trend test, rarely all four checks.
 
+JVM classes are judged on their post-GC floor: the live histogram when there are enough of those,
+else, from `-all` histograms, each class's minimum over its later snapshots (whatever a collection in
+between freed was garbage; what survives all of them is the floor). Request garbage (`[F`, short-lived
+helpers) rises and falls with the GC sawtooth and its floor does not grow; a class that accumulates
+keeps a rising floor.
+
 Platform classes and builtins that grow in step with an application class (its `byte[]`, its map
 nodes) are folded into it, so that the class on-call must look for is named first.
+
+For growth outside the Java heap (`native=True`), what grows in the heap is tiny: the useful suspect is
+the class whose live count rises with the native bytes (zip streams, direct buffers, JNI handles). Such
+classes rank first, by the correlation of their count floor with the RSS floor, which each shows.
 
 The share of growth explained is the suspect's slope over the process's growth in the same span:
 the first steadily growing series of the kind's reference list (JVM classes: heap after GC, then
@@ -24,6 +34,7 @@ from itertools import pairwise
 from typing import Any
 
 from agent.core.histograms import Snapshot
+from agent.detect.model import Points
 from agent.detect.trend import mann_kendall, normal_cdf, remove_steps, theil_sen, trend
 from agent.state.histograms import HistogramStore
 from agent.state.store import Store
@@ -45,6 +56,19 @@ REFERENCES = {
 SUSPECT_KINDS = ("class", "type", "site")
 REFERENCE_CONFIDENCE = 0.9  # a reference only needs to grow, not to pass as a suspect
 CARRIER_TOLERANCE = 0.15  # how close to a whole multiple of an owner's object rate a carrier's must be
+NATIVE_CORRELATION = 0.8  # a class follows the native growth when its count floor correlates this well
+NATIVE_OWNERS = (  # JDK classes that hold native memory until closed or collected
+    "java.util.zip.Deflater",
+    "java.util.zip.Inflater",
+    "java.util.zip.ZipFile",
+    "java.nio.DirectByteBuffer",
+    "java.nio.DirectByteBufferR",
+    "sun.nio.ch.",
+    "sun.nio.fs.",
+    "java.io.FileDescriptor",
+    "java.net.Socket",
+)
+REFERENCE_MACHINERY = ("jdk.internal.ref.", "java.lang.ref.")  # cleaners that come with every owner
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +87,7 @@ class Suspect:
     span_seconds: float
     detail: str | None = None
     carried: tuple[str, ...] = ()  # platform classes/builtins growing in step with it (its payload)
+    correlation: float | None = None  # of its count floor with the native (RSS) floor, when judged so
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,6 +106,7 @@ class Suspect:
             "span_seconds": self.span_seconds,
             "detail": self.detail,
             "carried": list(self.carried),
+            "correlation": None if self.correlation is None else round(self.correlation, 4),
         }
 
 
@@ -157,9 +183,11 @@ def rank(
     snapshots: list[Snapshot],
     min_points: int = MIN_POINTS,
     min_confidence: float = MIN_CONFIDENCE,
+    native: Points | None = None,
 ) -> list[Suspect]:
-    """Suspects of one histogram series (one kind, one process), largest sustained byte growth first."""
-    snapshots = current_lifetime(snapshots)
+    """Suspects of one histogram series (one kind, one process), largest sustained byte growth first;
+    with `native` (the RSS floor as (ts, bytes)), classes whose counts follow it first."""
+    snapshots = floor_snapshots(current_lifetime(snapshots), min_points)
     if len(snapshots) < min_points:
         return []
     last = snapshots[-1]
@@ -168,10 +196,13 @@ def rank(
         for row in snapshot.rows:
             series.setdefault(row.name, []).append((snapshot.ts, row.count, row.bytes))
     details = {row.name: row.detail for row in last.rows}
+    floors = last.source == "jvm" and last.meta.get("variant") != "live"
     found = []
     for name, points in series.items():
         if len(points) < min_points or name not in details:
             continue
+        if floors:
+            points = floor_points(points)
         xs = [p[0] for p in points]
         by_bytes = growth(xs, [p[2] for p in points])
         counts = [p[1] for p in points]
@@ -194,12 +225,124 @@ def rank(
                 len(points),
                 xs[-1] - xs[0],
                 details[name],
+                correlation=None if native is None else correlation(counts, at_times(native, xs)),
             )
         )
+    if native is not None:
+        found = absorb_machinery(found)
     if last.kind in ("class", "type"):
         found = absorb_carriers(found)
-    found.sort(key=lambda s: (-s.bytes_per_second * s.confidence, s.name))
+    if native is not None:
+        found.sort(key=native_order)
+    else:
+        found.sort(key=lambda s: (-s.bytes_per_second * s.confidence, s.name))
     return found
+
+
+def floor_snapshots(snapshots: list[Snapshot], min_points: int) -> list[Snapshot]:
+    """The live JVM histograms of a lifetime when there are enough of them (each is a floor already)."""
+    live = [s for s in snapshots if s.source == "jvm" and s.meta.get("variant") == "live"]
+    if len(live) >= min_points:
+        return live
+    return [s for s in snapshots if s.meta.get("variant") != "live"] if live else snapshots
+
+
+def floor_points(points: list[tuple[float, float, float]]) -> list[tuple[float, float, float]]:
+    """Each (ts, count, bytes) lowered to the minimum of itself and every later snapshot: what survived
+    all the collections since, not the garbage of the moment. A class that accumulates keeps its own
+    values; request garbage (and the slow ramp that GC aliasing draws through `-all` snapshots) keeps
+    the floor it falls back to, and the robust slope of that is flat."""
+    out: list[tuple[float, float, float]] = []
+    low_count = low_bytes = math.inf
+    for ts, count, size in reversed(points):
+        low_count, low_bytes = min(low_count, count), min(low_bytes, size)
+        out.append((ts, low_count, low_bytes))
+    return out[::-1]
+
+
+def at_times(points: Points, times: list[float]) -> list[float]:
+    """The value of `points` (sorted by time) in effect at each of `times` (the first one before them)."""
+    out, i = [], 0
+    for t in times:
+        while i + 1 < len(points) and points[i + 1][0] <= t:
+            i += 1
+        out.append(points[i][1] if points else 0.0)
+    return out
+
+
+def correlation(xs: list[float], ys: list[float]) -> float:
+    """Pearson's correlation of two series of equal length (0 when either is flat)."""
+    n = len(xs)
+    if n < 2 or len(ys) != n:
+        return 0.0
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    sxx = sum((x - mx) ** 2 for x in xs)
+    syy = sum((y - my) ** 2 for y in ys)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else 0.0
+
+
+def owns_native(suspect: Suspect) -> bool:
+    return suspect.name.startswith(NATIVE_OWNERS)
+
+
+def native_order(suspect: Suspect) -> tuple:
+    """Classes whose counts follow the native bytes first, JDK owners of native memory first among
+    those, then by how closely and how fast they follow."""
+    r = suspect.correlation or 0.0
+    return (
+        r < NATIVE_CORRELATION,
+        not owns_native(suspect),
+        -round(r, 1),
+        -suspect.count_per_second * suspect.confidence,
+        suspect.name,
+    )
+
+
+def absorb_machinery(found: list[Suspect]) -> list[Suspect]:
+    """Fold what every native owner drags along into it: its nested classes (`Deflater$DeflaterZStreamRef`
+    into `Deflater`) and the reference machinery that cleans it up (`CleanerImpl$PhantomCleanableRef`),
+    when their counts grow at a whole multiple of the owner's."""
+    names = {s.name for s in found}
+    owners = [s for s in found if s.count_per_second > 0 and not _machinery(s, names)]
+    if not owners:
+        return found
+    absorbed: dict[str, list[Suspect]] = {s.name: [] for s in owners}
+    kept = []
+    for suspect in found:
+        outer = suspect.name.split("$", 1)[0]
+        owner = None
+        if outer != suspect.name and outer in absorbed:
+            owner = next(s for s in owners if s.name == outer)
+        elif _machinery(suspect, names):
+            candidates = sorted(owners, key=native_order)
+            owner = _owner(suspect, candidates[:1]) if candidates else None
+        if owner is None or owner.name == suspect.name:
+            kept.append(suspect)
+        else:
+            absorbed[owner.name].append(suspect)
+    return _with_carried(kept, absorbed)
+
+
+def _with_carried(kept: list[Suspect], absorbed: dict[str, list[Suspect]]) -> list[Suspect]:
+    """Each kept suspect with the growth of the suspects folded into it added to its own."""
+    out = []
+    for suspect in kept:
+        carried = absorbed.get(suspect.name) or []
+        if carried:
+            suspect = replace(
+                suspect,
+                bytes_per_second=suspect.bytes_per_second + sum(c.bytes_per_second for c in carried),
+                bytes=suspect.bytes + sum(c.bytes for c in carried),
+                carried=suspect.carried + tuple(c.name for c in carried),
+            )
+        out.append(suspect)
+    return out
+
+
+def _machinery(suspect: Suspect, names: set[str]) -> bool:
+    outer = suspect.name.split("$", 1)[0]
+    return suspect.name.startswith(REFERENCE_MACHINERY) or (outer != suspect.name and outer in names)
 
 
 def is_platform(suspect: Suspect) -> bool:
@@ -223,23 +366,13 @@ def absorb_carriers(found: list[Suspect]) -> list[Suspect]:
     absorbed: dict[str, list[Suspect]] = {s.name: [] for s in owners}
     kept = []
     for suspect in found:
-        owner = _owner(suspect, owners) if is_platform(suspect) else None
+        carrier = is_platform(suspect) and not owns_native(suspect)  # a Deflater is never just a payload
+        owner = _owner(suspect, owners) if carrier else None
         if owner is None:
             kept.append(suspect)
         else:
             absorbed[owner.name].append(suspect)
-    out = []
-    for suspect in kept:
-        carried = absorbed.get(suspect.name) or []
-        if carried:
-            suspect = replace(
-                suspect,
-                bytes_per_second=suspect.bytes_per_second + sum(c.bytes_per_second for c in carried),
-                bytes=suspect.bytes + sum(c.bytes for c in carried),
-                carried=tuple(c.name for c in carried),
-            )
-        out.append(suspect)
-    return out
+    return _with_carried(kept, absorbed)
 
 
 def _owner(suspect: Suspect, owners: list[Suspect]) -> Suspect | None:
@@ -299,9 +432,11 @@ def suspects_for(
     kinds: tuple[str, ...] = SUSPECT_KINDS,
     limit: int = 10,
     min_points: int = MIN_POINTS,
+    native: bool = False,
 ) -> list[Suspect]:
     """The top `limit` suspects of `instance` from the snapshots in [since, now], across kinds,
-    ranked by sustained byte growth weighted by confidence."""
+    ranked by sustained byte growth weighted by confidence; with `native` (the growth is outside the
+    Java heap), JVM classes whose counts follow the RSS floor first."""
     histos = HistogramStore(store)
     found: list[Suspect] = []
     for kind in kinds:
@@ -311,14 +446,32 @@ def suspects_for(
         by_source: dict[str, list[Snapshot]] = {}
         for snapshot in snapshots:
             by_source.setdefault(snapshot.source, []).append(snapshot)
-        for series in by_source.values():
-            ranked = rank(series, min_points)
+        for source, series in by_source.items():
+            floor = None
+            if native and source == "jvm":
+                floor = store.series(
+                    instance, "rss_bytes", since, now, agg="min", max_points=500, now=now
+                ).points
+            ranked = rank(series, min_points, native=floor or None)
             if ranked:
                 first = current_lifetime(series)[0].ts  # the growth of the same span, in the same process
                 reference = process_growth(store, instance, kind, max(since, first), now)
                 found.extend(with_shares(ranked, reference, histogram_growth(series)))
-    found.sort(key=lambda s: (-s.bytes_per_second * s.confidence, s.name))
+    if native:
+        found.sort(key=native_order)
+    else:
+        found.sort(key=lambda s: (-s.bytes_per_second * s.confidence, s.name))
+        found = python_sites_first(found)
     return found[:limit]
+
+
+def python_sites_first(found: list[Suspect]) -> list[Suspect]:
+    """With Python allocation sites (tracemalloc) among the suspects, the builtin types they fill
+    (`bytes`, `str`, `dict`) are their payload: they follow the sites instead of competing with them."""
+    if not any(s.source == "tracemalloc" for s in found):
+        return found
+    payload = [s for s in found if s.kind == "type" and is_platform(s)]
+    return [s for s in found if not (s.kind == "type" and is_platform(s))] + payload
 
 
 def describe(suspect: Suspect) -> str:
@@ -327,4 +480,7 @@ def describe(suspect: Suspect) -> str:
 
     share = "" if suspect.share is None else f", {100 * suspect.share:.0f} % of the growth"
     rate = format_bytes(suspect.bytes_per_second * 3600)
-    return f"{suspect.name} ({suspect.kind}) +{rate}/h{share}"
+    follows = (
+        "" if suspect.correlation is None else f", count follows native memory (r={suspect.correlation:.2f})"
+    )
+    return f"{suspect.name} ({suspect.kind}) +{rate}/h{share}{follows}"

@@ -13,18 +13,21 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 from dataclasses import asdict
 from typing import Any
 
 from agent.core.sql import where_clause
-from agent.detect import DetectParams, Finding, InstanceSeries, Observation, Transition, evaluate, update
-from agent.detect.attribution import attribution_for
+from agent.detect import DetectParams, Finding, InstanceSeries, Observation, Transition, tick_for, update
+from agent.detect.attribution import explain
+from agent.detect.fleet import judge_fleet, with_priors
+from agent.detect.growth import REQUESTS
 from agent.detect.model import ACTIVE, ALLOCATED, JVM_HEAP_AFTER_GC, LIMIT_METRICS, RESIDENT, RSS, START_TIME
+from agent.detect.priors import PriorBook, WorkloadProfile, merge, workload_key
 from agent.detect.slow import INPUT_METRICS as SLOW_METRICS
 from agent.detect.slow import SlowParams, evaluate_slow, slo_from_settings
 from agent.detect.slow import history as slow_history
-from agent.detect.suspects import suspects_for
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
 from agent.watch.collector import KEEPALIVE
@@ -32,7 +35,8 @@ from agent.watch.tracker import Tracker
 
 log = logging.getLogger("medic.detection")
 
-MEMORY_METRICS = (RSS, ALLOCATED, ACTIVE, RESIDENT, JVM_HEAP_AFTER_GC, *LIMIT_METRICS)
+EXPLAINED_KINDS = ("leak", "oom-risk")
+MEMORY_METRICS = (RSS, ALLOCATED, ACTIVE, RESIDENT, JVM_HEAP_AFTER_GC, *LIMIT_METRICS, *REQUESTS)
 SUB_BUCKETS = 10  # store reads per detection bucket: min and max of each
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS findings (
@@ -45,14 +49,26 @@ CREATE INDEX IF NOT EXISTS findings_by_state ON findings (state, updated_at);
 
 class Detection:
     def __init__(
-        self, tracker: Tracker, store: Store, events: EventLog, params: DetectParams, slow: SlowParams
+        self,
+        tracker: Tracker,
+        store: Store,
+        events: EventLog,
+        params: DetectParams,
+        slow: SlowParams,
+        workload_label: str = "fleet",
     ) -> None:
+        self.workload_label = workload_label
+        self.priors = PriorBook()  # peers' and Prometheus' profiles are offered here (`PriorBook.offer`)
+        self._learned: dict[tuple[str, float], WorkloadProfile | None] = {}
+        self._keys: dict[str, str] = {}  # instance -> workload key, as of the last judgement
         self.tracker = tracker
         self.store = store
         self.events = events
         self.params = params
         self.slow = slow
         store.ensure_schema(_SCHEMA)
+        # one writer of `active` at a time: the scheduled judgement and findings put from other jobs
+        self._lock = threading.RLock()
         self.active: list[Finding] = self._load_active()
         self.memory_tick = max((f.last_tick for f in self.active if f.kind != "slow"), default=-math.inf)
         self.slow_tick = max((f.last_tick for f in self.active if f.kind == "slow"), default=-math.inf)
@@ -64,6 +80,10 @@ class Detection:
         Memory findings are judged every `params.step`, slowness every `slow.step`, each on its
         own epoch-aligned grid.
         """
+        with self._lock:
+            return self._run(now)
+
+    def _run(self, now: float | None) -> list[Transition]:
         now = time.time() if now is None else now
         memory_tick = math.floor(now / self.params.step + 1e-9) * self.params.step
         slow_tick = math.floor(now / self.slow.step + 1e-9) * self.slow.step
@@ -78,8 +98,9 @@ class Detection:
         keep = list(self.active)
         if judge_memory:
             observations: list[Observation] = []
-            for item in series:
-                observations.extend(evaluate(item, memory_tick, self.params))
+            for key, members in self._workloads(states, series).items():
+                fleet = with_priors(members, self.params, self.priors.get(key), learned=self._learned)
+                observations.extend(judge_fleet(fleet, tick_for(memory_tick, self.params), self.params))
             kept, changes = update([f for f in keep if f.kind != "slow"], observations, self.params)
             keep = kept + [f for f in keep if f.kind == "slow"]
             transitions += changes
@@ -92,11 +113,33 @@ class Detection:
             transitions += changes
             self.slow_tick = slow_tick
         self.active = keep
-        self._explain(transitions, now)
+        if judge_memory:
+            self._explain(transitions, now)
         self._persist(self.active, transitions)
         for change in transitions:
             self._record(change)
         return transitions
+
+    def _workloads(self, states: list, series: list[InstanceSeries]) -> dict[str, list[InstanceSeries]]:
+        """The instances grouped by workload key (their `workload_label` label, else their name)."""
+        groups: dict[str, list[InstanceSeries]] = {}
+        for (name, settings, _), item in zip(states, series, strict=True):
+            labels = settings.get("labels") or {}
+            key = workload_key(labels, name, self.workload_label)
+            self._keys[name] = key
+            groups.setdefault(key, []).append(item)
+        return groups
+
+    def shared_profiles(self) -> dict[str, dict[str, Any]]:
+        """What this agent learned of each workload from its own store, to share with peers (the
+        coordinator's fleet view): per workload key, `WorkloadProfile.to_dict()` (under 2 KiB).
+        A peer offers each to its `priors` as the source `peers`."""
+        by_key: dict[str, list[WorkloadProfile | None]] = {}
+        for (instance, _), profile in list(self._learned.items()):
+            key = self._keys.get(instance)
+            if key is not None:
+                by_key.setdefault(key, []).append(profile)
+        return {key: p.to_dict() for key, found in by_key.items() if (p := merge(found)) is not None}
 
     def load_series(
         self, instance: str, tick: float, limit: float | None, memory: bool = True, slow: bool = True
@@ -141,26 +184,26 @@ class Detection:
         return first, [start for start in starts if start > first]
 
     def _explain(self, transitions: list[Transition], now: float) -> None:
-        """Name what grows on every leak that opens or changes: the suspects (classes, types, allocation
-        sites) and the memory layer the growth is in. Failures here never hold back the finding."""
-        by_id = {f.id: f for f in self.active}
-        for change in transitions:
-            finding = change.finding
-            if finding.kind != "leak" or change.change == "resolved":
-                continue
-            since = max(finding.lifetime_start, now - self.params.long_window)
+        """Name what grows, at every memory judgement, on every leak and oom-risk finding (pending ones
+        too, so that the finding opens with them): the suspects (classes, types, allocation sites) and
+        the memory layer the growth is in. A finding keeps its last explanation until a new one is
+        made (`lifecycle` carries it across judgements); failures here never hold back the finding."""
+        explained = [f for f in self.active if f.kind in EXPLAINED_KINDS]
+        latest = {change.finding.id: change.finding for change in transitions if change.change != "resolved"}
+        by_instance: dict[str, list[Finding]] = {}
+        for finding in explained:
+            by_instance.setdefault(finding.instance, []).append(finding)
+            if finding.id in latest:
+                by_instance[finding.instance].append(latest[finding.id])
+        for instance, findings in by_instance.items():
+            since = max(max(f.lifetime_start for f in findings), now - self.params.long_window)
             try:
-                suspects = [
-                    s.to_dict() for s in suspects_for(self.store, finding.instance, since, now, limit=5)
-                ]
-                attribution = attribution_for(self.store, finding.instance, since, now).to_dict()
+                explanation = explain(self.store, instance, since, now)
             except Exception:  # a bad snapshot must not stop detection
-                log.exception("cannot explain the leak of %s", finding.instance)
+                log.exception("cannot explain the memory growth of %s", instance)
                 continue
-            for target in (finding, by_id.get(finding.id)):
-                if target is not None:
-                    target.evidence["suspects"] = suspects
-                    target.evidence["attribution"] = attribution
+            for finding in findings:
+                finding.evidence |= explanation
 
     # ------------------------------------------------------------------------------ queries
     def findings(
@@ -184,6 +227,16 @@ class Detection:
 
     def open_findings(self) -> list[Finding]:
         return [f for f in self.active if f.state == "open"]
+
+    def put_finding(self, change: Transition) -> None:
+        """A finding judged outside the detectors (a crash loop, from the supervisor's record): kept
+        with the others, persisted in the same table and recorded as the same `finding_*` event."""
+        finding = change.finding
+        keep = change.change != "resolved"
+        with self._lock:
+            self.active = [f for f in self.active if f.id != finding.id] + ([finding] if keep else [])
+            self._persist([finding] if keep else [], [change])
+            self._record(change)
 
     # ------------------------------------------------------------------------------ persistence
     def _load_active(self) -> list[Finding]:
@@ -217,10 +270,11 @@ class Detection:
     def _record(self, change: Transition) -> None:
         finding = change.finding
         severity = finding.severity if change.change != "resolved" else "info"
+        # the summary is said once: a reason that repeats it (an opening, an update's tail) adds only the rest
+        reason = change.reason.removesuffix(finding.summary).removesuffix(": ")
         self.events.emit(
             f"finding_{change.change}",
-            f"{finding.kind} {change.change}: {finding.summary}"
-            + (f" ({change.reason})" if change.reason else ""),
+            f"{finding.kind} {change.change}: {finding.summary}" + (f" ({reason})" if reason else ""),
             instance=finding.instance,
             severity=severity,
             finding=_public(asdict(finding)),

@@ -2,9 +2,11 @@
 
 Everything the engine may do to an instance goes through the hooks built here: finding the
 current process (`locate`), restarting a managed command, purging through the allocator hook,
-capturing evidence before a restart. The job runs `Engine.step` in a worker thread every
-`remediation.interval` with one request per open finding and one `InstanceView` per tracked
-instance (`view_from_state`).
+capturing evidence before a restart (`agent.jobs.evidence`), the warm-up gate that holds the slot
+(`agent.jobs.warmup`). The job runs `Engine.step` in a worker thread every `remediation.interval`:
+first the crash-loop findings (`agent.jobs.crashloop`), then one request per open finding and one
+`InstanceView` per tracked instance (`view_from_state`); after it, escalated managed instances have
+their relaunches held, and released once the escalation is cleared or expires.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from typing import Any
 
 from agent.core.errors import ProbeError
 from agent.core.records import ProbeTarget, ProcessIdentity
+from agent.jobs.crashloop import CrashLoops
 from agent.jobs.detection import Detection
+from agent.jobs.evidence import captures as evidence_captures
+from agent.jobs.warmup import warmup_gate
 from agent.notify.external import external_findings
 from agent.state.eventlog import EventLog
 from agent.state.identities import AdoptedProcess
@@ -25,12 +30,12 @@ from agent.state.store import Store
 from agent.watch.instances import InstanceState
 from agent.watch.tracker import Tracker
 from probes.allocator import hook_socket_for
-from probes.linux.procfs import HOST_ROOT, proc_path, process_identity, read_cmdline, read_file, same_process
-from remediation.config import RemediationSection
+from probes.linux.procfs import process_identity, read_cmdline, same_process
+from remediation.config import RemediationSection, WarmupSection
 from remediation.engine import Engine, EngineHooks
 from remediation.model import Decision, InstanceView, RemediationRequest
 
-REMEDIABLE = ("leak", "oom-risk", "fragmentation", "slow", "external")
+REMEDIABLE = ("leak", "oom-risk", "fragmentation", "slow", "external", "crash-loop")
 
 
 def view_from_state(state: InstanceState) -> InstanceView:
@@ -98,6 +103,7 @@ class Remediation:
         events: EventLog,
         detection: Detection,
     ) -> None:
+        self.config = config
         self.tracker = tracker
         self.detection = detection
         self.events = events
@@ -108,7 +114,9 @@ class Remediation:
             ),
             purge=self._purge,
             can_purge=self._can_purge,
-            captures={"smaps_rollup": self._smaps_rollup, "series": self._series_window},
+            warmup_gate=warmup_gate(self._warmup_settings, self._latency),
+            captures=evidence_captures(store, self._target),
+            on_escalate=lambda view, request, intent: self.sync_holds(),
         )
         self.engine = Engine.from_config(
             config,
@@ -118,13 +126,38 @@ class Remediation:
             state_dir=store.dir,
             hooks=hooks,
         )
+        self.crash_loops = CrashLoops(
+            tracker, detection, config.ladder.crash_loop, self.engine.ledger.reset_at
+        )
+        self.sync_holds()  # an escalation from before an agent restart holds from its first launch on
 
     # ------------------------------------------------------------------------------ the job
     def step(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
+        self.crash_loops.check(now)  # a finding whatever the mode; only enforce mode holds relaunches
         with self.tracker.lock:
             views = [view_from_state(state) for state in self.tracker.states.values()]
         self.engine.step(now, self.requests(), views)
+        self.sync_holds()
+
+    def sync_holds(self) -> None:
+        """Escalated managed instances are not relaunched (enforce mode); the others are, as configured."""
+        escalated = {e["instance"]: e for e in self.engine.ledger.escalations()}
+        for name in list(self.tracker.managed):
+            escalation = escalated.get(name) if self.config.mode == "enforce" else None
+            if escalation is not None:
+                self.tracker.hold_relaunch(
+                    name, f"escalated ({escalation['code']}); `medic clear {name}` lets it run again"
+                )
+            else:
+                self.tracker.release_relaunch(name, "the escalation ended")
+
+    def clear(self, name: str, by: str | None) -> bool:
+        """A person looked at an escalated instance: remediation and relaunches may act again at once."""
+        cleared = self.engine.clear_escalation(name, by)
+        self.sync_holds()
+        self.crash_loops.check(time.time())
+        return cleared
 
     def requests(self) -> list[RemediationRequest]:
         """One request per open finding that remediation may act on, the detectors' and the external
@@ -137,6 +170,7 @@ class Remediation:
                 found["summary"],
                 evidence=dict(found["evidence"]),
                 requested_at=found["opened_at"],
+                finding=dict(found),
             )
             for found in external_findings(self.detection.store, state="open")
         ]
@@ -152,13 +186,15 @@ class Remediation:
             out.append(
                 RemediationRequest(
                     finding.instance,
-                    finding.kind,
+                    finding.kind,  # type: ignore[arg-type]  # REMEDIABLE kinds are request kinds
                     finding.id,
                     finding.summary,
                     deadline=deadline,
                     evidence=dict(finding.evidence),
-                    start_time=finding.lifetime_start,
+                    # a crash loop is about the instance, not one of its processes
+                    start_time=None if finding.kind == "crash-loop" else finding.lifetime_start,
                     requested_at=finding.opened_at,
+                    finding=finding.to_dict(),
                 )
             )
         return out
@@ -172,6 +208,13 @@ class Remediation:
         if state is None or state.pid is None or state.start_time is None:
             return None
         return ProbeTarget(state.name, state.pid, state.start_time, state.labels, state.settings)
+
+    def _warmup_settings(self, name: str) -> WarmupSection | None:
+        return (self.config.for_instance(name).verify or self.config.verify).warmup
+
+    def _latency(self, name: str) -> Any:
+        state = self.tracker.get(name)
+        return state.spec.latency if state is not None else None
 
     def _can_purge(self, view: InstanceView) -> bool:
         target = self._target(view)
@@ -193,22 +236,3 @@ class Remediation:
         except ProbeError as exc:
             return Decision.block("purge", "purge_failed", str(exc))
         return Decision.allow("purge", "allocator purged", released_bytes=result["returned_bytes"], **result)
-
-    def _smaps_rollup(self, view: InstanceView, timeout: float) -> str | None:
-        if view.pid is None:
-            return None
-        path = proc_path(HOST_ROOT, view.pid, "smaps_rollup")
-        try:
-            return read_file(path, view.pid).decode("ascii", "replace")
-        except ProbeError:
-            return None
-
-    def _series_window(self, view: InstanceView, timeout: float) -> dict[str, Any]:
-        """The last hour of the memory series: what the detectors saw before the restart."""
-        now = time.time()
-        store = self.detection.store
-        return {
-            metric: store.series(view.name, metric, now - 3600, now, step=10).points
-            for metric in ("rss_bytes", "allocator_allocated_bytes", "allocator_resident_bytes")
-            if metric in store.metrics(view.name)
-        }

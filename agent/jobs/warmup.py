@@ -6,7 +6,8 @@ one at a time, round robin, and returns a `WarmupOutcome` as soon as K requests 
 answered 2xx within `target` seconds (warm), or when the deadline passes (not warm: the reason
 says why). A failed request breaks the streak and backs off (0.1 s doubling to 2 s) so that a
 server still starting is not hammered. The remediation engine holds its fleet slot on this
-gate; `medic warmup NAME --requests DIR` runs it by hand.
+gate (`warmup_gate`, installed by the agent for instances with `verify.warmup`); `medic warmup NAME
+--requests DIR` runs it by hand.
 
 Request files (`load_requests(DIR)`: every regular, non-hidden file, in name order):
 - `*.http`: an HTTP request as text: `METHOD TARGET [HTTP/1.1]`, header lines `Name: value`, a
@@ -23,12 +24,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 import httpx
 
 from agent.core.errors import ConfigError, ProbeError
 from probes.scrape import fetch, new_client
+from remediation.model import Decision, InstanceView
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 MAX_REQUEST_FILE = 16 * 2**20
@@ -231,3 +233,78 @@ def _reason(outcome: WarmupOutcome, target: float, consecutive: int, deadline: f
     elif outcome.latencies:
         why += f"; the last answered in {outcome.latencies[-1] * 1000:.0f}ms"
     return why
+
+
+# ----------------------------------------------------------------------------- the gate in the loop
+def latency_defaults(latency: Any) -> tuple[str | None, float | None]:
+    """The base URL and the latency target an instance's `latency:` section implies: its canary URL,
+    else the origin of its Prometheus URL; the threshold of its SLO."""
+    if latency is None:
+        return None, None
+    url = None
+    if latency.canary is not None:
+        url = str(latency.canary.url)
+    elif latency.prometheus is not None:
+        parts = urlsplit(str(latency.prometheus.url))
+        url = f"{parts.scheme}://{parts.netloc}/"
+    target = float(latency.slo.threshold) if latency.slo is not None else None
+    return url, target
+
+
+def warmup_gate(
+    settings_for: Callable[[str], Any],
+    latency_for: Callable[[str], Any],
+    clock: Callable[[], float] = time.time,
+) -> Callable[[InstanceView, float], Decision]:
+    """The engine's `warmup_gate(view, deadline)`: replay the instance's `verify.warmup.requests` to the
+    new process until it is warm, within `verify.warmup.deadline` and the verification's own deadline.
+
+    `settings_for(name)` gives the instance's `WarmupSection` (None: no warm-up), `latency_for(name)`
+    its `latency:` section (the URL and target when the warm-up section names none).
+    """
+
+    def gate(view: InstanceView, deadline: float) -> Decision:
+        spec = settings_for(view.name)
+        if spec is None:
+            return Decision.allow("warmup", "no warm-up configured", code="none")
+        default_url, default_target = latency_for_safe(view.name)
+        url, target = spec.url or default_url, spec.target or default_target
+        if url is None or target is None:
+            missing = "a URL (verify.warmup.url or latency.canary.url)" if url is None else ""
+            if target is None:
+                missing += (" and " if missing else "") + "a target (verify.warmup.target or latency.slo)"
+            return Decision.block("warmup", "misconfigured", f"cannot warm {view.name} up: no {missing}")
+        try:
+            requests = load_requests(spec.requests)
+        except ConfigError as exc:
+            return Decision.block("warmup", "misconfigured", f"cannot warm {view.name} up: {exc}")
+        budget = min(spec.deadline, deadline - clock())
+        if budget <= 0:
+            return Decision.block("warmup", "not-warm", "no time left for the warm-up within verify.timeout")
+        outcome = replay_until_warm(
+            requests, url, target=target, consecutive=spec.consecutive, deadline=budget, timeout=spec.timeout
+        )
+        return Decision(
+            outcome.warm,
+            "warmup",
+            "warm" if outcome.warm else "not-warm",
+            outcome.reason,
+            None,
+            {
+                "url": url,
+                "target_seconds": target,
+                "consecutive": spec.consecutive,
+                "requests": outcome.requests,
+                "failures": outcome.failures,
+                "best_streak": outcome.best_streak,
+                "elapsed_seconds": round(outcome.elapsed, 3),
+            },
+        )
+
+    def latency_for_safe(name: str) -> tuple[str | None, float | None]:
+        try:
+            return latency_defaults(latency_for(name))
+        except (AttributeError, TypeError, ValueError):
+            return None, None
+
+    return gate

@@ -108,15 +108,33 @@ class _SinkBase(Strict):
 
 
 class AlertmanagerSinkSpec(_SinkBase):
-    """Posts alerts to `POST /api/v2/alerts`, re-posts them while active, and holds silences."""
+    """Posts alerts to `POST /api/v2/alerts`, re-posts them while active, and holds silences.
+
+    `urls` lists the replicas of one highly available Alertmanager: every alert goes to each of
+    them (as Prometheus does; they deduplicate), each with its own outbox queue, and silences go
+    to the first that answers (the replicas gossip them to each other)."""
 
     type: Literal["alertmanager"]
-    url: HttpUrl  # the Alertmanager base URL, e.g. http://127.0.0.1:9093
+    url: HttpUrl | None = None  # the Alertmanager base URL, e.g. http://127.0.0.1:9093
+    urls: list[HttpUrl] | None = Field(None, min_length=1, max_length=16)  # or: its HA replicas
     repost_interval: Annotated[Duration, within(0.2, HOUR)] = 60.0  # endsAt = last post + 4 x this
     silences: bool = True  # silence an instance's firing alerts while medic remediates it
     silence_max: Annotated[Duration, within(1, 7 * DAY)] = 1800.0  # when the caller gives no expiry
     silence_refresh: Annotated[Duration, within(0.1, 600)] = 5.0  # look for new alerts to silence
     bearer_token_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_url_form(self) -> AlertmanagerSinkSpec:
+        if (self.url is None) == (self.urls is None):
+            raise ValueError("give url (one Alertmanager) or urls (the replicas of an HA one), not both")
+        if self.urls is not None and len(set(self.urls)) != len(self.urls):
+            raise ValueError("urls: a replica is listed twice")
+        return self
+
+    @property
+    def replicas(self) -> list[str]:
+        """The base URL of each replica (one for the `url` form)."""
+        return list(self.urls) if self.urls is not None else [self.url or ""]
 
 
 class WebhookSinkSpec(_SinkBase, _Secret):
@@ -227,3 +245,22 @@ def sink_names(sinks: list[Any]) -> list[str]:
         seen[sink.type] = index + 1
         names.append(sink.type if counts[sink.type] == 1 else f"{sink.type}-{index}")
     return names
+
+
+def replica_names(name: str, spec: AlertmanagerSinkSpec) -> list[str]:
+    """`name` for a single Alertmanager; `name@host:port` for each replica of an HA one (each has
+    its own outbox queue under that name)."""
+    if spec.urls is None:
+        return [name]
+    hosts = [urlsplit(url).netloc for url in spec.urls]
+    if len(set(hosts)) != len(hosts):
+        return [f"{name}@{index}" for index in range(len(hosts))]
+    return [f"{name}@{host}" for host in hosts]
+
+
+def delivery_names(sinks: list[Any]) -> list[str]:
+    """The outbox queue of every sink: its name, or one per replica of an HA Alertmanager."""
+    out: list[str] = []
+    for spec, name in zip(sinks, sink_names(sinks), strict=True):
+        out.extend(replica_names(name, spec) if isinstance(spec, AlertmanagerSinkSpec) else [name])
+    return out

@@ -68,7 +68,7 @@ class Notifier:
         self.sinks: list[HttpSink] = create_sinks(config, transport=transport)
         self.outbox = Outbox(store, config.retry, rng)
         alertmanagers = [s for s in self.sinks if isinstance(s, AlertmanagerSink)]
-        targets = [SilenceTarget(s.name, s.url, s.client) for s in alertmanagers if s.spec.silences]
+        targets = silence_targets(alertmanagers)
         self.silencer = (
             Silencer(
                 store,
@@ -259,6 +259,19 @@ class Notifier:
             loop.call_soon_threadsafe(wakeup.set)
         except RuntimeError:  # the loop is shutting down
             pass
+
+
+def silence_targets(alertmanagers: list[AlertmanagerSink]) -> list[SilenceTarget]:
+    """One silence target per configured Alertmanager that takes silences, with all its replicas
+    (they share their spec, so any replica's client carries the right credentials)."""
+    groups: dict[str, list[AlertmanagerSink]] = {}
+    for sink in alertmanagers:
+        if sink.spec.silences:
+            groups.setdefault(sink.group, []).append(sink)
+    return [
+        SilenceTarget(name, members[0].url, members[0].client, urls=tuple(m.url for m in members))
+        for name, members in groups.items()
+    ]
 
 
 def start_notifier(agent: Any) -> Notifier:

@@ -25,7 +25,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -50,11 +50,21 @@ CREATE TABLE IF NOT EXISTS notify_silences (
 
 @dataclass(frozen=True, slots=True)
 class SilenceTarget:
-    """An Alertmanager that takes silences: its name, base URL and HTTP client."""
+    """An Alertmanager that takes silences: its name, base URL and HTTP client.
+
+    `urls` are the replicas of an HA Alertmanager (they gossip silences to each other): each
+    request goes to the one that answered last, and to the next when it cannot be reached or
+    answers 5xx; an answer that no retry can fix (a 4xx) is not tried elsewhere."""
 
     name: str
     url: str
     client: httpx.Client
+    urls: tuple[str, ...] = ()
+    preferred: list[int] = field(default_factory=lambda: [0])  # the index that answered last
+
+    @property
+    def replicas(self) -> tuple[str, ...]:
+        return self.urls or (self.url,)
 
 
 def ensure_silence_schema(store: Store) -> None:
@@ -186,7 +196,7 @@ class Silencer:
                     answer = _send(target, "POST", "/api/v2/silences", body)
                     silence_id = str(answer.get("silenceID", "")) if isinstance(answer, dict) else ""
                     if not silence_id:
-                        raise DeliveryError(f"{target.url} created a silence but gave no silenceID", True)
+                        raise DeliveryError(f"{target.name} created a silence but gave no silenceID", True)
                     log.info(
                         "silenced %s on %s for %s (action %s)",
                         labels.get("alertname"),
@@ -265,7 +275,28 @@ def _get(target: SilenceTarget, path: str, params: dict[str, str]) -> Any:
 def _send(
     target: SilenceTarget, method: str, path: str, body: Any, params: dict[str, str] | None = None
 ) -> Any:
-    url = f"{target.url}{path}"
+    """One request to the first replica that answers; the last replica's error when none does."""
+    replicas = target.replicas
+    first = target.preferred[0] % len(replicas)
+    problems = []
+    for step in range(len(replicas)):
+        index = (first + step) % len(replicas)
+        try:
+            answer = _send_to(target, replicas[index], method, path, body, params)
+        except DeliveryError as exc:
+            if not exc.retryable or len(replicas) == 1:
+                raise
+            problems.append(str(exc))
+            continue
+        target.preferred[0] = index
+        return answer
+    raise DeliveryError(f"no replica of {target.name} answered: {'; '.join(problems)}", True)
+
+
+def _send_to(
+    target: SilenceTarget, base: str, method: str, path: str, body: Any, params: dict[str, str] | None
+) -> Any:
+    url = f"{base}{path}"
     try:
         response = target.client.request(
             method,

@@ -104,6 +104,7 @@ def read_prometheus_doc(doc: Any, source: str, result: ImportResult, strict: boo
                 strict,
             )
             continue
+        result.remember_labels(instance, labels)
         _add_values(
             entry.get("values"), instance, metric, f"{where} ({instance}, {metric})", source, result, strict
         )
@@ -197,6 +198,9 @@ def _metric_of(labels: dict) -> str | None:
         return None
     if name in PROMETHEUS_NAMES:
         return PROMETHEUS_NAMES[name]
+    le = labels.get("le")
+    if name.endswith("_bucket") and isinstance(le, str) and le:
+        return f'{name}{{le="{le}"}}'  # one series per bound (`agent.series.buckets`)
     if name.startswith(MEDIC_PREFIX):
         return name[len(MEDIC_PREFIX) :]
     return name

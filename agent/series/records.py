@@ -12,6 +12,7 @@ from agent.core.errors import SeriesFormatError
 from agent.detect.model import InstanceSeries, Points
 
 MAX_KEPT_PROBLEMS = 1000
+MAX_LABELS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,18 @@ class ImportResult:
     problems: list[Problem] = field(default_factory=list)
     problem_count: int = 0
     points: int = 0
+    labels: dict[str, dict[str, str]] = field(default_factory=dict)  # per instance: the first labels seen
+
+    def remember_labels(self, instance: str, labels: Any) -> None:
+        """Keep an instance's string labels (the first seen, at most `MAX_LABELS` of them, each
+        value at most 256 characters): what `--fleet-label` groups instances by."""
+        if instance in self.labels or not isinstance(labels, dict):
+            return
+        kept = {
+            k: v for k, v in list(labels.items())[:MAX_LABELS]
+            if isinstance(k, str) and isinstance(v, str) and len(k) <= 256 and len(v) <= 256
+        }  # fmt: skip
+        self.labels[instance] = kept
 
     def add_problem(self, problem: Problem, strict: bool) -> None:
         if strict:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from agent.core.errors import ProbeError, ProbeUnavailable, StoreError, TargetGone
-from agent.core.records import ProbeResult, ProbeTarget, Sample
+from agent.core.records import Event, ProbeResult, ProbeTarget, Sample
 from agent.state.eventlog import EventLog
 from agent.state.histograms import HistogramStore
 from agent.state.store import Store
@@ -25,9 +25,12 @@ from probes.base import Probe, Schedule
 log = logging.getLogger("medic.collector")
 KEEPALIVE = 60.0  # an unchanged value is stored again after this long, so flat series stay visible
 SAMPLES_PER_BUCKET = 4  # ... and at least this often per detection bucket (short windows in tests, demos)
-UNAVAILABLE_RETRY = (
-    30.0  # a probe with no data for an instance (no hook, no latency source) is retried this often
-)
+# a probe with no data for an instance (no hook, no latency source) is retried after half the time it
+# has been without data, from 1 s up to this long: a short outage is noticed as soon as it ends
+UNAVAILABLE_RETRY = 30.0
+# a process younger than this may not have created its hook socket (or served its first /metrics) yet:
+# "no data" then is not news, and the probe is simply tried again on the next tick
+PROBE_GRACE = 15.0
 
 # (probe name, wall seconds, ok) for each probe run; the exporter observes them
 DurationObserver = Callable[[str, float, bool], None]
@@ -43,9 +46,11 @@ class Collector:
         observe: DurationObserver | None = None,
         keepalive: float = KEEPALIVE,
         histograms: HistogramStore | None = None,
+        grace: float = PROBE_GRACE,
     ) -> None:
         """`keepalive`: store an unchanged value again after this long (at most `KEEPALIVE`);
-        `histograms`: where snapshots go (default: the histogram tables of `store`)."""
+        `histograms`: where snapshots go (default: the histogram tables of `store`); `grace`: how long
+        after a process started a probe without data for it stays quiet."""
         self.tracker = tracker
         self.store = store
         self.histograms = histograms or HistogramStore(store)
@@ -53,9 +58,22 @@ class Collector:
         self.probes = probes
         self.observe = observe or (lambda name, seconds, ok: None)
         self.keepalive = keepalive
+        self.grace = grace
+        self._unavailable_since: dict[tuple[str, str], float] = {}  # (instance, probe) -> first miss
         self._stored: dict[tuple[str, str], tuple[float, float]] = {}  # (instance, metric) → (value, ts)
         tracker.forget_hooks.extend(probe.forget for probe in probes)
         tracker.forget_hooks.append(self._forget_stored)
+        events.subscribe(self._on_event)
+
+    def _on_event(self, event: Event) -> None:
+        """A leak finding that opens asks the probes that can name allocation sites to start doing so."""
+        finding = event.data.get("finding") if event.kind == "finding_opened" else None
+        if not isinstance(finding, dict) or finding.get("kind") != "leak" or not event.instance:
+            return
+        for probe in self.probes:
+            want_sites = getattr(probe, "want_sites", None)
+            if want_sites is not None:
+                want_sites(event.instance)
 
     def run(self, schedule: Schedule, now: float | None = None) -> int:
         """One pass of the probes on `schedule` over all live instances; returns samples taken."""
@@ -94,6 +112,8 @@ class Collector:
     def _forget_stored(self, target: ProbeTarget) -> None:
         for key in [k for k in self._stored if k[0] == target.instance]:
             del self._stored[key]
+        for key in [k for k in self._unavailable_since if k[0] == target.instance]:
+            del self._unavailable_since[key]
 
     def _run_probe(self, state: InstanceState, target: ProbeTarget, probe: Probe, now: float) -> list[Sample]:
         health = state.probes.setdefault(probe.name, ProbeHealth())
@@ -105,15 +125,7 @@ class Collector:
         except TargetGone:
             return []  # the tracker records the disappearance on its next reconcile
         except ProbeUnavailable as exc:  # not an error: this figure does not exist for this instance
-            message = str(exc)
-            if health.unavailable != message:
-                self.events.emit(
-                    "probe_unavailable",
-                    f"probe {probe.name} has no data here: {message}",
-                    instance=state.name,
-                    probe=probe.name,
-                )
-            health.unavailable, health.retry_at = message, now + UNAVAILABLE_RETRY
+            self._unavailable(state, target, probe, health, str(exc), now)
             return []
         except ProbeError as exc:
             self._failed(state, probe.name, health, exc, started)
@@ -125,6 +137,16 @@ class Collector:
         self._store_snapshots(result)
         elapsed = time.perf_counter() - started
         health.last_duration = elapsed
+        since = self._unavailable_since.pop((state.name, probe.name), None)
+        if health.unavailable is not None:
+            self.events.emit(
+                "probe_recovered",
+                f"probe {probe.name} has data again, after {now - (since or now):.0f}s without: "
+                f"{health.unavailable}",
+                instance=state.name,
+                probe=probe.name,
+                unavailable_for=round(now - (since or now), 3),
+            )
         health.unavailable = None
         if result.problems:
             self._failed(state, probe.name, health, result.problems[0], started, partial=True)
@@ -140,6 +162,30 @@ class Collector:
             self.observe(probe.name, elapsed, True)
         health.last_success = now
         return result.samples
+
+    def _unavailable(
+        self,
+        state: InstanceState,
+        target: ProbeTarget,
+        probe: Probe,
+        health: ProbeHealth,
+        message: str,
+        now: float,
+    ) -> None:
+        """Record that `probe` has no data for the instance: one event per change of reason, none
+        while the process is younger than the grace period, and a retry that backs off."""
+        if health.unavailable is None and now - target.start_time < self.grace:
+            return  # still starting: tried again on the next tick, without a word
+        since = self._unavailable_since.setdefault((state.name, probe.name), now)
+        if health.unavailable != message:
+            self.events.emit(
+                "probe_unavailable",
+                f"probe {probe.name} has no data here: {message}",
+                instance=state.name,
+                probe=probe.name,
+            )
+        health.unavailable = message
+        health.retry_at = now + min(UNAVAILABLE_RETRY, max(1.0, (now - since) / 2))
 
     def _store_snapshots(self, result: ProbeResult) -> None:
         """Store the run's snapshots; one that cannot be written is a problem of the run."""

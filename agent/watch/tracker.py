@@ -12,6 +12,11 @@ behind a `pid` or `pidfile` instance is its restart, or an unrelated process tha
 in agent/watch/adoption.py. Adopted identities live in `identities.json` (agent/state/identities.py),
 so the rules hold across agent restarts, and after an agent crash the managed children that outlived
 it are adopted, not launched twice.
+
+Every process of every instance is kept in the `process_runs` table (started, ended, exit status):
+the supervisor's own record for managed commands (each launch, also one that dies before a reconcile
+sees it), the tracker's for the others. Crash loops are judged from it (`runs`). Relaunches of a
+managed instance can be held (`hold_relaunch`) while a person is asked to look.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Collection
+from pathlib import Path
 
 from agent.config.model import InstanceSpec
 from agent.core.errors import ProbeError
@@ -29,7 +36,8 @@ from agent.state.store import InstanceRecord, Store
 from agent.watch import discovery
 from agent.watch.adoption import Adoption, is_process
 from agent.watch.instances import InstanceState
-from agent.watch.supervisor import ManagedProcess, exit_status
+from agent.watch.runs import ProcessRuns
+from agent.watch.supervisor import ManagedProcess, Run, exit_status
 from probes.linux.cgroupfiles import cgroup_memory_limit
 from probes.linux.procfs import host_memory_total, same_process
 
@@ -37,7 +45,16 @@ log = logging.getLogger("medic.tracker")
 
 
 class Tracker:
-    def __init__(self, specs: list[InstanceSpec], store: Store, events: EventLog) -> None:
+    def __init__(
+        self,
+        specs: list[InstanceSpec],
+        store: Store,
+        events: EventLog,
+        *,
+        inherit_output: Collection[str] = (),
+    ) -> None:
+        """`inherit_output`: managed instances whose output stays medic's (`medic run -- CMD`); the
+        others write to `<state_dir>/logs/<instance>.log`."""
         self.specs = specs
         self.store = store
         self.events = events
@@ -63,7 +80,9 @@ class Tracker:
                     env=dict(spec.match.env),
                     restart_on_exit=spec.restart_on_exit,
                     stop_timeout=spec.stop_timeout,
+                    log_path=None if spec.name in inherit_output else self.log_path(spec.name),
                 )
+        self.process_runs = ProcessRuns(store)
 
     # ------------------------------------------------------------------------------ queries
     def up_targets(self) -> list[tuple[InstanceState, ProbeTarget]]:
@@ -82,6 +101,51 @@ class Tracker:
         with self.lock:
             return self.states.get(name)
 
+    def log_path(self, name: str) -> Path:
+        """Where a managed instance's stdout and stderr go."""
+        return Path(self.store.dir) / "logs" / f"{name}.log"
+
+    def runs(self, name: str, since: float) -> list[Run]:
+        """The instance's processes started since `since`, oldest first (crash loops are judged on them)."""
+        return self.process_runs.since(name, since)
+
+    # ------------------------------------------------------------------------------ relaunch holds
+    def hold_relaunch(self, name: str, reason: str) -> bool:
+        """Stop relaunching a managed instance (its running process is left alone); True when newly held."""
+        with self.lock:
+            managed = self.managed.get(name)
+            if managed is None or managed.held == reason:
+                return False
+            newly = managed.held is None
+            managed.held = reason
+            state = self.states.get(name)
+            if newly and state is not None and state.status == "exited":
+                state.status_reason = f"exited; not relaunched: {reason}"
+            if newly:
+                self.events.emit(
+                    "instance_relaunch_held",
+                    f"no automatic relaunch: {reason}",
+                    instance=name,
+                    severity="warning",
+                )
+            return newly
+
+    def release_relaunch(self, name: str, why: str) -> bool:
+        """Relaunch a held managed instance again as configured; True when it was held."""
+        with self.lock:
+            managed = self.managed.get(name)
+            if managed is None or managed.held is None:
+                return False
+            managed.held = None
+            managed.next_launch_at = 0.0
+            managed.backoff = 1.0
+            self.events.emit("instance_relaunch_released", f"relaunches resume: {why}", instance=name)
+            return True
+
+    def held(self) -> dict[str, str]:
+        with self.lock:
+            return {name: m.held for name, m in self.managed.items() if m.held is not None}
+
     # ------------------------------------------------------------------------------ managed
     def launch_managed(self, now: float) -> None:
         """Launch every managed command, except those whose child from an earlier agent still runs."""
@@ -93,8 +157,9 @@ class Tracker:
                 )
             for name, managed in self.managed.items():
                 never_started = managed.proc is None and not managed.adopted and not managed.ended
-                if never_started or managed.due_for_relaunch(now):
+                if (never_started and managed.held is None) or managed.due_for_relaunch(now):
                     self._launch(self.states[name], managed, now)
+                self.process_runs.record(name, managed.take_runs(), managed=True)
 
     def _adopted(self, state: InstanceState, record: AdoptedProcess, now: float) -> None:
         known = self.known.pop(state.name, None)
@@ -115,13 +180,17 @@ class Tracker:
         try:
             managed.launch()
         except OSError as exc:
+            if managed.log_path is not None and exc.filename == str(managed.log_path):
+                why = f"cannot open its log {managed.log_path}: {exc.strerror}"
+            else:
+                why = f"cannot start {managed.argv[0]!r}: {exc.strerror}"
             managed.exit_code, managed.ended = 127, True
             managed.next_launch_at = now + managed.backoff
             managed.backoff = min(managed.backoff * 2, 300.0)
-            state.status, state.status_reason = "exited", f"cannot start {managed.argv[0]!r}: {exc.strerror}"
+            state.status, state.status_reason = "exited", why
             self.events.emit(
                 "instance_launch_failed",
-                f"cannot start {managed.argv[0]!r}: {exc.strerror}; check the command and its path",
+                f"{why}; check the command and its path",
                 instance=state.name,
                 severity="error",
                 argv=managed.argv,
@@ -153,6 +222,8 @@ class Tracker:
             thread.join()
         with self.lock:
             self.ledger.drop(*self.managed)
+            for name, managed in self.managed.items():
+                self.process_runs.record(name, managed.take_runs(), managed=True)
         return results
 
     # ------------------------------------------------------------------------------ reconcile
@@ -188,6 +259,7 @@ class Tracker:
     def _reconcile_managed(self, state: InstanceState, now: float) -> None:
         managed = self.managed[state.name]
         end = managed.poll_exit()
+        managed.bound_log()
         if end is not None:
             self._leave(state)
             self.ledger.drop(state.name)
@@ -199,7 +271,9 @@ class Tracker:
             else:
                 state.status_reason = f"exited with status {status}"
                 message = f"pid {state.pid} exited with status {status}"
-            if managed.restart_on_exit and not managed.stopping:
+            if managed.held is not None:
+                state.status_reason += f"; not relaunched: {managed.held}"
+            elif managed.restart_on_exit and not managed.stopping:
                 state.status_reason += f"; relaunch in {managed.backoff:.0f}s"
             self.events.emit(
                 "instance_exited",
@@ -211,6 +285,7 @@ class Tracker:
             )
         if managed.due_for_relaunch(now):
             self._launch(state, managed, now)
+        self.process_runs.record(state.name, managed.take_runs(), managed=True)
         pid = managed.pid
         if pid is not None and pid != state.pid:
             self._follow(state, discovery.by_pid(pid), now, "relaunched by medic")
@@ -391,6 +466,9 @@ class Tracker:
         self, state: InstanceState, identity: ProcessIdentity, now: float, stamp: PidfileStamp | None = None
     ) -> None:
         """Follow `identity` from now on, and remember what it runs (identities.json)."""
+        if not state.spec.match.managed:  # managed: the supervisor recorded the launch itself
+            self.process_runs.end(state.name, now, keep=(identity.pid, identity.start_time))
+            self.process_runs.record(state.name, [Run(identity.pid, identity.start_time)], managed=False)
         state.pid, state.start_time = identity.pid, identity.start_time
         state.status, state.status_reason, state.exit_code = "up", "running", None
         state.reset_process()
@@ -404,6 +482,8 @@ class Tracker:
 
     def _leave(self, state: InstanceState) -> None:
         """Forget the process the instance followed (caches of probes included)."""
+        if not state.spec.match.managed and state.pid is not None:
+            self.process_runs.end(state.name, time.time())
         if state.pid is not None and state.start_time is not None:
             target = ProbeTarget(state.name, state.pid, state.start_time, state.labels)
             for forget in self.forget_hooks:

@@ -3,6 +3,9 @@
     python -m benchmarks.detection.score            # the table, per trace and in total
     python -m benchmarks.detection.score --check    # exit 1 unless the acceptance criteria hold
 
+Then the fresh fleets after a deploy (`fleets.py`, scored by `score_fleets.py`) and the slow
+traces (`slow_traces.py`), each family's table against `predict_linear`, and their goals.
+
 For each detector: on a non-leak trace every alert is a false positive; on a leak trace an
 alert before the onset is a false positive, the first alert after it a true positive if it
 comes before the OOM (else a miss). Delay is alert minus onset; `frac` is the delay as a
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 
 from agent.core.units import format_duration
 from agent.detect import DetectParams, InstanceSeries, analyze_instance
+from benchmarks.detection import score_fleets, slow_traces
 from benchmarks.detection.baselines import monit_alert, predict_linear_alert
 from benchmarks.detection.corpus import all_traces
 from benchmarks.detection.generate import Trace
@@ -186,12 +190,21 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=3, help="generated traces per scenario")
     parser.add_argument("--only", help="score only traces whose name contains this")
     parser.add_argument("--check", action="store_true", help="exit 1 unless the acceptance criteria hold")
+    parser.add_argument("--fleet-seeds", type=int, default=1, help="fresh fleets per family and prior")
+    parser.add_argument("--no-fleets", action="store_true", help="skip the fresh fleets and the slow traces")
     args = parser.parse_args()
     traces = [t for t in all_traces(args.seeds) if not args.only or args.only in t.name]
     rows = score(traces, DetectParams())
     print(render(rows))
     failures = acceptance(rows)
     print("\nacceptance: " + ("PASS" if not failures else "FAIL: " + "; ".join(failures)))
+    if not args.no_fleets:
+        print("\nfresh fleets after a deploy (first leak or oom-risk finding per instance):")
+        met = score_fleets.main(args.fleet_seeds)
+        failures += [goal for goal, ok, _ in met if not ok]
+        print("\nslow traces (first slow finding per instance):")
+        met = slow_traces.main()
+        failures += [goal for goal, ok, _ in met if not ok]
     return 1 if args.check and failures else 0
 
 

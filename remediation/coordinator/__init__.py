@@ -50,11 +50,14 @@ def create_coordinator(
     if section.backend == "local":
         path = section.local.path or Path(state_dir) / "coordinator.db"
         return cls(path, namespace=section.namespace, retention=retention, timeout=section.timeout, **extra)
+    from remediation.coordinator.etcd_security import load_etcd_security
+
     return cls(
         section.etcd.endpoints,
         prefix=section.etcd.prefix,
         namespace=section.namespace,
         retention=retention,
         timeout=section.timeout,
+        security=load_etcd_security(section.etcd.tls, section.etcd.auth),
         **extra,
     )

@@ -8,6 +8,13 @@ runs out (its restart is then counted as finished at the lease's end, outcome `l
 Agents also `publish` their instances (leased too) and read everyone's with `fleet()`, so that
 each derives the same plan.
 
+One agent per namespace is the leader (`campaign`: a leased key in etcd, a leased row under the
+SQLite lock on one host). Only the leader reads the whole fleet and the history and computes the
+plan; it hands each other agent its `PlannedGrant`s (`write_grants`), each stamped with the
+leader's fencing revision. The others keep only their own entries alive and read their grants
+(`grants`); a grant counts only while its revision is the current leader's, and `acquire` checks
+that atomically with the slot, so a grant from a deposed leader never starts a restart.
+
 Every method raises `CoordinatorUnavailable` when the backend cannot be reached in time; the
 engine then does not restart anything.
 """
@@ -15,8 +22,9 @@ engine then does not restart anything.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
 
 from remediation.model import Decision, FleetEntry, RestartRecord
 
@@ -55,6 +63,61 @@ class AcquireResult:
         return self.grant is not None
 
 
+@dataclass(frozen=True, slots=True)
+class Leadership:
+    """This agent plans for the namespace; `revision` fences its grants (etcd: the leader key's
+    create_revision; local: the term, one more at each new leader)."""
+
+    agent: str
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedGrant:
+    """The leader's word that `instance` may try for a restart slot from `not_before` on."""
+
+    instance: str
+    fleet: str
+    agent: str
+    slot_at: float
+    not_before: float
+    revision: int
+    deadline: float | None = None
+    latest_start: float | None = None
+    kind: str | None = None
+    finding_id: str | None = None
+    late: bool = False
+    after: str | None = None
+    reason: str = ""  # the leader's explanation of the slot
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> PlannedGrant:
+        """Parse what the leader wrote; ValueError says what is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError("a grant must be an object")
+        try:
+            grant = cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        except TypeError as exc:
+            raise ValueError(f"bad grant: {exc}") from None
+        numbers = (grant.slot_at, grant.not_before)
+        if not all(isinstance(n, (int, float)) and not isinstance(n, bool) for n in numbers):
+            raise ValueError("a grant's slot_at and not_before must be numbers")
+        if not isinstance(grant.revision, int) or not isinstance(grant.instance, str):
+            raise ValueError("a grant needs an instance name and an integer revision")
+        optional = (grant.deadline, grant.latest_start)
+        if not all(n is None or (isinstance(n, (int, float)) and not isinstance(n, bool)) for n in optional):
+            raise ValueError("a grant's deadline and latest_start must be numbers or null")
+        texts = (grant.fleet, grant.agent, grant.reason)
+        if not all(isinstance(t, str) for t in texts) or not isinstance(grant.late, bool):
+            raise ValueError("a grant's fleet, agent and reason must be text and late a boolean")
+        if not all(t is None or isinstance(t, str) for t in (grant.kind, grant.finding_id, grant.after)):
+            raise ValueError("a grant's kind, finding_id and after must be text or null")
+        return grant
+
+
 class Coordinator(ABC):
     """A backend: `local` (SQLite file) or `etcd` (leases over the JSON gateway)."""
 
@@ -83,6 +146,41 @@ class Coordinator(ABC):
     @abstractmethod
     def fleet(self) -> list[FleetEntry]:
         """Every agent's published entries that have not expired, by instance name."""
+
+    # ----------------------------------------------------------------------------- the elected planner
+    @abstractmethod
+    def campaign(self, agent: str, ttl: float, spread: float = 0.0) -> Leadership | None:
+        """Become or stay the namespace's leader for `ttl` seconds; None while another agent is.
+
+        `spread`: a vacant seat is claimed up to this many seconds late (by a per-agent hash), so a
+        whole fleet does not campaign in the same instant after its leader died."""
+
+    @abstractmethod
+    def resign(self) -> None:
+        """Give up leadership at once (a clean shutdown), so a successor need not wait for the TTL."""
+
+    @abstractmethod
+    def leader(self) -> str | None:
+        """The current leader's agent id, or None while the seat is vacant."""
+
+    @abstractmethod
+    def write_grants(self, leadership: Leadership, grants: Mapping[str, Sequence[PlannedGrant]]) -> int:
+        """Replace every agent's grants with `grants` (agent -> its grants), fenced by `leadership`;
+        agents left out have none. Writes only what changed; returns how many agents' grants were
+        written. `LeaseLost` when `leadership` no longer holds (nothing is written then)."""
+
+    @abstractmethod
+    def grants(self, agent: str) -> list[PlannedGrant] | None:
+        """`agent`'s grants from the current leader (none while the fleet is paused); None when
+        they cannot be known now (a watch that is down): no restart until they can."""
+
+    @abstractmethod
+    def fleet_pause(self) -> dict[str, Any] | None:
+        """The fleet-wide pause, or None: while it is set the leader grants nothing."""
+
+    @abstractmethod
+    def set_fleet_pause(self, pause: dict[str, Any] | None) -> None:
+        """Set (a JSON object: reason, until, by) or lift (None) the fleet-wide pause."""
 
     def describe(self) -> str:
         return self.name

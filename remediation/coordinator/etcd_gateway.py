@@ -7,21 +7,36 @@ keepalive endpoint answers one message per request; the minimum lease TTL is 2 s
 unknown lease is a 404 with gRPC code 5.
 
 Connection failures and timeouts try the next endpoint, then raise `CoordinatorUnavailable`;
-an error answer raises `CoordinatorError` with etcd's message.
+an error answer raises `CoordinatorError` with etcd's message. A TLS failure says which side of the
+handshake to fix (the CA bundle, the client certificate, the certificate's names).
+
+With `auth` configured, `/v3/auth/authenticate` gives a token that goes in the `Authorization`
+header of every request (set on the client, so a stream opened on it carries it too). When etcd
+says the token is invalid (it expired, or the auth store changed), the gateway authenticates again
+and retries once; a refused password is a `CoordinatorError` naming the user, never the password.
+Through the gateway with `--client-cert-auth` and auth both on, etcd refuses any client certificate
+that has a Common Name (HTTP 400, plain text): the error says to issue one without.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import ssl
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
+from remediation.coordinator.etcd_security import EtcdSecurity
 from remediation.errors import CoordinatorError, CoordinatorUnavailable
 
 NOT_FOUND = 5  # gRPC NotFound, e.g. revoking an unknown lease
+UNAUTHENTICATED = 16  # gRPC Unauthenticated: "etcdserver: invalid auth token" (expired or unknown)
+TOKEN_REFUSALS = ("invalid auth token", "auth store is old", "user name is empty")
+AUTH_NOT_ENABLED = "authentication is not enabled"
+GATEWAY_CN_REFUSAL = "CommonName of client sending a request against gateway"
 
 
 def b64(text: str) -> str:
@@ -43,20 +58,82 @@ def prefix_end(prefix: str) -> str:
     return base64.b64encode(bytes(raw)).decode()
 
 
+class TokenRefused(CoordinatorError):
+    """etcd no longer accepts the auth token (expired, or the auth store changed): authenticate again."""
+
+
 class EtcdGateway:
-    def __init__(self, endpoints: Sequence[str], timeout: float) -> None:
+    def __init__(
+        self, endpoints: Sequence[str], timeout: float, security: EtcdSecurity | None = None
+    ) -> None:
         if not endpoints:
             raise CoordinatorError("no etcd endpoints configured (remediation.coordinator.etcd.endpoints)")
         self.endpoints = [e.rstrip("/") for e in endpoints]
         self.timeout = timeout
-        self._client = httpx.Client(timeout=httpx.Timeout(timeout), trust_env=False)
+        self.security = security or EtcdSecurity()
+        plain = [e for e in self.endpoints if not e.startswith("https://")]
+        if self.security.ssl_context is not None and plain:
+            raise CoordinatorError(
+                f"remediation.coordinator.etcd.tls is set but {', '.join(plain)} is not https://: "
+                "use https:// endpoints with tls, or remove tls"
+            )
+        verify: ssl.SSLContext | bool = self.security.ssl_context or True
+        self._client = httpx.Client(timeout=httpx.Timeout(timeout), trust_env=False, verify=verify)
         self._preferred = 0
+        self._auth_lock = threading.Lock()
+        self._token: str | None = None  # None: not authenticated yet; "": etcd has auth disabled
 
     def close(self) -> None:
         self._client.close()
 
+    def describe(self) -> str:
+        """The endpoints and how medic talks to them (never a secret)."""
+        security = self.security.describe()
+        return ", ".join(self.endpoints) + (f" ({security})" if security else "")
+
     def call(self, path: str, body: dict[str, Any], *, missing_ok: bool = False) -> dict[str, Any]:
-        """POST `body` to `/v3/<path>` on the first endpoint that answers."""
+        """POST `body` to `/v3/<path>` on the first endpoint that answers, authenticated when configured."""
+        if self.security.username is None:
+            return self._post(path, body, missing_ok)
+        if self._token is None:
+            self.authenticate()
+        try:
+            return self._post(path, body, missing_ok)
+        except TokenRefused:
+            self.authenticate()
+        try:
+            return self._post(path, body, missing_ok)
+        except TokenRefused as exc:
+            raise CoordinatorError(
+                f"etcd refused a fresh auth token for user {self.security.username}: {exc}; no restart "
+                "until it is accepted: check the user's roles (`etcdctl user get`)"
+            ) from None
+
+    def authenticate(self) -> None:
+        """Get a new token from `/v3/auth/authenticate` and send it from now on."""
+        with self._auth_lock:
+            self._client.headers.pop("Authorization", None)
+            body = {"name": self.security.username, "password": self.security.password}
+            try:
+                data = self._post("auth/authenticate", body, False)
+            except CoordinatorUnavailable:
+                raise
+            except CoordinatorError as exc:
+                if AUTH_NOT_ENABLED in str(exc):
+                    self._token = ""  # etcd lets everyone in; authenticate again if that changes
+                    return
+                raise CoordinatorError(
+                    f"etcd authentication as user {self.security.username} failed: {_etcd_message(exc)}; "
+                    "no restart until it succeeds: check remediation.coordinator.etcd.auth.username "
+                    "and the password in auth.password_file"
+                ) from None
+            token = data.get("token")
+            if not isinstance(token, str) or not token or len(token) > 4096 or not token.isprintable():
+                raise CoordinatorError("etcd /v3/auth/authenticate answered without a usable token")
+            self._token = token
+            self._client.headers["Authorization"] = token
+
+    def _post(self, path: str, body: dict[str, Any], missing_ok: bool) -> dict[str, Any]:
         problems = []
         count = len(self.endpoints)
         for i in range(count):
@@ -68,7 +145,7 @@ class EtcdGateway:
                 problems.append(f"{self.endpoints[index]}: no answer within {self.timeout:g}s")
                 continue
             except httpx.HTTPError as exc:
-                problems.append(f"{self.endpoints[index]}: {exc.__class__.__name__}: {exc}")
+                problems.append(f"{self.endpoints[index]}: {self._transport_problem(exc)}")
                 continue
             self._preferred = index
             return self._decode(response, path, missing_ok)
@@ -77,11 +154,35 @@ class EtcdGateway:
             "remediation.coordinator.etcd.endpoints and that etcd is up"
         )
 
-    @staticmethod
-    def _decode(response: httpx.Response, path: str, missing_ok: bool) -> dict[str, Any]:
+    def _transport_problem(self, exc: httpx.HTTPError) -> str:
+        """What failed, and for a TLS failure which setting to look at."""
+        text = f"{exc.__class__.__name__}: {exc}"
+        lowered = text.lower()
+        if "certificate_verify_failed" in lowered or "certificate verify failed" in lowered:
+            if "hostname" in lowered or "ip address mismatch" in lowered:
+                return f"{text} (etcd's certificate does not name this endpoint's host)"
+            return (
+                f"{text} (etcd's certificate is not signed by a CA in "
+                "remediation.coordinator.etcd.tls.ca_file)"
+            )
+        if "certificate required" in lowered or "bad certificate" in lowered or "unknown ca" in lowered:
+            if not self.security.client_certificate:
+                return f"{text} (etcd requires a client certificate: set tls.cert_file and tls.key_file)"
+            return f"{text} (etcd does not accept medic's client certificate: is it signed by etcd's trusted CA?)"
+        if "wrong version number" in lowered or "record layer failure" in lowered:
+            return f"{text} (is this endpoint https://, and is etcd serving TLS on it?)"
+        return text
+
+    def _decode(self, response: httpx.Response, path: str, missing_ok: bool) -> dict[str, Any]:
         try:
             data = response.json()
         except ValueError:
+            if GATEWAY_CN_REFUSAL in response.text:
+                raise CoordinatorError(
+                    f"etcd /v3/{path}: etcd refuses, through its JSON gateway with auth on, a client "
+                    "certificate that has a Common Name; issue medic's client certificate with an empty "
+                    "subject (names in subjectAltName only) and authenticate with auth.username"
+                ) from None
             raise CoordinatorError(
                 f"etcd /v3/{path} answered HTTP {response.status_code} with non-JSON: {response.text[:200]!r}; "
                 "is this an etcd 3.4+ client URL?"
@@ -91,7 +192,18 @@ class EtcdGateway:
         if response.status_code >= 400 or "error" in data:
             if missing_ok and data.get("code") == NOT_FOUND:
                 return {}
-            message = data.get("message") or data.get("error") or response.text[:200]
+            message = str(data.get("message") or data.get("error") or response.text[:200])[:500]
+            if (
+                self.security.username is not None
+                and path != "auth/authenticate"
+                and (data.get("code") == UNAUTHENTICATED or any(r in message for r in TOKEN_REFUSALS))
+            ):
+                raise TokenRefused(message)
+            if "user name is empty" in message or "permission denied" in message:
+                message += (
+                    " (etcd has auth on: set remediation.coordinator.etcd.auth, and grant the user "
+                    "read/write on the key prefix)"
+                )
             raise CoordinatorError(f"etcd /v3/{path} failed (HTTP {response.status_code}): {message}")
         return data
 
@@ -156,3 +268,9 @@ class EtcdGateway:
 
     def revoke(self, lease: int) -> None:
         self.call("lease/revoke", {"ID": str(lease)}, missing_ok=True)
+
+
+def _etcd_message(exc: CoordinatorError) -> str:
+    """etcd's own words from a `CoordinatorError` raised by `_decode`."""
+    text = str(exc)
+    return text.split("): ", 1)[1] if "): " in text else text

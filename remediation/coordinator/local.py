@@ -11,6 +11,11 @@ The file holds the budget of every agent that shares it, so another user must no
 plant or swap it: its directory must be owned by root or medic's user and not writable by others
 (a missing one is created 0700), and the file itself is created `O_EXCL | O_NOFOLLOW` 0600 and
 refused when it is a symlink, another user's, or writable by others (`UnsafePath`, with the fix).
+
+The elected planner on one host: the leader is whichever agent holds the `leaders` row of the
+namespace (taken under the file lock when it is vacant or expired, kept by campaigning again
+within its TTL); each new leader gets the next term, which fences its grants. There is no watch on
+a file: followers read their grants row when they want a restart (one local read).
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from probes.linux.fstrust import check_trusted_path, ensure_private_file, trusted_uids
 from remediation.coordinator.base import (
@@ -31,6 +37,8 @@ from remediation.coordinator.base import (
     Admit,
     Coordinator,
     Grant,
+    Leadership,
+    PlannedGrant,
     SlotRequest,
 )
 from remediation.errors import CoordinatorUnavailable, LeaseLost
@@ -45,6 +53,12 @@ CREATE INDEX IF NOT EXISTS restarts_recent ON restarts (namespace, started_at);
 CREATE TABLE IF NOT EXISTS fleet_entries (
     namespace TEXT NOT NULL, instance TEXT NOT NULL, agent TEXT NOT NULL, data TEXT NOT NULL,
     expires_at REAL NOT NULL, PRIMARY KEY (namespace, instance));
+CREATE TABLE IF NOT EXISTS leaders (
+    namespace TEXT PRIMARY KEY, agent TEXT NOT NULL, term INTEGER NOT NULL, expires_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS grants (
+    namespace TEXT NOT NULL, agent TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (namespace, agent));
+CREATE TABLE IF NOT EXISTS controls (
+    namespace TEXT NOT NULL, name TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (namespace, name));
 """
 
 
@@ -66,6 +80,8 @@ class LocalCoordinator(Coordinator):
         self.timeout = timeout
         self.clock = clock
         self._lock = threading.Lock()
+        self._leadership: Leadership | None = None
+        self._fences: dict[str, int] = {}  # instance -> the term its grant requires at acquire
         try:
             if not os.path.lexists(self.path.parent):
                 self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -149,6 +165,20 @@ class LocalCoordinator(Coordinator):
                             f"{request.instance} is already being restarted by {record.holder}",
                         ),
                     )
+            fence = self._fences.get(request.instance)
+            if fence is None and self._leadership is not None:
+                fence = self._leadership.revision
+            if fence is not None and self._term(db, now) != fence:
+                self._fences.pop(request.instance, None)
+                return AcquireResult(
+                    None,
+                    Decision.block(
+                        "lock",
+                        "stale-grant",
+                        f"the grant for {request.instance} came from a leader that is no longer in charge "
+                        f"(term {fence}); waiting for the new leader's plan",
+                    ),
+                )
             decision = admit(records, now)
             if not decision.ok:
                 return AcquireResult(None, decision)
@@ -234,6 +264,137 @@ class LocalCoordinator(Coordinator):
             except ValueError:
                 continue  # another agent's bad entry must not stop this one; it expires
         return entries
+
+    # ----------------------------------------------------------------------------- the elected planner
+    def _leader_row(self, db: sqlite3.Connection, now: float) -> tuple[str, int] | None:
+        row = db.execute(
+            "SELECT agent, term FROM leaders WHERE namespace = ? AND expires_at > ?", (self.namespace, now)
+        ).fetchone()
+        return (row[0], int(row[1])) if row else None
+
+    def _term(self, db: sqlite3.Connection, now: float) -> int | None:
+        row = self._leader_row(db, now)
+        return row[1] if row else None
+
+    def campaign(self, agent: str, ttl: float, spread: float = 0.0) -> Leadership | None:
+        def take(db: sqlite3.Connection, now: float) -> Leadership | None:
+            current = self._leader_row(db, now)
+            mine = self._leadership
+            if current is not None:
+                if mine is not None and current == (agent, mine.revision):
+                    db.execute(
+                        "UPDATE leaders SET expires_at = ? WHERE namespace = ?", (now + ttl, self.namespace)
+                    )
+                    return mine
+                return None
+            row = db.execute("SELECT term FROM leaders WHERE namespace = ?", (self.namespace,)).fetchone()
+            term = (int(row[0]) if row else 0) + 1
+            db.execute(
+                "INSERT OR REPLACE INTO leaders VALUES (?, ?, ?, ?)", (self.namespace, agent, term, now + ttl)
+            )
+            return Leadership(agent, term)
+
+        leadership: Leadership | None = self._run("campaign for leadership", take)  # type: ignore[assignment]
+        self._leadership = leadership
+        return leadership
+
+    def resign(self) -> None:
+        mine, self._leadership = self._leadership, None
+        if mine is None:
+            return
+
+        def leave(db: sqlite3.Connection, now: float) -> None:
+            db.execute(
+                "UPDATE leaders SET expires_at = 0 WHERE namespace = ? AND agent = ? AND term = ?",
+                (self.namespace, mine.agent, mine.revision),
+            )
+
+        self._run("resign leadership", leave)
+
+    def leader(self) -> str | None:
+        row = self._run("read the leader", self._leader_row)
+        return row[0] if row else None  # type: ignore[index]
+
+    def write_grants(self, leadership: Leadership, grants: Mapping[str, Sequence[PlannedGrant]]) -> int:
+        docs = {
+            agent: json.dumps([g.to_dict() for g in sorted(items, key=lambda g: g.instance)], sort_keys=True)
+            for agent, items in grants.items()
+            if items
+        }
+
+        def write(db: sqlite3.Connection, now: float) -> int:
+            if self._leader_row(db, now) != (leadership.agent, leadership.revision):
+                self._leadership = None
+                raise LeaseLost(
+                    f"{self.describe()}: leadership (term {leadership.revision}) was lost before the "
+                    "grants were written; the new leader plans"
+                )
+            old = dict(db.execute("SELECT agent, data FROM grants WHERE namespace = ?", (self.namespace,)))
+            gone = [a for a in old if a not in docs]
+            changed = [(self.namespace, a, d) for a, d in docs.items() if old.get(a) != d]
+            db.executemany(
+                "DELETE FROM grants WHERE namespace = ? AND agent = ?", [(self.namespace, a) for a in gone]
+            )
+            db.executemany("INSERT OR REPLACE INTO grants VALUES (?, ?, ?)", changed)
+            return len(gone) + len(changed)
+
+        return self._run("write the grants", write)  # type: ignore[return-value]
+
+    def grants(self, agent: str) -> list[PlannedGrant] | None:
+        def read(db: sqlite3.Connection, now: float) -> tuple[int | None, str | None, bool]:
+            row = db.execute(
+                "SELECT data FROM grants WHERE namespace = ? AND agent = ?", (self.namespace, agent)
+            ).fetchone()
+            paused = db.execute(
+                "SELECT 1 FROM controls WHERE namespace = ? AND name = 'pause'", (self.namespace,)
+            ).fetchone()
+            return self._term(db, now), (row[0] if row else None), paused is not None
+
+        found: tuple[int | None, str | None, bool] = self._run("read this agent's grants", read)  # type: ignore[assignment]
+        term, data, paused = found
+        out: list[PlannedGrant] = []
+        if term is not None and data is not None and not paused:
+            try:
+                items = json.loads(data)
+            except ValueError:
+                items = []
+            for item in items if isinstance(items, list) else []:
+                try:
+                    grant = PlannedGrant.from_dict(item)
+                except ValueError:
+                    continue  # a bad grant is no grant: that instance waits
+                if grant.revision == term:
+                    out.append(grant)
+        self._fences = {g.instance: g.revision for g in out}
+        return out
+
+    def fleet_pause(self) -> dict[str, Any] | None:
+        def read(db: sqlite3.Connection, now: float) -> str | None:
+            row = db.execute(
+                "SELECT data FROM controls WHERE namespace = ? AND name = 'pause'", (self.namespace,)
+            ).fetchone()
+            return row[0] if row else None
+
+        data = self._run("read the fleet pause", read)
+        if data is None:
+            return None
+        try:
+            value = json.loads(data)  # type: ignore[arg-type]
+        except ValueError:
+            value = None
+        return value if isinstance(value, dict) else {"reason": "unreadable pause"}
+
+    def set_fleet_pause(self, pause: dict[str, Any] | None) -> None:
+        def write(db: sqlite3.Connection, now: float) -> None:
+            if pause is None:
+                db.execute("DELETE FROM controls WHERE namespace = ? AND name = 'pause'", (self.namespace,))
+            else:
+                db.execute(
+                    "INSERT OR REPLACE INTO controls VALUES (?, 'pause', ?)",
+                    (self.namespace, json.dumps(pause)),
+                )
+
+        self._run("set the fleet pause", write)
 
     def close(self) -> None:
         with self._lock:

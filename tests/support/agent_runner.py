@@ -70,6 +70,16 @@ class AgentRunner:
         response.raise_for_status()
         return response.json() if "json" in response.headers.get("content-type", "") else response.text
 
+    def cli(self, *args: str, timeout: float = 20) -> subprocess.CompletedProcess:
+        """`medic ARGS` against this agent, in a subprocess, as on-call would type it."""
+        return subprocess.run(
+            [PYTHON, "-m", "agent.cli.main", *args, "--url", self.url],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "PYTHONPATH": str(REPO), "MEDIC_STATE_DIR": str(self.state_dir)},
+        )
+
     def instance(self, name: str) -> dict:
         return self.get(f"/api/v1/instances/{name}")["instance"]
 

@@ -84,3 +84,44 @@ def cut_at_oom(s: InstanceSeries) -> InstanceSeries:
 
 def kinds(findings) -> list[str]:
     return sorted({f.kind for f in findings})
+
+
+def fresh(
+    *,
+    name: str = "pod",
+    seed: int = 0,
+    hours: float = 72,
+    base: float = 2 * GiB,
+    traffic: float = 0.08,
+    limit: float = 3 * GiB,
+    leak_pct_h: float = 0.0,
+    launch: float = 0.0,
+    requests: bool = False,
+    history_days: float = 0.0,
+) -> InstanceSeries:
+    """A process started at a deploy (`T0 + history_days`): a daily traffic cycle of ±`traffic`,
+    a warm-up, noise, and a leak of `leak_pct_h` of the base per hour from its start. `launch`
+    raises the traffic (and the memory with it) by that fraction, steadily over two days; `requests`
+    adds a `requests_total` counter; `history_days` of an earlier healthy lifetime come first."""
+    rng = random.Random(seed)
+    deploy = T0 + history_days * DAY
+    points, counter = [], []
+    total = 0.0
+    for i in range(int(history_days * DAY + hours * HOUR)):
+        ts = T0 + i
+        start = deploy if ts >= deploy else T0
+        age = ts - start
+        load = (1 + traffic * math.sin(2 * math.pi * ts / DAY)) * (
+            1 + (launch * min(age / (2 * DAY), 1.0) if ts >= deploy else 0.0)
+        )
+        floor = base * load * (1 - 0.3 * math.exp(-age / (0.3 * HOUR)))
+        if ts >= deploy:
+            floor += leak_pct_h / 100 * base * age / HOUR
+        points.append(
+            (float(ts), round(floor + 0.04 * base * load * ((ts % 5) / 5) + rng.gauss(0, 0.002 * base)))
+        )
+        total = 0.0 if ts == deploy else total
+        total += 50 * load
+        counter.append((float(ts), total))
+    metrics = {"rss_bytes": points, **({"requests_total": counter} if requests else {})}
+    return InstanceSeries(name, metrics, restarts=[deploy] if history_days else [], memory_limit=limit)

@@ -187,16 +187,26 @@ class Prometheus:
 
 
 def start_prometheus(
-    spawn, tmp_path: Path, targets: list[str], rule_files: list[Path], alertmanager: str | None
+    spawn,
+    tmp_path: Path,
+    targets: list[str],
+    rule_files: list[Path],
+    alertmanager: str | None,
+    jobs: dict[str, list[str]] | None = None,
+    metrics_path: str = "/metrics",
 ) -> Prometheus:
-    """Prometheus 2.42 scraping `targets` (host:port) as job `medic` every second, rules evaluated every second."""
+    """Prometheus 2.42 scraping `targets` (host:port) as job `medic` every second, rules evaluated every
+    second; `jobs` (job name → targets) replaces that one job, as another scrape setup names them."""
     binary = need("prometheus", "prometheus")
     home = tmp_path / "prom"
     home.mkdir()
     config: dict[str, Any] = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
         "rule_files": [str(p) for p in rule_files],
-        "scrape_configs": [{"job_name": "medic", "static_configs": [{"targets": targets}]}],
+        "scrape_configs": [
+            {"job_name": job, "metrics_path": metrics_path, "static_configs": [{"targets": job_targets}]}
+            for job, job_targets in (jobs or {"medic": targets}).items()
+        ],
     }
     if alertmanager:
         config["alerting"] = {
@@ -261,7 +271,7 @@ PROMETHEUS_OWN = {"up"}
 def exported_metric_names(tmp_path: Path) -> set[str]:
     """Every sample name medic's /metrics can carry: the catalog plus the agent-level families."""
     from agent.api.metrics import Telemetry
-    from agent.core.catalog import CATALOG, prometheus_name
+    from agent.core.catalog import exported_families
     from agent.notify.metrics import NotifyCollector, ReceiverCollector
     from agent.state.eventlog import EventLog
     from agent.state.store import Store
@@ -277,18 +287,19 @@ def exported_metric_names(tmp_path: Path) -> set[str]:
     telemetry.watch_findings(NoFindings())
     telemetry.registry.register(NotifyCollector())
     telemetry.registry.register(ReceiverCollector())
-    names = {prometheus_name(metric) for metric in CATALOG}
+    names: set[str] = set()
     suffixes = {"counter": ["_total"], "info": ["_info"], "histogram": ["_bucket", "_count", "_sum"]}
-    for family in telemetry.registry.collect():
-        names.update(family.name + s for s in suffixes.get(family.type, [""]))
+    for family in [*exported_families().values(), *telemetry.registry.collect()]:
+        kind = getattr(family, "kind", None) or family.type
+        names.update(family.name + s for s in suffixes.get(kind, [""]))
     store.close()
     return names
 
 
 def metric_names_in(text: str) -> set[str]:
-    """`medic_*` metric names (and Prometheus's own `up`) in PromQL expressions."""
+    """`medic_*` and the standard `process_*` metric names (and Prometheus's own `up`) in PromQL expressions."""
     import re
 
-    found = set(re.findall(r"\bmedic_[a-z0-9_]+", text))
-    found.update(name for name in PROMETHEUS_OWN if re.search(rf"\b{name}\{{", text))
+    found = set(re.findall(r"\b(?:medic|process)_[a-z0-9_]+", text))
+    found.update(name for name in PROMETHEUS_OWN if re.search(rf"\b{name}\s*(?:\{{|==|!=|[<>])", text))
     return found

@@ -40,17 +40,31 @@ def etcd_server() -> Iterator[str]:
     workdir = Path(tempfile.mkdtemp(prefix="medic-etcd-"))
     client, peer = free_port(), free_port()
     url = f"http://127.0.0.1:{client}"
-    argv = [
-        ETCD,
-        "--name", "medic-test",
+    with (
+        httpx.Client() as http,
+        _etcd_process(_etcd_argv("medic-test", workdir, url, peer), workdir, url, http),
+    ):
+        yield url
+
+
+def _etcd_argv(name: str, workdir: Path, url: str, peer: int) -> list[str]:
+    """A single-node etcd's arguments: clients on `url`, its peer port on plain loopback."""
+    return [
+        ETCD or "etcd",
+        "--name", name,
         "--data-dir", str(workdir / "data"),
         "--listen-client-urls", url,
         "--advertise-client-urls", url,
         "--listen-peer-urls", f"http://127.0.0.1:{peer}",
         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-        "--initial-cluster", f"medic-test=http://127.0.0.1:{peer}",
+        "--initial-cluster", f"{name}=http://127.0.0.1:{peer}",
         "--listen-metrics-urls", "",
     ]  # fmt: skip
+
+
+@contextmanager
+def _etcd_process(argv: list[str], workdir: Path, url: str, http: httpx.Client) -> Iterator[None]:
+    """Run etcd until it reports healthy through `http`; stopped by pid and `workdir` removed after."""
     log = open(workdir / "etcd.log", "wb")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -61,14 +75,14 @@ def etcd_server() -> Iterator[str]:
                     f"etcd exited with {proc.returncode}: {(workdir / 'etcd.log').read_text()[-2000:]}"
                 )
             try:
-                if httpx.get(f"{url}/health", timeout=1).json().get("health") == "true":
+                if http.get(f"{url}/health", timeout=1).json().get("health") == "true":
                     break
             except (httpx.HTTPError, ValueError):
                 pass
             if time.monotonic() > deadline:
-                raise AssertionError("etcd did not become healthy within 20s")
+                raise AssertionError(f"etcd on {url} did not become healthy within 20s")
             time.sleep(0.1)
-        yield url
+        yield
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGTERM)
@@ -141,6 +155,118 @@ def silent_server() -> Iterator[str]:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         sock.close()
+
+
+# ----------------------------------------------------------------------------- etcd with TLS and auth
+OPENSSL = shutil.which("openssl")
+_EXTENSIONS = """
+[server]
+subjectAltName=IP:127.0.0.1,DNS:localhost
+extendedKeyUsage=serverAuth,clientAuth
+keyUsage=digitalSignature,keyEncipherment
+[client]
+subjectAltName=DNS:medic-client
+extendedKeyUsage=clientAuth
+keyUsage=digitalSignature,keyEncipherment
+"""
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run([OPENSSL or "openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=30)
+
+
+def make_etcd_certs(directory: Path) -> dict[str, Path]:
+    """A CA, etcd's server certificate (127.0.0.1, localhost), a client certificate and a second CA.
+
+    Made with the openssl CLI (P-256 keys, 0600, valid 2 days). The client certificate has an
+    empty subject: etcd's JSON gateway refuses one with a Common Name once auth is on. The server
+    certificate is also a client one because the gateway presents it to etcd's own gRPC server.
+    `client_cn` is a client certificate with a Common Name, `other_ca` a CA that signed nothing
+    etcd knows. Keys: ca, server, server_key, client, client_key, client_cn, client_cn_key, other_ca.
+    """
+    if OPENSSL is None:
+        pytest.skip("openssl not found: apt-get install -y openssl")
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "ext.cnf").write_text(_EXTENSIONS)
+    for ca in ("ca", "other_ca"):
+        _openssl(
+            "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", f"{ca}.key", "-out", f"{ca}.pem", "-days", "2", "-subj", f"/CN=medic-test-{ca}",
+            cwd=directory,
+        )  # fmt: skip
+    for name, subject, section in (
+        ("server", "/CN=etcd-test-server", "server"),
+        ("client", "/", "client"),
+        ("client_cn", "/CN=medic", "client"),
+    ):
+        _openssl(
+            "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject,
+            cwd=directory,
+        )  # fmt: skip
+        _openssl(
+            "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.pem", "-days", "2", "-extfile", "ext.cnf", "-extensions", section,
+            cwd=directory,
+        )  # fmt: skip
+    for key in directory.glob("*.key"):
+        key.chmod(0o600)
+    return {
+        "ca": directory / "ca.pem",
+        "other_ca": directory / "other_ca.pem",
+        "server": directory / "server.pem",
+        "server_key": directory / "server.key",
+        "client": directory / "client.pem",
+        "client_key": directory / "client.key",
+        "client_cn": directory / "client_cn.pem",
+        "client_cn_key": directory / "client_cn.key",
+    }
+
+
+@contextmanager
+def etcd_tls_server(certs: dict[str, Path], *, auth_token_ttl: int = 300) -> Iterator[str]:
+    """A single-node etcd serving https with `--client-cert-auth`; yields its https client URL.
+
+    `auth_token_ttl` is etcd's `--auth-token-ttl` (seconds a simple token lives unused), for tests
+    that let a token expire. Stopped by pid and its data removed after.
+    """
+    if ETCD is None:
+        pytest.skip("etcd binary not found: apt-get install -y etcd-server (etcd 3.4+)")
+    workdir = Path(tempfile.mkdtemp(prefix="medic-etcd-tls-"))
+    client, peer = free_port(), free_port()
+    url = f"https://127.0.0.1:{client}"
+    argv = [
+        *_etcd_argv("medic-tls", workdir, url, peer),
+        "--cert-file", str(certs["server"]),
+        "--key-file", str(certs["server_key"]),
+        "--trusted-ca-file", str(certs["ca"]),
+        "--client-cert-auth",
+        "--auth-token-ttl", str(auth_token_ttl),
+    ]  # fmt: skip
+    with etcd_admin_client(certs) as admin, _etcd_process(argv, workdir, url, admin):
+        yield url
+
+
+def etcd_admin_client(certs: dict[str, Path]) -> httpx.Client:
+    """An httpx client that etcd_tls_server accepts: its CA and the (Common-Name-less) client certificate."""
+    import ssl
+
+    context = ssl.create_default_context(cafile=str(certs["ca"]))
+    context.load_cert_chain(str(certs["client"]), str(certs["client_key"]))
+    return httpx.Client(verify=context, trust_env=False, timeout=5)
+
+
+def enable_etcd_auth(url: str, certs: dict[str, Path], root_password: str) -> None:
+    """Turn on etcd's auth through the gateway: user root with role root, then `auth/enable`."""
+    with etcd_admin_client(certs) as admin:
+        for path, body in (
+            ("auth/user/add", {"name": "root", "password": root_password}),
+            ("auth/role/add", {"name": "root"}),
+            ("auth/user/grant", {"user": "root", "role": "root"}),
+            ("auth/enable", {}),
+        ):
+            answer = admin.post(f"{url}/v3/{path}", content=json.dumps(body))
+            assert answer.status_code == 200 and "error" not in answer.json(), (path, answer.text)
 
 
 # ----------------------------------------------------------------------------- a remediation agent process

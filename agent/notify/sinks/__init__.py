@@ -1,4 +1,9 @@
-"""One module per target format; `create_sinks(config)` builds them in config order, by name."""
+"""One module per target format; `create_sinks(config)` builds them in config order, by name.
+
+An Alertmanager sink with `urls` (the replicas of an HA Alertmanager) becomes one sink per replica,
+`NAME@HOST:PORT`, so that each replica has its own outbox queue: one that is down is retried
+without sending again to the ones that accepted.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from agent.notify.config import (
     NotifySection,
     SlackSinkSpec,
     WebhookSinkSpec,
+    replica_names,
     sink_names,
 )
 from agent.notify.sinks.alertmanager import AlertmanagerSink
@@ -14,7 +20,15 @@ from agent.notify.sinks.base import DeliveryError, HttpSink
 from agent.notify.sinks.slack import SlackSink
 from agent.notify.sinks.webhook import WebhookSink
 
-__all__ = ["AlertmanagerSink", "DeliveryError", "HttpSink", "SlackSink", "WebhookSink", "create_sinks"]
+__all__ = [
+    "AlertmanagerSink",
+    "DeliveryError",
+    "HttpSink",
+    "SlackSink",
+    "WebhookSink",
+    "create_sinks",
+    "replica_names",
+]
 
 
 def create_sinks(config: NotifySection, **http_options) -> list[HttpSink]:
@@ -23,7 +37,8 @@ def create_sinks(config: NotifySection, **http_options) -> list[HttpSink]:
     for index, (spec, name) in enumerate(zip(config.sinks, sink_names(config.sinks))):
         where = f"notify.sinks[{index}]"
         if isinstance(spec, AlertmanagerSinkSpec):
-            sinks.append(AlertmanagerSink(name, spec, where, **http_options))
+            for url, replica in zip(spec.replicas, replica_names(name, spec), strict=True):
+                sinks.append(AlertmanagerSink(replica, spec, where, url=url, group=name, **http_options))
         elif isinstance(spec, WebhookSinkSpec):
             sinks.append(WebhookSink(name, spec, where, **http_options))
         elif isinstance(spec, SlackSinkSpec):

@@ -75,9 +75,19 @@ class AlertmanagerSink(HttpSink):
     type: ClassVar[str] = "alertmanager"
     takes = "alerts"
 
-    def __init__(self, name: str, spec: Any, where: str, **http_options: Any) -> None:
+    def __init__(
+        self,
+        name: str,
+        spec: Any,
+        where: str,
+        *,
+        url: str | None = None,
+        group: str | None = None,
+        **http_options: Any,
+    ) -> None:
         super().__init__(name, spec, **http_options)
-        self.url = spec.url
+        self.url = url or spec.replicas[0]
+        self.group = group or name  # the configured sink; its replicas share it (and its silences)
         if spec.bearer_token_file is not None:
             token = read_secret_file(spec.bearer_token_file, f"{where}.bearer_token_file")
             self.client.headers["Authorization"] = f"Bearer {token}"

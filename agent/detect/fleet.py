@@ -1,0 +1,273 @@
+"""Evidence from a workload's other instances, and the replay of a whole fleet.
+
+Two patterns are stronger evidence than any one series:
+
+- **fleet-wide leak**: the same growth in most instances of a workload, in the lifetimes they
+  began together (a rollout) at most `FRESH` days ago. Once one of them fires, the others that grow alike fire with it,
+  each with its own deadline, so the planner sees them all at once.
+- **one instance growing while its peers stay flat**: the peers share its traffic, so its growth
+  is not the daily cycle, a launch or a warm-up of the workload; it needs no daily profile.
+
+`fleet_evidence` applies both to one tick's observations (the agent's detection job does it on
+each judgement); `analyze_fleet` is `analyze` for the instances of one or more workloads, with
+the workload's priors (given, and learned from the instances' history before each rollout).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+
+from agent.detect.engine import InstanceAnalysis, judge
+from agent.detect.lifecycle import update
+from agent.detect.model import Finding, InstanceSeries, Observation
+from agent.detect.params import DetectParams
+from agent.detect.prepared import Prepared
+from agent.detect.priors import WorkloadProfile, learn_workload, merge
+
+FLEET_SHARE = 0.5  # a fleet-wide leak: growth in at least half of the instances...
+FLEET_MIN = 3  # ...and in at least three
+ALIKE = (0.67, 1.5)  # growth alike: a rate within these factors of the firing instances' median
+PEERS_MIN = 3  # an instance growing alone needs at least three flat peers
+FRESH = 3  # a fleet-wide leak is growth in lifetimes at most this many periods old
+MAX_LEARNED = 256  # priors learned per (workload, start) kept by the agent
+ROLLOUT = 6 * 3600.0  # lifetimes that began this close together began in one rollout (scaled with `window`)
+
+
+def _growing(obs: Observation, params: DetectParams) -> bool:
+    e = obs.evidence
+    return (
+        obs.kind == "leak"
+        and obs.state in ("firing", "holding")
+        and obs.verdict != "working-set-plateau"
+        and (e.get("confidence") or 0.0) >= params.confidence_clear
+        and (e.get("pct_per_hour") or 0.0) >= params.min_rate
+    )
+
+
+def _flat(obs: Observation, params: DetectParams) -> bool:
+    return (
+        obs.kind == "leak"
+        and obs.state == "clear"
+        and (obs.evidence.get("confidence") or 0.0) < params.confidence_clear
+    )
+
+
+def fleet_evidence(observations: list[Observation], params: DetectParams) -> list[Observation]:
+    """One fleet's observations at one tick, with the fleet's evidence applied: holding leak
+    observations promoted to firing when the fleet's pattern says so (see the module doc)."""
+    leaks = {o.instance: o for o in observations if o.kind == "leak"}
+    if len(leaks) < 2:
+        return observations
+    rollout = ROLLOUT * params.window / DetectParams().window
+    out: list[Observation] = []
+    firing = [
+        o
+        for o in leaks.values()
+        if o.state == "firing" and o.tick - o.lifetime_start <= FRESH * params.season
+    ]
+    for obs in observations:
+        if obs.kind != "leak" or obs.state != "holding" or not _growing(obs, params):
+            out.append(obs)
+            continue
+        together = [o for o in leaks.values() if abs(o.lifetime_start - obs.lifetime_start) <= rollout]
+        starters = [o for o in firing if o in together]
+        rates = sorted(o.evidence.get("pct_per_hour") or 0.0 for o in starters)
+        typical = rates[len(rates) // 2] if rates else 0.0
+        alike = [
+            o for o in together
+            if _growing(o, params) and ALIKE[0] * typical <= (o.evidence.get("pct_per_hour") or 0.0) <= ALIKE[1] * typical
+        ]  # fmt: skip
+        if obs not in alike or not (
+            obs.evidence.get("seasonal_adjusted") or obs.evidence.get("scale") == "daily"
+        ):
+            alike = []  # without a daily profile the whole fleet rises with the traffic together
+        needed = max(FLEET_MIN, math.ceil(FLEET_SHARE * len(together)))
+        peers = [o for o in leaks.values() if o is not obs]
+        flat = [o for o in peers if _flat(o, params)]
+        if starters and len(alike) >= needed:
+            out.append(_promoted(obs, params, "fleet-wide", sorted(o.instance for o in alike), len(together)))
+        elif (
+            len(flat) >= PEERS_MIN
+            and len(flat) == len(peers)
+            and (obs.evidence.get("confidence") or 0) >= params.confidence
+        ):
+            out.append(_promoted(obs, params, "alone", [obs.instance], len(leaks)))
+        else:
+            out.append(obs)
+    return out
+
+
+def _promoted(
+    obs: Observation, params: DetectParams, pattern: str, growing: list[str], of: int
+) -> Observation:
+    from agent.detect.leak import severity_for
+
+    ttoom = obs.evidence.get("time_to_oom_seconds")
+    if pattern == "fleet-wide":
+        why = f"the same growth in {len(growing)} of {of} instances of its workload since their start"
+    else:
+        why = f"it grows while its {of - 1} peers stay flat"
+    evidence = obs.evidence | {"fleet": {"pattern": pattern, "growing": growing[:50], "instances": of}}
+    return replace(
+        obs,
+        state="firing",
+        verdict="leak",
+        severity=severity_for(ttoom, params.horizon),
+        summary=f"{obs.summary}; a leak: {why}",
+        evidence=evidence,
+    )
+
+
+def analyze_fleet(
+    all_series: Iterable[InstanceSeries],
+    params: DetectParams,
+    prior: WorkloadProfile | Mapping[str, WorkloadProfile] | None = None,
+    fleet_of: Callable[[InstanceSeries], str] | None = None,
+    learn_history: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[InstanceAnalysis]:
+    """Replay the online path over several instances at once, one fleet at a time.
+
+    `fleet_of` names each instance's workload (default: all one fleet); `prior` is the workload's
+    profile (one, or one per workload key) from peers or a Prometheus pull; with `learn_history`
+    each instance also gets what its workload's samples before its latest start teach (earlier
+    lifetimes, under this name or another). Results are in input order."""
+    items = list(all_series)
+    groups: dict[str, list[int]] = {}
+    for i, series in enumerate(items):
+        groups.setdefault(fleet_of(series) if fleet_of else "", []).append(i)
+    results: list[InstanceAnalysis | None] = [None] * len(items)
+    done = 0
+    for key, members in groups.items():
+        given = prior.get(key) if isinstance(prior, Mapping) else prior
+        fleet = [items[i] for i in members]
+        prepared = with_priors(fleet, params, given, learn_history)
+        for i, analysis in zip(members, _replay(prepared, params), strict=True):
+            results[i] = analysis
+        done += len(members)
+        if progress is not None:
+            progress(done, len(items))
+    return [r for r in results if r is not None]
+
+
+def with_priors(
+    fleet: list[InstanceSeries],
+    params: DetectParams,
+    given: WorkloadProfile | None,
+    learn_history: bool = True,
+    learned: dict[tuple[str, float], WorkloadProfile | None] | None = None,
+) -> list[InstanceSeries]:
+    """The instances of one workload, each with its prior: `given` (peers, Prometheus) merged
+    with what the instance's own samples before its latest start teach (its earlier lifetimes),
+    when it has restarted within them. `learned` caches those by (instance, start) across calls
+    (the agent's job); the workload's other instances speak through `given`."""
+    cache = learned if learned is not None else {}
+    out = []
+    for series in fleet:
+        own = None
+        if learn_history:
+            starts = Prepared(series, params).starts
+            if len(starts) > 1:  # a new process with the workload's earlier lifetimes before it
+                cut = (series.instance, starts[-1])
+                if cut not in cache:
+                    if len(cache) >= MAX_LEARNED:
+                        cache.clear()
+                    found = learn_workload([series], params, until=starts[-1])
+                    cache[cut] = replace(found, learned_until=starts[-1]) if found is not None else None
+                own = cache[cut]
+        out.append(replace(series, prior=merge([own, given]) if own and given else (own or given)))
+    return out
+
+
+def judge_fleet(fleet: list[InstanceSeries], tick: float, params: DetectParams) -> list[Observation]:
+    """Every instance of one workload judged at `tick` (`judge`), with `fleet_evidence` applied:
+    what the agent does at each judgement, and what `analyze_fleet` replays."""
+    observations = [o for series in fleet for o in judge(Prepared(series, params), tick)]
+    return fleet_evidence(observations, params) if len(fleet) > 1 else observations
+
+
+def _needs_everyone(
+    per: dict[int, list[Observation]], preps: list[Prepared], tick: float, params: DetectParams
+) -> list[int] | None:
+    """Which quiet instances (judged to nothing) the fleet's evidence needs judged in full at this
+    tick to see what the agent sees; None when no promotion is possible at all. A fleet-wide leak
+    needs a firing leak and reads the instances that started in the same rollout; one instance
+    growing alone needs exactly one loud instance whose leak is not flat, and reads all."""
+    leaks = [o for obs in per.values() for o in obs if o.kind == "leak"]
+    quiet = [i for i, obs in per.items() if not obs]
+    firing = [o for o in leaks if o.state == "firing" and o.tick - o.lifetime_start <= FRESH * params.season]
+    rollout = ROLLOUT * params.window / DetectParams().window
+    needed: set[int] = set()
+    if firing:
+        starts = [o.lifetime_start for o in firing]
+        for i in quiet:
+            life = preps[i].life_at(tick)
+            start = preps[i].starts[life] if life >= 0 else math.inf
+            if any(abs(start - s) <= 2 * rollout for s in starts):  # within a rollout of one within a rollout
+                needed.add(i)
+    loud = [o for o in leaks if not _flat(o, params)]
+    if len(loud) == 1 and loud[0].state == "holding" and len(per) > PEERS_MIN:
+        needed.update(quiet)
+    if not firing and not needed:
+        return None
+    return sorted(needed)
+
+
+def _replay(fleet: list[InstanceSeries], params: DetectParams) -> list[InstanceAnalysis]:
+    """`analyze_instance` for every instance of one fleet, tick by tick together, with
+    `fleet_evidence` applied at each tick."""
+    preps = [Prepared(s, params) for s in fleet]
+    outs = [
+        InstanceAnalysis(s.instance, [], [], [], s.first_ts(), s.last_ts(), p.starts[1:])
+        for s, p in zip(fleet, preps, strict=True)
+    ]
+    spans = [(s.first_ts(), s.last_ts()) for s in fleet]
+    present = [(a, b) for a, b in spans if a is not None and b is not None]
+    for out, (a, _) in zip(outs, spans, strict=True):
+        if a is None:
+            out.notes.append("no samples")
+    if not present:
+        return outs
+    width = params.step
+    first = min(a for a, _ in present)
+    last = max(b for _, b in present)
+    active: list[list[Finding]] = [[] for _ in fleet]
+    opened: list[dict[str, Finding]] = [{} for _ in fleet]
+    last_obs: list[list[Observation]] = [[] for _ in fleet]
+    for k in range(math.floor(first / width) + 1, math.floor(last / width + 1e-9) + 1):
+        tick = k * width
+        live = [
+            i for i, (a, b) in enumerate(spans)
+            if a is not None and b is not None and a < tick <= math.floor(b / width + 1e-9) * width
+        ]  # fmt: skip
+        per = {i: judge(preps[i], tick, skip_quiet=not active[i]) for i in live}
+        rejudge = _needs_everyone(per, preps, tick, params) if len(live) > 1 else []
+        if rejudge is not None:
+            for i in rejudge:
+                per[i] = judge(preps[i], tick)  # quiet ones whose observations the fleet's evidence reads
+            flat = fleet_evidence([o for obs in per.values() for o in obs], params)
+            by_instance: dict[str, list[Observation]] = {}
+            for o in flat:
+                by_instance.setdefault(o.instance, []).append(o)
+            per = {i: by_instance.get(fleet[i].instance, []) for i in per}
+        for i, observations in per.items():
+            if not observations:
+                continue
+            last_obs[i] = observations
+            active[i], transitions = update(active[i], observations, params)
+            for tr in transitions:
+                outs[i].transitions.append(tr)
+                opened[i][tr.finding.id] = tr.finding
+                if tr.change == "opened":
+                    outs[i].at_open[tr.finding.id] = tr.finding
+    for i, out in enumerate(outs):
+        for finding in active[i]:
+            if finding.state == "open":
+                opened[i][finding.id] = finding
+        out.findings = sorted(opened[i].values(), key=lambda f: (f.opened_at or 0.0, f.kind))
+        out.notes = out.notes or sorted(
+            {f"{o.kind}: {o.summary}" for o in last_obs[i] if o.state == "unknown"}
+        )
+    return outs

@@ -1,0 +1,154 @@
+"""The agent's memory footprint: RSS of a real `medic run` watching N processes while it is scraped.
+
+    python -m benchmarks.footprint                     # 50 workloads, 60 s, scraped every second
+    python -m benchmarks.footprint --processes 10 --seconds 20 --json
+
+Starts N `agent.demo.workload stable` processes and a real agent watching them by pid at a 1 s
+interval; while it runs, it is scraped once a second the way Prometheus does (OpenMetrics, gzip) and
+its instance list is read the way the dashboard does. The agent's RSS (VmRSS) is sampled once a
+second after a warm-up. Target: ≤ 64 MiB at 50 instances (docs/performance.md).
+
+Then, to tell what to lazy-import when it is over, it prints what each layer of imports adds to a
+fresh interpreter's RSS, in the order the agent imports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from agent.core.units import parse_duration
+from benchmarks.probe_cost import start_workloads, stop_workloads
+from probes.linux.procfs import read_status
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET_MIB = 64.0
+ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+# what the agent imports, outermost last; each line's figure is what it adds to the ones above
+LAYERS = (
+    "asyncio",
+    "sqlite3",
+    "pydantic",
+    "fastapi",
+    "uvicorn",
+    "httpx",
+    "prometheus_client",
+    "apscheduler.schedulers.asyncio",
+    "yaml",
+    "psutil",
+    "agent.config.model",
+    "remediation.engine",
+    "agent.jobs.remediation",
+    "agent.notify.service",
+    "agent.api.app",
+    "agent.cli.main",
+    "agent.runtime",
+)
+_LAYER_SCRIPT = """
+import importlib, json, re, sys
+def rss():
+    return int(re.search(r"VmRSS:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) * 1024
+out = [("python", rss())]
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+    out.append((name, rss()))
+print(json.dumps(out))
+"""
+
+
+def measure_agent(procs: list[subprocess.Popen], seconds: float, warmup: float) -> dict[str, float]:
+    """RSS of a real agent watching `procs`, scraped every second."""
+    state = Path(tempfile.mkdtemp(prefix="medic-footprint-"))
+    config = {
+        "agent": {"listen": "127.0.0.1:0", "state_dir": str(state / "state"), "interval": 1.0},
+        "instances": [{"name": f"w{i}", "match": {"pid": p.pid}} for i, p in enumerate(procs)],
+    }
+    (state / "medic.yaml").write_text(json.dumps(config))
+    argv = [sys.executable, "-m", "agent.cli.main", "run", "-c", str(state / "medic.yaml")]
+    agent = subprocess.Popen([*argv, "--log-level", "warning"], env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        info = state / "state" / "agent.json"
+        while not info.exists():
+            if agent.poll() is not None:
+                raise RuntimeError(f"the agent exited with {agent.returncode}")
+            time.sleep(0.1)
+        time.sleep(0.2)
+        url = json.loads(info.read_text())["url"]
+        rss: list[int] = []
+        started = time.monotonic()
+        with httpx.Client(base_url=url, timeout=10) as client:
+            while time.monotonic() - started < warmup + seconds:
+                client.get("/metrics", headers={"Accept": ACCEPT, "Accept-Encoding": "gzip"})
+                client.get("/api/v1/instances")
+                if time.monotonic() - started >= warmup:
+                    rss.append(read_status(agent.pid).rss_bytes or 0)
+                time.sleep(1.0)
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+    return {
+        "processes": len(procs),
+        "seconds": seconds,
+        "rss_median_mib": statistics.median(rss) / 2**20,
+        "rss_max_mib": max(rss) / 2**20,
+    }
+
+
+def import_layers() -> list[tuple[str, float]]:
+    """(module, MiB it adds) for each layer of LAYERS in a fresh interpreter."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LAYER_SCRIPT, *LAYERS],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    points = json.loads(done.stdout)
+    layers = [(points[0][0], points[0][1] / 2**20)]
+    layers += [(name, (now - before) / 2**20) for (_, before), (name, now) in itertools.pairwise(points)]
+    return layers
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.footprint", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--processes", type=int, default=50, help="real processes to watch (default 50)")
+    parser.add_argument("--seconds", default="60s", help="how long to sample the agent (default 60s)")
+    parser.add_argument("--warmup", default="10s", help="start-up not sampled (default 10s)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    args = parser.parse_args(argv)
+    procs = start_workloads(args.processes)
+    try:
+        agent = measure_agent(procs, parse_duration(args.seconds), parse_duration(args.warmup))
+    finally:
+        stop_workloads(procs)
+    layers = import_layers()
+    if args.json:
+        print(json.dumps({"agent": agent, "imports_mib": layers, "target_mib": TARGET_MIB}, indent=2))
+        return 0
+    verdict = "within" if agent["rss_max_mib"] <= TARGET_MIB else "OVER"
+    print(
+        f"agent watching {agent['processes']} processes for {agent['seconds']:.0f}s, scraped every second:\n"
+        f"  RSS median {agent['rss_median_mib']:.1f} MiB, max {agent['rss_max_mib']:.1f} MiB "
+        f"({verdict} the {TARGET_MIB:.0f} MiB target)\n\nwhat each import layer adds to RSS:"
+    )
+    for name, mib in layers:
+        print(f"  {name:34s} {mib:6.1f} MiB")
+    print(f"  {'(all imports)':34s} {sum(m for _, m in layers):6.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""Python allocation sites: `tracemalloc` started on demand, read in bounded snapshots, stopped by budget.
+
+`sites_start` starts tracing with a few frames per allocation (default 5) under a time budget (default
+15 min) and a memory budget for tracemalloc's own tables (default 16 MiB); `sites` takes one snapshot
+and returns the top sites by live bytes; `sites_stop` stops. tracemalloc sees only what is allocated
+after it starts, so a site's bytes are its growth since then: a cache that fills keeps rising, a
+bounded one levels off at its cap. The hook's server thread checks the budgets on every turn of its
+loop (no thread of its own) and stops tracing when one runs out; stopping clears every trace and
+frees tracemalloc's memory. A host that traces by itself keeps its tracing: the hook reads it and
+never stops it.
+
+Allocations made by the hook itself (any frame in this package, or in tracemalloc) are left out.
+A snapshot copies the trace table and groups it under the GIL, a few µs per live traced allocation
+(docs/performance.md); the memory budget bounds that too (about 50 bytes of tracemalloc's tables per
+trace: 16 MiB is some 300,000 traces).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from medic_hook.errors import RequestError
+
+DEFAULT_FRAMES = 5
+MAX_FRAMES = 25
+DEFAULT_DURATION_S = 900.0
+MAX_DURATION_S = 6 * 3600.0
+DEFAULT_MAX_MEMORY = 16 * 2**20
+MAX_MEMORY = 256 * 2**20
+CHECK_EVERY_S = 1.0  # how often the server loop looks at the budgets while tracing
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass(slots=True)
+class _Session:
+    owned: bool  # started by the hook (only then does the hook stop it)
+    frames: int
+    started: float  # wall time
+    deadline: float  # monotonic
+    max_memory: int
+
+
+_session: _Session | None = None
+_stopped: tuple[str, float] | None = None  # why and when the last session ended
+_lock = threading.Lock()
+
+
+def tracing() -> bool:
+    return _session is not None
+
+
+def start(frames: int, duration_s: float, max_memory: int) -> dict[str, Any]:
+    """Start tracing (or renew the budgets of the running session); the status after it."""
+    import tracemalloc
+
+    global _session
+    with _lock:
+        deadline = time.monotonic() + duration_s
+        if _session is not None:
+            _session.deadline, _session.max_memory = deadline, max_memory
+        elif tracemalloc.is_tracing():
+            _session = _Session(False, tracemalloc.get_traceback_limit(), time.time(), deadline, max_memory)
+        else:
+            tracemalloc.start(frames)
+            _session = _Session(True, frames, time.time(), deadline, max_memory)
+    return status()
+
+
+def stop(reason: str = "stopped on request") -> dict[str, Any]:
+    """Stop a session the hook started (traces cleared, tracemalloc's memory freed); the status after it."""
+    global _session, _stopped
+    with _lock:
+        session, _session = _session, None
+        if session is not None:
+            _stopped = (reason, time.time())
+            if session.owned:
+                import tracemalloc
+
+                tracemalloc.stop()
+    return status()
+
+
+def status() -> dict[str, Any]:
+    session = _session
+    if session is None:
+        reason, when = _stopped or (None, None)
+        return {"tracing": False, "stopped_reason": reason, "stopped_at": when}
+    import tracemalloc
+
+    traced, peak = tracemalloc.get_traced_memory()
+    return {
+        "tracing": True,
+        "owned": session.owned,
+        "frames": session.frames,
+        "started_at": round(session.started, 3),
+        "remaining_s": round(max(0.0, session.deadline - time.monotonic()), 3),
+        "traced_bytes": traced,
+        "traced_peak_bytes": peak,
+        "tracemalloc_bytes": tracemalloc.get_tracemalloc_memory(),
+        "max_memory": session.max_memory,
+    }
+
+
+def enforce_budget() -> float | None:
+    """Stop tracing when a budget ran out; seconds until the next check (None: nothing to check)."""
+    session = _session
+    if session is None:
+        return None
+    import tracemalloc
+
+    left = session.deadline - time.monotonic()
+    if left <= 0:
+        stop(f"time budget of the session ran out after {time.time() - session.started:.0f}s")
+        return None
+    used = tracemalloc.get_tracemalloc_memory()
+    if used > session.max_memory:
+        stop(f"tracemalloc used {used} bytes, over the memory budget of {session.max_memory}")
+        return None
+    return min(CHECK_EVERY_S, left)
+
+
+def after_fork_in_child() -> None:
+    """A forked child did not ask for tracing: stop what the parent's hook started."""
+    global _session, _lock
+    _lock = threading.Lock()
+    session, _session = _session, None
+    if session is not None and session.owned:
+        import tracemalloc
+
+        tracemalloc.stop()
+
+
+def snapshot(top: int) -> dict[str, Any]:
+    """The `top` sites by live bytes allocated since tracing started, each with a short traceback.
+
+    A site is the line that allocated (`file:line`); the traceback shown is the heaviest of the
+    call paths that reached it, innermost first.
+    """
+    import tracemalloc
+
+    if enforce_budget() is None:
+        reason = (_stopped or ("it was never started", 0.0))[0]
+        raise RequestError("unavailable", f"not tracing allocations ({reason}): send sites_start first")
+    started = time.perf_counter()
+    taken = tracemalloc.take_snapshot()
+    # grouped first (one dict lookup per trace), filtered after, per distinct call path: a
+    # `Filter` matches every frame of every trace with fnmatch, seconds under the GIL for a big table
+    statistics = taken.statistics("traceback")
+    del taken
+    own = (_PACKAGE_DIR + os.sep, tracemalloc.__file__)
+    sites: dict[tuple[str, int], list[Any]] = {}  # (file, line) -> [bytes, count, heaviest bytes, traceback]
+    total_bytes = total_count = 0
+    for stat in statistics:
+        if any(f.filename.startswith(own) for f in stat.traceback):
+            continue  # the hook's own allocations
+        frame = stat.traceback[-1]
+        total_bytes += stat.size
+        total_count += stat.count
+        row = sites.get((frame.filename, frame.lineno))
+        if row is None:
+            sites[(frame.filename, frame.lineno)] = [stat.size, stat.count, stat.size, stat.traceback]
+            continue
+        row[0] += stat.size
+        row[1] += stat.count
+        if stat.size > row[2]:
+            row[2], row[3] = stat.size, stat.traceback
+    del statistics
+    ranked = sorted(sites.items(), key=lambda item: (-item[1][0], item[0]))[:top]
+    rows = [
+        {
+            "site": f"{filename}:{lineno}",
+            "bytes": size,
+            "count": count,
+            "traceback": [f"{f.filename}:{f.lineno}" for f in reversed(traceback)],
+        }
+        for (filename, lineno), (size, count, _, traceback) in ranked
+    ]
+    distinct = len(sites)
+    del sites, ranked
+    return {
+        **status(),
+        "sites": rows,
+        "distinct_sites": distinct,
+        "total_bytes": total_bytes,
+        "total_count": total_count,
+        "elapsed_s": round(time.perf_counter() - started, 6),
+    }

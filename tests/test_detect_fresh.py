@@ -1,0 +1,249 @@
+"""Fresh processes: the OOM safety net, workload priors, traffic as a covariate, fleet evidence,
+and the agent's judgement (`judge_fleet` on a schedule) equal to the replay (`analyze_fleet`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.detect import InstanceSeries, update
+from agent.detect.fleet import analyze_fleet, fleet_evidence, judge_fleet
+from agent.detect.model import Observation
+from agent.detect.priors import PriorBook, WorkloadProfile, learn_workload, merge, workload_key
+from support.detect_shapes import DAY, HOUR, PARAMS, T0, cut_at_oom, fresh, oom_time
+
+
+def _opened(result, deploy: float) -> list[tuple[str, float]]:
+    return [(f.kind, (f.opened_at - deploy) / HOUR) for f in result.findings if f.opened_at is not None]
+
+
+def test_a_fresh_process_bound_for_its_limit_gets_oom_risk_in_its_first_hours():
+    """No history, no prior, a daily cycle: the leak reaches the limit about 11 h after the start."""
+    s = cut_at_oom(fresh(leak_pct_h=4.0))
+    oom = (oom_time(s) - T0) / HOUR
+    found = dict(_opened(analyze_fleet([s], PARAMS)[0], T0))
+    assert "oom-risk" in found and found["oom-risk"] < 0.7 * oom
+
+
+@pytest.mark.parametrize("shape", [{}, {"traffic": 0.12}, {"history_days": 7}])
+def test_a_healthy_fresh_process_with_a_daily_cycle_has_no_finding(shape):
+    deploy = T0 + shape.get("history_days", 0) * DAY
+    assert _opened(analyze_fleet([fresh(**shape)], PARAMS)[0], deploy) == []
+
+
+def test_a_week_of_the_workload_teaches_its_daily_profile_level_and_warmup():
+    profile = learn_workload([fresh(history_days=7, hours=0)], PARAMS)
+    assert profile is not None and profile.days == 7 and profile.lifetimes == 1
+    assert len(profile.daily) == round(PARAMS.season / PARAMS.bucket)
+    assert 0.1 < max(profile.daily) - min(profile.daily) < 0.25  # ±8 % of the level
+    assert 1.9 * 2**30 < profile.level < 2.4 * 2**30
+    assert PARAMS.warmup <= profile.warmup <= 3 * HOUR
+    assert WorkloadProfile.from_dict(json.loads(json.dumps(profile.to_dict()))).daily == pytest.approx(
+        profile.daily, abs=1e-6
+    )
+    assert learn_workload([fresh(hours=30)], PARAMS) is None  # not three whole days
+
+
+def test_priors_find_a_fresh_leak_far_earlier_whatever_the_source():
+    """Earlier lifetimes of the same instance, or the profile of other pods of the workload."""
+    alone = cut_at_oom(fresh(leak_pct_h=1.0))
+    with_history = cut_at_oom(fresh(leak_pct_h=1.0, history_days=7))
+    peers_prior = learn_workload(
+        [fresh(name=f"old-{i}", seed=i, history_days=7, hours=0) for i in range(3)], PARAMS
+    )
+    first = {
+        "none": dict(_opened(analyze_fleet([alone], PARAMS)[0], T0)),
+        "history": dict(_opened(analyze_fleet([with_history], PARAMS)[0], T0 + 7 * DAY)),
+        "peers": dict(_opened(analyze_fleet([alone], PARAMS, prior=peers_prior)[0], T0)),
+    }
+    to_oom = (oom_time(alone) - T0) / HOUR
+    assert min(first["none"].values()) < 0.7 * to_oom
+    assert min(first["history"].values()) < 0.5 * to_oom
+    assert min(first["peers"].values()) < 0.5 * to_oom
+
+
+def test_memory_that_follows_the_requests_is_not_a_leak_and_growing_bytes_per_request_is():
+    launch = fresh(launch=0.3)
+    assert _opened(analyze_fleet([launch], PARAMS)[0], T0)  # memory alone: it looks like a leak
+    assert _opened(analyze_fleet([fresh(launch=0.3, requests=True)], PARAMS)[0], T0) == []
+    leak = cut_at_oom(fresh(leak_pct_h=1.5, requests=True))
+    kinds = {kind for kind, _ in _opened(analyze_fleet([leak], PARAMS)[0], T0)}
+    assert "leak" in kinds
+
+
+def _leak_obs(instance: str, state: str, pct: float, confidence: float = 0.995, **extra) -> Observation:
+    evidence = {"confidence": confidence, "pct_per_hour": pct, "time_to_oom_seconds": 20 * HOUR, **extra}
+    return Observation(instance, "leak", state, T0 + DAY, T0, "grows", evidence=evidence)
+
+
+def test_the_same_growth_across_a_rollout_fires_in_every_instance_that_shows_it():
+    observations = [
+        _leak_obs("a", "firing", 1.0, 0.9999, seasonal_adjusted=True),
+        _leak_obs("b", "holding", 0.9, seasonal_adjusted=True),
+        _leak_obs("c", "holding", 1.1, seasonal_adjusted=True),
+        _leak_obs("d", "holding", 0.2, seasonal_adjusted=True),  # slower: not the same growth
+        _leak_obs("e", "clear", 0.0, 0.1),
+    ]
+    out = {o.instance: o for o in fleet_evidence(observations, PARAMS)}
+    assert out["b"].state == out["c"].state == "firing"
+    assert out["b"].evidence["fleet"]["pattern"] == "fleet-wide"
+    assert out["d"].state == "holding" and out["e"].state == "clear"
+
+
+def test_growth_without_a_daily_profile_is_not_promoted_by_peers_rising_with_the_traffic():
+    observations = [_leak_obs("a", "firing", 1.0, 0.9999)] + [_leak_obs(n, "holding", 1.0) for n in "bcd"]
+    assert [o.state for o in fleet_evidence(observations, PARAMS)] == [
+        "firing",
+        "holding",
+        "holding",
+        "holding",
+    ]
+
+
+def test_one_instance_growing_while_its_peers_stay_flat_fires():
+    observations = [_leak_obs("a", "holding", 0.5, 0.9995)] + [_leak_obs(n, "clear", 0.0, 0.2) for n in "bcd"]
+    out = fleet_evidence(observations, PARAMS)
+    assert out[0].state == "firing" and out[0].evidence["fleet"]["pattern"] == "alone"
+    two_peers = [_leak_obs("a", "holding", 0.5, 0.9995)] + [_leak_obs(n, "clear", 0.0, 0.2) for n in "bc"]
+    assert fleet_evidence(two_peers, PARAMS)[0].state == "holding"  # too few to be a comparison
+
+
+def _fleet(prior_days: float = 0) -> list[InstanceSeries]:
+    return [
+        cut_at_oom(
+            fresh(
+                name=f"pod-{i}", seed=i, leak_pct_h=1.5 if i < 3 else 0.0, hours=40, history_days=prior_days
+            )
+        )
+        for i in range(5)
+    ]
+
+
+def _online(fleet: list[InstanceSeries], prior: WorkloadProfile | None, cadence: float) -> list[tuple]:
+    """What the agent does: every `cadence` seconds, the samples it has, judged together."""
+    start = min(s.first_ts() for s in fleet)
+    end = max(s.last_ts() for s in fleet)
+    active: list = []
+    out = []
+    judged = -math.inf
+    now = start
+    while now < end + cadence:
+        now += cadence
+        tick = math.floor(now / PARAMS.step + 1e-9) * PARAMS.step
+        if tick <= judged:
+            continue
+        judged = tick
+        views = []
+        for s in fleet:
+            last = s.last_ts()
+            if tick > math.floor(last / PARAMS.step + 1e-9) * PARAMS.step:
+                continue  # gone (OOM-killed): the agent no longer judges it
+            seen = {m: [p for p in pts if p[0] <= now] for m, pts in s.series.items()}
+            views.append(replace(s, series=seen, prior=prior))
+        active, transitions = update(active, judge_fleet(views, tick, PARAMS), PARAMS)
+        out += [(t.change, t.ts, t.finding.instance, t.finding.kind, t.finding.severity) for t in transitions]
+    return out
+
+
+def _offline(fleet: list[InstanceSeries], prior: WorkloadProfile | None) -> list[tuple]:
+    results = analyze_fleet(fleet, PARAMS, prior=prior, learn_history=False)
+    return sorted(
+        (t.change, t.ts, t.finding.instance, t.finding.kind, t.finding.severity)
+        for r in results
+        for t in r.transitions
+    )
+
+
+@pytest.mark.parametrize("with_prior", [False, True])
+def test_online_the_agent_opens_what_the_replay_opens_at_the_same_times(with_prior):
+    prior = learn_workload([fresh(name="old", history_days=7, hours=0)], PARAMS) if with_prior else None
+    fleet = _fleet()
+    offline = _offline(fleet, prior)
+    online = sorted(_online(fleet, prior, cadence=25.0))
+    assert online == offline
+    assert any(change == "opened" and kind == "leak" for change, _, _, kind, _ in offline)
+
+
+def test_the_prior_book_merges_sources_and_stays_bounded():
+    profile = learn_workload([fresh(history_days=7, hours=0)], PARAMS)
+    assert profile is not None
+    book = PriorBook(max_keys=2)
+    book.offer("serving", "own", profile)
+    book.offer("serving", "peers", replace(profile, warmup=3 * profile.warmup))
+    merged = book.get("serving")
+    assert merged is not None and merged.warmup == pytest.approx(2 * profile.warmup)
+    book.offer("b", "own", profile)
+    book.offer("c", "own", profile)  # over the bound: ignored
+    assert book.keys() == ["b", "serving"] and book.get("c") is None
+    book.offer("serving", "peers", None)
+    assert book.get("serving") == profile
+    assert merge([]) is None
+    assert workload_key({"fleet": "web"}, "pod-1") == "web" and workload_key({}, "pod-1") == "pod-1"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    doc=st.recursive(
+        st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=5),
+        lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=12), inner, max_size=8),
+        max_leaves=40,
+    )
+)
+def test_a_profile_from_a_peer_is_parsed_or_refused_with_one_line(doc):
+    try:
+        profile = WorkloadProfile.from_dict(doc)
+    except ValueError as exc:
+        assert "\n" not in str(exc)
+    else:
+        assert len(profile.daily) >= 4 and all(-1 <= v <= 1 for v in profile.daily)
+
+
+def test_a_profile_with_values_out_of_bounds_is_refused():
+    good = {
+        "daily": [0.0] * 8,
+        "slot_seconds": 900,
+        "level": 1e9,
+        "warmup": 600,
+        "noise": 0.01,
+        "lifetimes": 2,
+        "days": 7,
+    }
+    assert WorkloadProfile.from_dict(good).profile(1800, 7200) is not None
+    for key, bad in [
+        ("daily", [5.0] * 8),
+        ("daily", [0.0] * 2),
+        ("warmup", 1e12),
+        ("level", math.inf),
+        ("days", True),
+    ]:
+        with pytest.raises(ValueError, match=key):
+            WorkloadProfile.from_dict(good | {key: bad})
+
+
+def test_analyze_groups_instances_into_fleets_by_a_label_of_the_export(tmp_path, capsys):
+    from agent.cli.main import main
+    from agent.series.reader import read_files
+
+    result = []
+    for i, (job, leak) in enumerate([("web", 4.0), ("web", 0.0), ("db", 0.0), ("db", 0.0)]):
+        points = cut_at_oom(fresh(name=f"p{i}", seed=i, leak_pct_h=leak, hours=30)).series["rss_bytes"]
+        labels = {"__name__": "process_resident_memory_bytes", "instance": f"p{i}", "job": job}
+        result.append({"metric": labels, "values": [[ts * 60, str(v)] for ts, v in points]})
+        result.append(
+            {
+                "metric": {**labels, "__name__": "memory_limit_bytes"},
+                "values": [[points[0][0] * 60, str(3 * 2**30)]],
+            }
+        )
+    path = tmp_path / "fleet.json"
+    path.write_text(json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}}))
+    assert read_files([str(path)]).labels["p2"]["job"] == "db"
+    assert main(["analyze", str(path), "--fleet-label", "job", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    fired = {i["instance"]: [f["kind"] for f in i["findings"]] for i in doc["instances"]}
+    assert "leak" in fired["p0"] and not fired["p1"] and not fired["p2"] and not fired["p3"]
