@@ -28,11 +28,13 @@ demo: install  ## real onnxruntime servers (healthy, leaking, slow) and medic re
 	$(BIN)/pip install -q -c constraints.txt -e '.[demo]'
 	$(BIN)/medic demo
 
+# four workers on two cores: the slow tests mostly wait on real processes and servers; each file
+# runs in one worker (--dist loadfile), so a file's tests keep their order and their servers
 test: system-deps install lint typecheck  ## install everything and run the whole test suite
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 4 --dist loadfile
 
 test-fast: install lint  ## unit tests only (no slow, root or native ones): under 2 minutes
-	$(BIN)/python -m pytest -q -m "not slow and not root and not native"
+	$(BIN)/python -m pytest -q -n 2 -m "not slow and not root and not native"
 
 lint: install  ## ruff lint and format check
 	$(BIN)/ruff check .

@@ -12,10 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from support.agent_runner import AgentRunner
 from support.notify import HookServer
 from support.procs import PYTHON, REPO, SpawnFn, reap, wait_ready
+
+# Property tests judge behaviour, not speed: on a shared CI machine a per-example deadline only
+# turns load into failures (speed is measured in benchmarks/).
+settings.register_profile("medic", deadline=None)
+settings.load_profile("medic")
 
 
 @pytest.fixture
