@@ -36,6 +36,8 @@ from agent.core.errors import ConfigError, StoreError
 from agent.jobs.detection import Detection
 from agent.jobs.history import TICK as HISTORY_TICK
 from agent.jobs.history import HistoryJob
+from agent.jobs.peers import TICK as PEERS_TICK
+from agent.jobs.peers import PeersJob
 from agent.jobs.remediation import Remediation
 from agent.notify.service import start_notifier
 from agent.state.eventlog import EventLog
@@ -150,6 +152,12 @@ class Agent:
         )
         self.remediation = Remediation(
             self.config.remediation, self.tracker, self.store, self.events, self.detection
+        )
+        engine = self.remediation.engine  # the fleet's profiles travel through its coordinator
+        self.peers = (
+            PeersJob(engine.coordinator, self.detection, self.events, engine.agent_id)
+            if self.config.remediation.mode != "off"
+            else None
         )
         sock = bind(cfg.host, cfg.port)
         self.address = sock.getsockname()[:2]
@@ -267,6 +275,8 @@ class Agent:
         job(self.detection.run, self.config.detect.interval, "detect")
         if self.history is not None:
             job(self.history.tick, HISTORY_TICK, "history")
+        if self.peers is not None:
+            job(self.peers.tick, PEERS_TICK, "peers")
         job(self.remediation.step, self.config.remediation.interval, "remediate")
         return scheduler
 

@@ -20,7 +20,7 @@ from remediation.budget import BudgetLimits, BudgetState, admit
 from remediation.coordinator.base import EXPIRED, PlannedGrant, SlotRequest
 from remediation.coordinator.etcd import EtcdCoordinator
 from remediation.coordinator.local import LocalCoordinator
-from remediation.errors import CoordinatorUnavailable, LeaseLost
+from remediation.errors import CoordinatorError, CoordinatorUnavailable, LeaseLost
 from remediation.model import Decision, FleetEntry
 from support.procs import free_port
 from support.remediation import NEEDS_ETCD, etcd_server, silent_server
@@ -441,3 +441,59 @@ def test_etcd_second_endpoint_is_used_when_the_first_is_down(etcd_url):
     c = EtcdCoordinator([f"http://127.0.0.1:{free_port()}", etcd_url], namespace=f"t{uuid.uuid4().hex[:6]}")
     assert c.acquire(slot("serving-1"), allow).granted
     c.close()
+
+
+# ----------------------------------------------------------------------------- workload profiles
+PROFILE = {"daily": [0.0, 0.05, -0.05, 0.0], "slot_seconds": 21600.0, "level": 2.0e9, "warmup": 1800.0}
+
+
+def test_a_profile_one_agent_puts_is_what_another_gets(make):
+    first, second = make(), make()
+    assert second.get_profiles(["web"]) == {}
+    first.put_profile("web", PROFILE, ttl=60)
+    first.put_profile("batch", {**PROFILE, "level": 1.0}, ttl=60)
+    assert second.get_profiles(["web", "gone", "web"]) == {"web": PROFILE}
+    first.put_profile("web", {**PROFILE, "level": 3.0e9}, ttl=60)  # replaced, not added
+    assert second.get_profiles(["web", "batch"])["web"]["level"] == 3.0e9
+    assert second.get_profiles([]) == {}
+
+
+def test_a_profile_expires_unless_put_again(make):
+    coordinator = make()
+    coordinator.put_profile("web", PROFILE, ttl=TTL)
+    assert coordinator.get_profiles(["web"]) == {"web": PROFILE}
+    time.sleep(EXPIRY_WAIT)
+    assert coordinator.get_profiles(["web"]) == {}
+
+
+@pytest.mark.parametrize(
+    "key, doc",
+    [
+        ("web", {"daily": [0.1] * 2000}),  # over the size bound
+        ("web", ["not", "an", "object"]),
+        ("web", {"level": float("nan")}),
+        ("a/b", PROFILE),
+        ("", PROFILE),
+        ("x" * 201, PROFILE),
+    ],
+)
+def test_an_oversized_or_malformed_profile_is_refused_and_nothing_is_written(make, key, doc):
+    coordinator = make()
+    with pytest.raises(CoordinatorError):
+        coordinator.put_profile(key, doc, ttl=60)
+    assert coordinator.get_profiles(["web"]) == {}
+    with pytest.raises(CoordinatorError):
+        coordinator.get_profiles(["a/b"])
+
+
+def test_profiles_are_kept_per_namespace(make, tmp_path, request):
+    coordinator = make()
+    coordinator.put_profile("web", PROFILE, ttl=60)
+    if isinstance(coordinator, LocalCoordinator):
+        other = LocalCoordinator(coordinator.path, namespace="elsewhere")
+    else:
+        other = EtcdCoordinator([request.getfixturevalue("etcd_url")], namespace="elsewhere")
+    try:
+        assert other.get_profiles(["web"]) == {}
+    finally:
+        other.close()

@@ -130,6 +130,16 @@ class Detection:
             groups.setdefault(key, []).append(item)
         return groups
 
+    def workload_keys(self) -> list[str]:
+        """The workload key of every tracked instance (what the peers job reads profiles for),
+        known from the config before the first judgement."""
+        with self.tracker.lock:
+            found = {
+                workload_key(s.settings.get("labels") or {}, s.name, self.workload_label)
+                for s in self.tracker.states.values()
+            }
+        return sorted(found)
+
     def shared_profiles(self) -> dict[str, dict[str, Any]]:
         """What this agent learned of each workload from its own store, to share with peers (the
         coordinator's fleet view): per workload key, `WorkloadProfile.to_dict()` (under 2 KiB).

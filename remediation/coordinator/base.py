@@ -15,22 +15,74 @@ leader's fencing revision. The others keep only their own entries alive and read
 (`grants`); a grant counts only while its revision is the current leader's, and `acquire` checks
 that atomically with the slot, so a grant from a deposed leader never starts a restart.
 
+Agents also share what they learned of each workload (`put_profile`, `get_profiles`): a compact
+profile per workload key, leased so a dead workload's profile expires, so that a new pod gets its
+fleet's profile at once. The coordinator keeps them as opaque JSON objects (bounded in size); what
+they mean is the detectors' business (`agent.detect.priors`).
+
 Every method raises `CoordinatorUnavailable` when the backend cannot be reached in time; the
 engine then does not restart anything.
 """
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from remediation.errors import CoordinatorError
 from remediation.model import Decision, FleetEntry, RestartRecord
 
 # admit(records in flight or recent, the coordinator's now) -> the budget's decision
 Admit = Callable[[Sequence[RestartRecord], float], Decision]
 EXPIRED = "lease-expired"
+MAX_PROFILE_BYTES = 4096  # a workload profile as JSON (they are under 2 KiB): more is refused
+MAX_PROFILE_KEY = 200  # characters of a workload key
+MAX_PROFILE_READ = 64  # keys one get_profiles call reads
+
+
+def profile_text(key: str, doc: Mapping[str, Any]) -> str:
+    """`doc` as the JSON text kept under `key`; `CoordinatorError` when either is out of bounds
+    (a key that is no path segment, a doc that is no JSON object or over `MAX_PROFILE_BYTES`)."""
+    check_profile_key(key)
+    if not isinstance(doc, Mapping):
+        raise CoordinatorError(f"the profile of {key!r} must be a JSON object")
+    try:
+        text = json.dumps(dict(doc), sort_keys=True, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise CoordinatorError(f"the profile of {key!r} is not JSON: {exc}") from None
+    if len(text.encode()) > MAX_PROFILE_BYTES:
+        raise CoordinatorError(
+            f"the profile of {key!r} is {len(text.encode())} bytes as JSON, over {MAX_PROFILE_BYTES}: not shared"
+        )
+    return text
+
+
+def check_profile_key(key: str) -> None:
+    """A workload key is one non-empty path segment of printable characters."""
+    if (
+        not isinstance(key, str)
+        or not key
+        or len(key) > MAX_PROFILE_KEY
+        or "/" in key
+        or not key.isprintable()
+    ):
+        raise CoordinatorError(
+            f"bad workload key {key!r}: 1 to {MAX_PROFILE_KEY} printable characters, no '/'"
+        )
+
+
+def profile_doc(text: str) -> dict[str, Any] | None:
+    """What a peer wrote, or None when it is no JSON object within the bound (skipped, never raised)."""
+    if len(text.encode()) > MAX_PROFILE_BYTES:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +233,18 @@ class Coordinator(ABC):
     @abstractmethod
     def set_fleet_pause(self, pause: dict[str, Any] | None) -> None:
         """Set (a JSON object: reason, until, by) or lift (None) the fleet-wide pause."""
+
+    # ----------------------------------------------------------------------------- workload profiles
+    @abstractmethod
+    def put_profile(self, key: str, doc: Mapping[str, Any], ttl: float) -> None:
+        """Share `doc` (a JSON object of at most `MAX_PROFILE_BYTES`) as workload `key`'s profile,
+        replacing the last one; it expires `ttl` seconds later unless put again. `CoordinatorError`
+        for a bad key or doc (`profile_text`)."""
+
+    @abstractmethod
+    def get_profiles(self, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The unexpired profiles of `keys` (at most `MAX_PROFILE_READ`), by key; a key with none,
+        or with a doc that is not a JSON object, is left out."""
 
     def describe(self) -> str:
         return self.name

@@ -13,6 +13,7 @@ Keys under `<prefix>/<namespace>/`:
                               every grant the leader writes
     control/pause             the fleet-wide pause: while it exists nothing is granted
     grants/<agent>            the leader's grants for that agent's instances, written on change
+    profiles/<workload>       a workload's learned profile (`etcd_profiles.py`), on a lease of its own
 
 Every agent watches `control/` (one stream; no request while nothing changes), and its own
 `grants/<agent>` while it wants a restart; the leader also watches `fleet/`. A follower therefore
@@ -35,6 +36,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from remediation.coordinator import etcd_profiles
 from remediation.coordinator.base import (
     EXPIRED,
     AcquireResult,
@@ -92,6 +94,7 @@ class EtcdCoordinator(Coordinator):
         self._vacant_since: float | None = None
         self._written: dict[str, str] = {}  # agent -> grants document the leader last wrote
         self._fences: dict[str, int] = {}  # instance -> the revision its grant requires at acquire
+        self._profile_lease = etcd_profiles.ProfileLease()  # what this agent's shared profiles hang on
 
     def describe(self) -> str:
         return f"etcd coordinator {self.gateway.describe()} (keys {self.base})"
@@ -465,6 +468,13 @@ class EtcdCoordinator(Coordinator):
             self.gateway.call("kv/deleterange", {"key": b64(key)})
         else:
             self.gateway.call("kv/put", self.gateway.put_op(key, json.dumps(pause))["request_put"])
+
+    # ----------------------------------------------------------------------------- workload profiles
+    def put_profile(self, key: str, doc: Mapping[str, Any], ttl: float) -> None:
+        etcd_profiles.put_profile(self.gateway, self.base, self._profile_lease, key, doc, ttl)
+
+    def get_profiles(self, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        return etcd_profiles.get_profiles(self.gateway, self.base, keys)
 
 
 def _created_at(key: str, revision: int) -> dict:

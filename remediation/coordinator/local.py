@@ -33,6 +33,7 @@ from typing import Any
 from probes.linux.fstrust import check_trusted_path, ensure_private_file, trusted_uids
 from remediation.coordinator.base import (
     EXPIRED,
+    MAX_PROFILE_READ,
     AcquireResult,
     Admit,
     Coordinator,
@@ -40,6 +41,9 @@ from remediation.coordinator.base import (
     Leadership,
     PlannedGrant,
     SlotRequest,
+    check_profile_key,
+    profile_doc,
+    profile_text,
 )
 from remediation.errors import CoordinatorUnavailable, LeaseLost
 from remediation.model import Decision, FleetEntry, RestartRecord
@@ -59,6 +63,9 @@ CREATE TABLE IF NOT EXISTS grants (
     namespace TEXT NOT NULL, agent TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (namespace, agent));
 CREATE TABLE IF NOT EXISTS controls (
     namespace TEXT NOT NULL, name TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (namespace, name));
+CREATE TABLE IF NOT EXISTS profiles (
+    namespace TEXT NOT NULL, key TEXT NOT NULL, data TEXT NOT NULL, expires_at REAL NOT NULL,
+    PRIMARY KEY (namespace, key));
 """
 
 
@@ -395,6 +402,35 @@ class LocalCoordinator(Coordinator):
                 )
 
         self._run("set the fleet pause", write)
+
+    # ----------------------------------------------------------------------------- workload profiles
+    def put_profile(self, key: str, doc: Mapping[str, Any], ttl: float) -> None:
+        text = profile_text(key, doc)
+
+        def write(db: sqlite3.Connection, now: float) -> None:
+            db.execute("DELETE FROM profiles WHERE expires_at <= ?", (now,))
+            db.execute(
+                "INSERT OR REPLACE INTO profiles VALUES (?, ?, ?, ?)", (self.namespace, key, text, now + ttl)
+            )
+
+        self._run("share a workload profile", write)
+
+    def get_profiles(self, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        wanted = list(dict.fromkeys(keys))[:MAX_PROFILE_READ]
+        for key in wanted:
+            check_profile_key(key)
+        if not wanted:
+            return {}
+
+        def read(db: sqlite3.Connection, now: float) -> list[tuple[str, str]]:
+            return db.execute(
+                f"SELECT key, data FROM profiles WHERE namespace = ? AND expires_at > ? "
+                f"AND key IN ({','.join('?' * len(wanted))})",
+                (self.namespace, now, *wanted),
+            ).fetchall()
+
+        rows: list[tuple[str, str]] = self._run("read workload profiles", read)  # type: ignore[assignment]
+        return {key: doc for key, data in rows if (doc := profile_doc(data)) is not None}
 
     def close(self) -> None:
         with self._lock:
