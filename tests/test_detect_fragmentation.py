@@ -123,6 +123,19 @@ def test_a_jvm_native_leak_outside_the_heap_is_a_leak_and_never_heap_the_jvm_kee
     assert frag.state == "clear" and "the leak's growth" in frag.summary
 
 
+def test_a_heap_that_grows_a_little_under_a_native_leak_does_not_hide_it_outside_the_heap():
+    """Objects that own native memory are small on the heap: the heap after GC grows steadily too, but
+    RSS grows twenty times faster; the leak reported is the RSS growth, outside the Java heap."""
+    s = _instance(
+        days=3,
+        rss_bytes=_flat(300 * MiB, 3, grow_per_day=1500 * MiB),
+        jvm_heap_after_gc_bytes=_flat(120 * MiB, 3, every=30, grow_per_day=75 * MiB),
+    )
+    leak = next(f for f in analyze_instance(s, PARAMS).findings if f.kind == "leak")
+    assert leak.evidence["series"] == "rss_bytes" and leak.evidence["outside_java_heap"], leak.summary
+    assert "outside the Java heap" in leak.summary
+
+
 def test_fragmentation_there_before_a_leak_is_reported_beside_it_with_the_dominant_one():
     """Resident far above live from the start, and then the live bytes leak: both explanations hold, and
     each finding says which holds more memory and by how much."""

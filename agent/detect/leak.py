@@ -21,6 +21,10 @@ DAILY_STRICTER = 30  # the daily scale needs 30 times less doubt than `confidenc
 IMMINENT = 1 / 6  # before the daily profile is known, the window scale fires only this close to the limit
 
 
+# RSS growing more than this many times faster than the live heap: the leak is outside the heap
+NATIVE_DOMINANCE = 2.0
+
+
 def leak_series(ctx: Context) -> list[str]:
     """The series a leak is judged on, most specific first."""
     if ctx.present(ALLOCATED):
@@ -124,9 +128,10 @@ def judge_leak(ctx: Context) -> Observation:
     firing = [a for a in assessed if a[1] == "firing"]
     if firing:
         fit, _, ttoom, _ = max(firing, key=lambda a: a[0].trend.span)
-        return _leak_observation(
-            ctx, fit, ttoom, native=fit.metric == RSS and candidates[0] == JVM_HEAP_AFTER_GC
-        )
+        native = fit.metric == RSS and candidates[0] == JVM_HEAP_AFTER_GC
+        if fit.metric == JVM_HEAP_AFTER_GC:
+            fit, ttoom, native = _outgrown_by_rss(ctx, fit, ttoom)
+        return _leak_observation(ctx, fit, ttoom, native=native)
     state: State = "holding" if any(a[1] == "holding" for a in assessed) else "clear"
     risen = [a for a in assessed if a[0].confidence >= ctx.params.confidence_clear]
     if not risen:
@@ -144,6 +149,21 @@ def judge_leak(ctx: Context) -> Observation:
         summary = f"no steady growth of {fit.metric} ({fit.pct_per_hour:+.3f} %/h, confidence {fit.trend.confidence:.3f})"
         verdict = None
     return ctx.observation("leak", state, summary, verdict=verdict, evidence=evidence)
+
+
+def _outgrown_by_rss(ctx: Context, heap: Fit, ttoom: float | None) -> tuple[Fit, float | None, bool]:
+    """A JVM whose live heap grows a little while its RSS grows many times faster leaks outside the
+    heap (objects that own native memory are small on the heap): the RSS growth is the leak to report,
+    and the heap's share of it is said. Otherwise the heap fit stands."""
+    rss = [
+        a for a in _corroborated([(fit, *assess(fit, ctx)) for fit in ctx.fits(RSS)], ctx) if a[1] == "firing"
+    ]
+    if not rss:
+        return heap, ttoom, False
+    fit, _, rss_ttoom, _ = max(rss, key=lambda a: a[0].trend.span)
+    if fit.trend.slope <= NATIVE_DOMINANCE * max(heap.trend.slope, 0.0):
+        return heap, ttoom, False
+    return fit, rss_ttoom, True
 
 
 def _leak_observation(ctx: Context, fit: Fit, ttoom: float | None, native: bool) -> Observation:
