@@ -200,6 +200,7 @@ class Agent:
                 notify=self.config.notify,
                 allowed_hosts=allowed_hosts(cfg.host, cfg.allowed_hosts),
                 max_body=cfg.http.max_body,
+                time_scale=self.config.detect.time_scale,
             )
             app = create_app(context)
             server = _Server(

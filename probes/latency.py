@@ -21,14 +21,15 @@ import math
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from agent.core.errors import ProbeError
 from agent.core.quantiles import HistogramSeries, IntervalHistogram, LabelKey, Snapshot, interval_histogram
 from agent.core.records import ProbeResult, ProbeTarget, Sample
 from probes.base import Schedule
-from probes.promtext import Exposition, PromSample, parse_exposition
-from probes.scrape import fetch, new_client
+
+if TYPE_CHECKING:
+    from probes.promtext import Exposition, PromSample
 
 MAX_GAP = 600.0  # seconds; an older previous scrape is not compared with (re-baseline instead)
 QUANTILE_METRICS = {
@@ -104,6 +105,10 @@ class LatencyProbe:
 
     def scrape(self, spec: Mapping[str, Any], now: float) -> Scrape:
         """GET the exposition and keep the configured histogram and counters."""
+        # the scraper and the parser load on the first scrape: an agent with no latency target
+        # (the probe is enabled by default) does not carry them in its RSS
+        from probes.scrape import fetch, new_client
+
         if self._client is None:
             self._client = new_client()
         url = spec["url"]
@@ -130,6 +135,8 @@ def read_scrape(
     source: str = "exposition",
 ) -> Scrape:
     """Parse one exposition and select what the probe keeps (pure: used by tests and the benchmark)."""
+    from probes.promtext import parse_exposition
+
     histogram = spec["histogram"]
     match = dict(spec.get("labels") or {})
     requests_name, errors_name = spec.get("requests_counter"), spec.get("errors_counter")

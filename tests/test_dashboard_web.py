@@ -40,7 +40,9 @@ CONFIG = {
     "agent": {"interval": "0.2s", "slow_interval": "2s", "flush_interval": "0.3s"},
     "detect": {
         "interval": "0.5s",
-        "memory": {"window": "6s", "long_window": "12s", "warmup": "1s", "season": "2s", "horizon": "30m"},
+        # compressed 2x, so the page must say so: the detectors see 6 s, 12 s, 1 s, 2 s and 30 min
+        "time_scale": 2,
+        "memory": {"window": "12s", "long_window": "24s", "warmup": "2s", "season": "4s", "horizon": "1h"},
     },
     "instances": [
         {
@@ -385,6 +387,9 @@ def test_rendered_page_shows_fleet_chart_limit_projection_and_findings(
 
     assert dom.find("span", "pill-ok")[0]["text"] == "connected"
     assert dom.find("div", id="banner")[0]["attrs"].get("hidden") is not None
+    time_scale = dom.find("div", id="time-scale")[0]
+    assert time_scale["attrs"].get("hidden") is None, "a compressed clock is said on the page"
+    assert time_scale["text"].startswith("Compressed time: 2x — detection windows and deadlines are scaled")
     event_rows = dom.find("table", "events")
     assert event_rows and "finding_opened" in event_rows[0]["text"]
     assert "dry-run" in dom.find("span", id="mode")[0]["text"]
@@ -522,6 +527,7 @@ def test_page_says_when_the_agent_goes_away_and_keeps_the_last_data(agent, tmp_p
         browser.open(agent.url + "/?refresh=0.5")
         browser.wait_for("document.querySelectorAll('#fleet tr[data-instance=\"solo\"]').length === 1", 15)
         assert browser.evaluate("document.getElementById('banner').hidden") is True
+        assert browser.evaluate("document.getElementById('time-scale').hidden") is True  # real time
         assert browser.evaluate("document.getElementById('agent-state').textContent") == "connected"
 
         agent.stop()  # the API really goes away

@@ -56,6 +56,7 @@ def test_the_built_in_demo_shows_a_leak_and_a_planned_restart_within_two_minutes
         assert time.monotonic() - started < 120, "the demo must show its finding and plan within two minutes"
         dashboard = httpx.get(f"{url}/", timeout=5)
         assert dashboard.status_code == 200
+        assert httpx.get(f"{url}/api/v1/instances", timeout=5).json()["time_scale"] == 360
     finally:
         proc.terminate()
         _, banner = proc.communicate(timeout=30)

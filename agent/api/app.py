@@ -61,6 +61,7 @@ class ApiContext:
     notify: NotifySection = field(default_factory=NotifySection)
     allowed_hosts: frozenset[str] | None = None  # Host names answered; None: loopback only
     max_body: int = DEFAULT_MAX_BODY  # request bodies, except the Alertmanager receiver's
+    time_scale: float = 1.0  # detect.time_scale: above 1, windows and deadlines are compressed (a demo)
 
 
 class PurgeRequest(BaseModel):
@@ -144,6 +145,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
             "version": __version__,
             "uptime_seconds": time.time() - ctx.started_at,
             "instances": len(ctx.tracker.states),
+            "time_scale": ctx.time_scale,
         }
 
     @app.get("/metrics")
@@ -158,7 +160,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
     @app.get("/api/v1/instances")
     def instances() -> dict[str, Any]:
         now = time.time()
-        return {"now": now, "instances": ctx.tracker.snapshot(now)}
+        # time_scale rides along so the dashboard can say plainly when time is compressed
+        return {"now": now, "time_scale": ctx.time_scale, "instances": ctx.tracker.snapshot(now)}
 
     @app.get("/api/v1/instances/{name}")
     def instance(name: str) -> dict[str, Any]:

@@ -15,15 +15,17 @@ import math
 import threading
 import time
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 from agent.config.history import PrometheusHistorySection
 from agent.core.errors import MedicError
 from agent.detect.model import InstanceSeries
 from agent.detect.params import DetectParams
 from agent.detect.priors import PriorBook, learn_workload, workload_key
-from agent.series.prometheus_pull import PullSpec, pull_range
-from agent.series.records import ImportResult
 from agent.state.eventlog import EventLog
+
+if TYPE_CHECKING:
+    from agent.series.prometheus_pull import PullSpec
 
 log = logging.getLogger(__name__)
 SOURCE = "prometheus"
@@ -33,6 +35,9 @@ RETRY = 600.0  # after a failed pull
 
 def history_spec(section: PrometheusHistorySection, now: float) -> PullSpec:
     """The pull of the last `lookback` up to `now` (reads the token and TLS files: may raise)."""
+    # the Prometheus reader loads only on an agent configured with `history:`, not on every agent
+    from agent.series.prometheus_pull import PullSpec
+
     headers, context = section.credentials()
     return PullSpec(
         url=section.url,
@@ -56,7 +61,9 @@ def pull_history(
     section: PrometheusHistorySection, now: float
 ) -> tuple[list[InstanceSeries], dict[str, dict[str, str]]]:
     """The instances' series over the lookback and each instance's labels; `MedicError` on failure."""
-    result: ImportResult = pull_range(history_spec(section, now))
+    from agent.series.prometheus_pull import pull_range
+
+    result = pull_range(history_spec(section, now))
     return result.instances(), result.labels
 
 
