@@ -140,7 +140,9 @@ def test_a_slower_candidate_fails_with_slower(lab):
 
 
 def test_glibc_fragmentation_is_fragmentation_not_a_leak(lab):
-    code, doc, stderr = guardrail(lab, server(lab, "--behaviour", "fragment"), duration="30s")
+    # fragmentation shows only once glibc's arenas hold many freed holes: under a loaded CI machine
+    # (four test workers on two cores) 30 s of requests is sometimes too few
+    code, doc, stderr = guardrail(lab, server(lab, "--behaviour", "fragment"), duration="45s")
     assert code == 1, (stderr, doc and doc["verdicts"])
     found = verdicts(doc)
     assert found["fragmentation"]["status"] == "fail", found["fragmentation"]

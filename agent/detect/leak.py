@@ -22,7 +22,8 @@ IMMINENT = 1 / 6  # before the daily profile is known, the window scale fires on
 
 
 # RSS growing more than this many times faster than the live heap: the leak is outside the heap
-NATIVE_DOMINANCE = 2.0
+# (a heap leak grows RSS too, up to about 2.5x its live growth while the JVM keeps its free ratio)
+NATIVE_DOMINANCE = 4.0
 
 
 def leak_series(ctx: Context) -> list[str]:
@@ -153,17 +154,20 @@ def judge_leak(ctx: Context) -> Observation:
 
 def _outgrown_by_rss(ctx: Context, heap: Fit, ttoom: float | None) -> tuple[Fit, float | None, bool]:
     """A JVM whose live heap grows a little while its RSS grows many times faster leaks outside the
-    heap (objects that own native memory are small on the heap): the RSS growth is the leak to report,
-    and the heap's share of it is said. Otherwise the heap fit stands."""
-    rss = [
-        a for a in _corroborated([(fit, *assess(fit, ctx)) for fit in ctx.fits(RSS)], ctx) if a[1] == "firing"
+    heap (objects that own native memory are small on the heap): the RSS growth is the leak to report.
+    The heap's fit has already decided that there is a leak; RSS need only be seen rising (the
+    clearing bar: its fits often span fewer buckets than the heap's)."""
+    p = ctx.params
+    rising = [
+        fit
+        for fit in ctx.fits(RSS)
+        if fit.trend.confidence >= p.confidence_clear
+        and fit.trend.slope > NATIVE_DOMINANCE * max(heap.trend.slope, 0.0)
     ]
-    if not rss:
+    if not rising:
         return heap, ttoom, False
-    fit, _, rss_ttoom, _ = max(rss, key=lambda a: a[0].trend.span)
-    if fit.trend.slope <= NATIVE_DOMINANCE * max(heap.trend.slope, 0.0):
-        return heap, ttoom, False
-    return fit, rss_ttoom, True
+    fit = max(rising, key=lambda f: f.trend.span)
+    return fit, time_to_limit(ctx.limit, ctx.peak, fit.trend.slope), True
 
 
 def _leak_observation(ctx: Context, fit: Fit, ttoom: float | None, native: bool) -> Observation:

@@ -424,7 +424,8 @@ def judge_peak(m: Measurement, t: Thresholds) -> Verdict:
     )
     if worse(base, cand):
         return Verdict("peak-memory", "fail", f"higher peak memory: {shown}", share, evidence)
-    return Verdict("peak-memory", "pass", f"peak memory alike: {shown}", 1 - share, evidence)
+    within = f"+{t.peak:.0%} and {format_bytes(t.peak_bytes)}"
+    return Verdict("peak-memory", "pass", f"peak memory within {within}: {shown}", 1 - share, evidence)
 
 
 def judge_all(m: Measurement, t: Thresholds, resamples: int = 1000, seed: int = 1) -> list[Verdict]:
