@@ -561,6 +561,121 @@ def test_an_install_without_a_compiler_succeeds_with_the_python_fallback(tmp_pat
     assert "Traceback" not in hook.stderr
 
 
+# the kernels' twin check, run by each interpreter on the wheel's files alone (no dependency, no medic
+# package: trend.py is loaded as a lone module, its own `_kernels` import fails and it is pure Python)
+TWIN_CHECK = """
+import importlib.util, json, random, sys
+root = sys.argv[1]
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+sys.modules["agent"] = None  # no medic package of this interpreter's own either
+trend = load("lone_trend", root + "/agent/detect/trend.py")
+kernels = load("agent.detect._kernels", root + "/agent/detect/_kernels.abi3.so")
+rng = random.Random(7)
+agree = trend._kernels is None
+for n in (3, 4, 17, 60):
+    xs = [1.7e9 + 60.0 * i + rng.random() for i in range(n)]
+    ys = [rng.uniform(-1e9, 1e9) if rng.random() < 0.8 else rng.choice([0.0, 1.0]) for _ in range(n)]
+    agree &= kernels.slope_median(xs, ys) == trend._median_sorted(trend._pair_slopes(xs, ys))
+    agree &= kernels.mk_score(ys) == trend.mk_score(ys)
+print(json.dumps({"version": list(sys.version_info[:2]), "agree": agree, "file": kernels.__file__}))
+"""
+
+
+def _cpythons_from(floor: tuple[int, int]) -> dict[tuple[int, int], str]:
+    """One CPython per version from `floor` on, among this one, `python3.X` on PATH and pyenv's
+    versions (the development machines carry several); free-threaded builds have no stable ABI."""
+    candidates = [sys.executable]
+    candidates += [shutil.which(f"python3.{minor}") or "" for minor in range(floor[1], 20)]
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates += [str(p) for p in sorted(pyenv.glob("versions/3.*/bin/python3"))]
+    probe = (
+        "import sys, sysconfig; print(sys.implementation.name, *sys.version_info[:2], "
+        "bool(sysconfig.get_config_var('Py_GIL_DISABLED')))"
+    )
+    found: dict[tuple[int, int], str] = {}
+    for candidate in filter(None, candidates):
+        try:
+            done = subprocess.run([candidate, "-c", probe], capture_output=True, text=True, timeout=20)
+        except OSError:
+            continue
+        words = done.stdout.split()
+        if done.returncode or len(words) != 4 or words[0] != "cpython" or words[3] == "True":
+            continue
+        version = (int(words[1]), int(words[2]))
+        if version >= floor:
+            found.setdefault(version, candidate)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.native
+def test_one_abi3_wheel_serves_every_supported_python(tmp_path: Path) -> None:
+    """The kernels are built against the limited API of requires-python's floor: the wheel is tagged
+    `cp310-abi3-<platform>`, holds `_kernels.abi3.so` and the plain shim, and the very same
+    extension loads in every CPython on the machine from that floor on and agrees with its twin."""
+    import sysconfig
+    import zipfile
+
+    import tomllib
+    from packaging.specifiers import SpecifierSet
+
+    floor = (3, 10)
+    requires = SpecifierSet(
+        tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    )
+    assert "3.10" in requires and "3.9" not in requires, "setup.py's OLDEST_PYTHON follows requires-python"
+    wheels, context = tmp_path / "wheels", _build_context(tmp_path)
+    built = subprocess.run(  # the venv's setuptools (constraints.txt's): no isolated build env to fetch
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(wheels),
+            str(context),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert "was not built" not in built.stderr, built.stderr
+    (wheel,) = wheels.glob("*.whl")
+    platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    assert wheel.name == f"sidecar_medic-0.1.0-cp310-abi3-{platform}.whl"
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        (metadata,) = [n for n in names if n.endswith(".dist-info/WHEEL")]
+        assert f"Tag: cp310-abi3-{platform}" in archive.read(metadata).decode().splitlines()
+        archive.extractall(tmp_path / "unpacked")
+    native = sorted(n for n in names if n.endswith(".so"))
+    assert native == ["agent/detect/_kernels.abi3.so", "native_hooks/libmedic_shim.so"], native
+    interpreters = _cpythons_from(floor)
+    assert sys.version_info[:2] in interpreters
+    results = {}
+    for version, python in interpreters.items():
+        done = subprocess.run(
+            [python, "-I", "-c", TWIN_CHECK, str(tmp_path / "unpacked")],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=60,
+        )
+        assert done.returncode == 0, f"Python {version}: {done.stderr[-2000:]}"
+        results[version] = json.loads(done.stdout)
+    for version, result in results.items():
+        assert result["agree"] is True, f"Python {version}: the C kernels and the Python twins differ"
+        assert result["version"] == list(version) and str(tmp_path / "unpacked") in result["file"]
+
+
 @pytest.mark.slow
 @pytest.mark.native
 def test_the_shim_is_a_plain_c_library_not_a_python_extension(installed_medic: Path, tmp_path: Path) -> None:

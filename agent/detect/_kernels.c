@@ -4,6 +4,9 @@
  * Each function gives exactly what its Python twin in agent/detect/trend.py gives (the same IEEE
  * operations in the same order; the median picks the same elements), and returns None when an
  * input is not a list of floats, so the caller falls back to Python for anything unusual.
+ *
+ * Only the limited C API is used (setup.py defines Py_LIMITED_API): one abi3 build serves every
+ * supported CPython, so the item reads are the functions, not the GET_ITEM/AS_DOUBLE macros.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -13,10 +16,10 @@
 static int read_floats(PyObject *list, double *out, Py_ssize_t n)
 {
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(list, i);
+        PyObject *item = PyList_GetItem(list, i);
         if (!PyFloat_CheckExact(item))
             return 0;
-        out[i] = PyFloat_AS_DOUBLE(item);
+        out[i] = PyFloat_AsDouble(item);
     }
     return 1;
 }
@@ -33,8 +36,8 @@ static PyObject *slope_median(PyObject *self, PyObject *const *args, Py_ssize_t 
     (void)self;
     if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1]))
         Py_RETURN_NONE;
-    Py_ssize_t n = PyList_GET_SIZE(args[0]);
-    if (n < 2 || PyList_GET_SIZE(args[1]) != n)
+    Py_ssize_t n = PyList_Size(args[0]);
+    if (n < 2 || PyList_Size(args[1]) != n)
         Py_RETURN_NONE;
     Py_ssize_t pairs = n * (n - 1) / 2;
     double *xs = PyMem_Malloc(sizeof(double) * (size_t)(2 * n + pairs));
@@ -71,7 +74,7 @@ static PyObject *mk_score(PyObject *self, PyObject *arg)
     (void)self;
     if (!PyList_CheckExact(arg))
         Py_RETURN_NONE;
-    Py_ssize_t n = PyList_GET_SIZE(arg);
+    Py_ssize_t n = PyList_Size(arg);
     double *ys = PyMem_Malloc(sizeof(double) * (size_t)(n ? n : 1));
     if (ys == NULL)
         return PyErr_NoMemory();
