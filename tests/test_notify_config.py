@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.config.loader import parse_config, validate_config
-from agent.core.errors import ConfigError
+from agent.core.errors import ConfigError, UnsafePath
 from agent.notify.config import sink_names
 from agent.notify.sinks import create_sinks
 
@@ -101,12 +101,34 @@ def test_secrets_resolve_at_start_with_clear_errors(tmp_path, monkeypatch):
     secret.write_text("0123456789abcdef-long-enough\n")
     os.chmod(secret, 0o644)
     loose = validate_config({"notify": [{"type": "webhook", "url": "http://x", "secret_file": str(secret)}]})
-    with pytest.raises(ConfigError, match="readable by others; run `chmod 600"):
+    with pytest.raises(
+        UnsafePath,
+        match=r"notify.sinks\[0\].secret_file .* readable or writable by others \(mode 0644\): run `chmod 600",
+    ):
         create_sinks(loose.notify)
     os.chmod(secret, 0o600)
     [sink] = create_sinks(loose.notify)
     assert sink.secret == "0123456789abcdef-long-enough"
     sink.close()
+
+    # read as every secret is (probes.linux.secrets): a symlink is not followed, the size is bounded
+    link = tmp_path / "link"
+    link.symlink_to(secret)
+    for spec in (
+        {"type": "webhook", "url": "http://x", "secret_file": str(link)},
+        {"type": "alertmanager", "url": "http://x", "bearer_token_file": str(link)},
+    ):
+        with pytest.raises(UnsafePath, match="is a symlink: medic does not follow it"):
+            create_sinks(validate_config({"notify": [spec]}).notify)
+    big = tmp_path / "big"
+    big.write_text("x" * 5000)
+    os.chmod(big, 0o600)
+    with pytest.raises(UnsafePath, match="over the 4096-byte limit"):
+        create_sinks(
+            validate_config(
+                {"notify": [{"type": "webhook", "url": "http://x", "secret_file": str(big)}]}
+            ).notify
+        )
 
     short = tmp_path / "short"
     short.write_text("tiny")

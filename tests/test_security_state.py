@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import time
@@ -19,14 +20,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agent.api.auth import load_or_create_token
 from agent.config.loader import validate_config
-from agent.core.errors import StoreError, UnsafePath
+from agent.core.errors import ConfigError, StoreError, UnsafePath
 from agent.core.records import Sample
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
 from probes.linux.fstrust import atomic_write
+from probes.linux.secrets import read_token
 from remediation.config import RemediationSection
 from remediation.coordinator.local import LocalCoordinator
 from remediation.engine import Engine
@@ -245,6 +249,34 @@ def test_a_token_that_is_a_symlink_is_refused(tmp_path):
     (state / "admin.token").symlink_to(real)  # a token the planter knows
     with pytest.raises(UnsafePath, match="symlink"):
         load_or_create_token(None, state)
+
+
+def test_a_token_in_a_directory_others_can_change_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # anyone could swap the file for one whose token they know
+    configured = _secret(shared / "token")
+    with pytest.raises(UnsafePath, match=rf"agent.token_file {configured}: .*writable by group or others"):
+        load_or_create_token(configured, tmp_path / "state")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=120))
+def test_read_token_gives_one_printable_line_or_a_clear_error(tmp_path, content):
+    """Whatever a token file holds: one stripped line of printable ASCII, or a ConfigError naming the
+    setting, never another exception."""
+    path = tmp_path / "token"
+    path.unlink(missing_ok=True)
+    path.write_bytes(content)
+    os.chmod(path, 0o600)
+    try:
+        token = read_token(path, "x.token_file", min_chars=4)
+    except ConfigError as exc:  # one of three sentences: nothing of the file's content is quoted
+        reasons = r"(holds no token on one line \(printable ASCII\)|holds fewer than 4 characters; use a longer secret|is not UTF-8 text)"
+        assert re.fullmatch(rf"x\.token_file: {re.escape(str(path))} {reasons}", str(exc)), str(exc)
+        return
+    assert token == content.decode().strip() and len(token) >= 4
+    assert token.isascii() and token.isprintable()
 
 
 @needs_root

@@ -16,16 +16,11 @@ from pathlib import Path
 
 from fastapi import HTTPException, Request
 
-from agent.core.errors import ConfigError, UnsafePath
-from probes.linux.fstrust import (
-    check_trusted_path,
-    create_exclusive,
-    ensure_private_dir,
-    read_private_file,
-    trusted_uids,
-)
+from probes.linux.fstrust import create_exclusive, ensure_private_dir
+from probes.linux.secrets import read_token
 
 TOKEN_FILE_NAME = "admin.token"
+MIN_TOKEN_CHARS = 16  # whoever guesses it can restart instances
 
 
 def load_or_create_token(token_file: Path | None, state_dir: Path) -> tuple[str, Path]:
@@ -40,23 +35,9 @@ def load_or_create_token(token_file: Path | None, state_dir: Path) -> tuple[str,
         directory = ensure_private_dir(state_dir, "state_dir")
         path = directory / TOKEN_FILE_NAME
         create_exclusive(path, (secrets.token_hex(32) + "\n").encode("ascii"), 0o600)
-        what, owners = "admin token", {os.geteuid()}
-    else:
-        path = Path(token_file)
-        what, owners = "agent.token_file", set(trusted_uids())
-        try:
-            check_trusted_path(path.parent)
-        except UnsafePath as exc:
-            raise UnsafePath(f"agent.token_file {path}: {exc}") from None
-    try:
-        token = read_private_file(path, what, owners, max_bytes=4096).decode("ascii").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"agent.token_file: cannot read {path}: {exc}") from None
-    if len(token) < 16:
-        raise ConfigError(
-            f"agent.token_file: {path} holds a token shorter than 16 characters; use a longer one"
-        )
-    return token, path
+        return read_token(path, "admin token", MIN_TOKEN_CHARS, owners={os.geteuid()}), path
+    path = Path(token_file)
+    return read_token(path, "agent.token_file", MIN_TOKEN_CHARS), path
 
 
 class TokenGuard:

@@ -220,7 +220,7 @@ def _pull(args: argparse.Namespace, progress: Progress) -> Any:
     from agent.core.errors import UsageError
     from agent.core.units import parse_duration
     from agent.series.prometheus_pull import PullSpec, pull_range
-    from probes.linux.secrets import MAX_SECRET_BYTES, client_tls_context, read_secret
+    from probes.linux.secrets import client_tls_context, read_token
 
     if not args.query:
         raise UsageError("--prometheus needs --query PROMQL, e.g. --query rss_bytes")
@@ -229,7 +229,7 @@ def _pull(args: argparse.Namespace, progress: Progress) -> Any:
     start = _resolve(args.start, now) if args.start else end - 8 * 86400
     headers = {}
     if args.bearer_token_file:
-        token = read_secret(Path(args.bearer_token_file), "--bearer-token-file", MAX_SECRET_BYTES).strip()
+        token = read_token(Path(args.bearer_token_file), "--bearer-token-file")
         headers["Authorization"] = f"Bearer {token}"
     context = client_tls_context(Path(args.ca_file), None, None, "--ca-file") if args.ca_file else None
     spec = PullSpec(

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from agent.core.errors import AgentUnreachable, ApiError, UsageError
 from probes.linux.fstrust import read_private_file
+from probes.linux.secrets import read_token
 
 DEFAULT_URL = "http://127.0.0.1:9464"
 DEFAULT_STATE_DIR = "medic-state"
@@ -71,15 +72,12 @@ def admin_token(token_file: str | None, state: str | None = None) -> str:
     if not token_file and os.environ.get("MEDIC_TOKEN"):
         return os.environ["MEDIC_TOKEN"].strip()
     default = Path(state_dir(state) or DEFAULT_STATE_DIR) / "admin.token"
-    candidates = [token_file] if token_file else [os.environ.get("MEDIC_TOKEN_FILE"), str(default)]
-    for candidate in filter(None, candidates):
-        try:
-            return read_private_file(candidate, "the token file").decode("ascii").strip()
-        except OSError as exc:
-            if token_file:
-                raise UsageError(f"cannot read the token file {candidate}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise UsageError(f"the token file {candidate} does not hold a token (not ASCII)") from None
+    if token_file:
+        return read_token(Path(token_file), "--token-file")
+    candidates = [("MEDIC_TOKEN_FILE", os.environ.get("MEDIC_TOKEN_FILE")), ("the token file", str(default))]
+    for where, candidate in candidates:
+        if candidate and Path(candidate).exists():  # the implicit places may hold none
+            return read_token(Path(candidate), where)
     raise UsageError(
         "this command needs the agent's admin token: pass --state-dir (the agent's state_dir), "
         "--token-file (its admin.token or agent.token_file), or set MEDIC_TOKEN"

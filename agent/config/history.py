@@ -23,10 +23,9 @@ from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
-from agent.core.errors import ConfigError
 from agent.core.types import DAY, HOUR, Duration, Size, Strict, size_within, within
 from agent.notify.config import HttpUrl
-from probes.linux.secrets import MAX_SECRET_BYTES, client_tls_context, read_secret
+from probes.linux.secrets import client_tls_context, read_token
 
 WHERE = "history.prometheus"
 MAX_POINTS_PER_SERIES = 11_000  # Prometheus refuses more points per series in one query_range
@@ -87,10 +86,7 @@ class PrometheusHistorySection(Strict):
         """The request headers (with the bearer token) and the TLS context, their files read and checked."""
         headers = dict(self.headers)
         if self.bearer_token_file is not None:
-            where = f"{WHERE}.bearer_token_file"
-            token = read_secret(self.bearer_token_file, where, MAX_SECRET_BYTES).strip()
-            if not token or not token.isprintable():
-                raise ConfigError(f"{where}: {self.bearer_token_file} holds no token on one line")
+            token = read_token(self.bearer_token_file, f"{WHERE}.bearer_token_file")
             headers["Authorization"] = f"Bearer {token}"
         context = None
         if self.tls is not None:

@@ -11,8 +11,8 @@
       receiver: {instance_labels: [instance, name], secret_env: MEDIC_RECEIVER_SECRET}
 
 A plain list is accepted as shorthand for `sinks:` (`notify: [{type: alertmanager, url: ...}]`).
-This module imports only the ground (`agent.core.types`, `agent.core.errors`), so `agent.config.model` can import
-it without a cycle.
+This module imports only the ground (`agent.core`) and the file-trust reads (`probes.linux`), so
+`agent.config.model` can import it without a cycle.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pydantic import AfterValidator, Field, model_validator
 
 from agent.core.errors import ConfigError
 from agent.core.types import DAY, HOUR, Duration, Severity, Size, Strict, size_within, within
+from probes.linux.secrets import read_token
 
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2, "critical": 3}
 _SINK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -52,18 +53,7 @@ class RetrySpec(Strict):
     jitter: float = Field(0.2, ge=0.0, le=1.0)
 
 
-def read_secret_file(path: Path, where: str) -> str:
-    """A secret from a file that only its owner can read; `ConfigError` saying what to fix otherwise."""
-    try:
-        value = path.read_text(encoding="utf-8").strip()
-        mode = path.stat().st_mode
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{where}: cannot read {path}: {exc}") from None
-    if mode & 0o077:
-        raise ConfigError(f"{where}: {path} is readable by others; run `chmod 600 {path}`")
-    if len(value) < 16:
-        raise ConfigError(f"{where}: {path} holds fewer than 16 characters; use a longer secret")
-    return value
+MIN_SECRET_CHARS = 16  # an HMAC key or a bearer token shorter than this is guessable
 
 
 class _Secret(Strict):
@@ -82,7 +72,7 @@ class _Secret(Strict):
                 )
             return value
         if self.secret_file:
-            return read_secret_file(self.secret_file, f"{where}.secret_file")
+            return read_token(self.secret_file, f"{where}.secret_file", MIN_SECRET_CHARS)
         return None
 
 

@@ -16,9 +16,10 @@ import json
 import re
 from typing import Any, ClassVar
 
-from agent.notify.config import read_secret_file
+from agent.notify.config import MIN_SECRET_CHARS
 from agent.notify.model import Notification, rfc3339
 from agent.notify.sinks.base import HttpSink, Request
+from probes.linux.secrets import read_token
 
 _LABEL_INVALID = re.compile(r"[^A-Za-z0-9_]")
 RESERVED = ("alertname", "instance", "fleet", "severity", "kind", "source")
@@ -89,7 +90,7 @@ class AlertmanagerSink(HttpSink):
         self.url = url or spec.replicas[0]
         self.group = group or name  # the configured sink; its replicas share it (and its silences)
         if spec.bearer_token_file is not None:
-            token = read_secret_file(spec.bearer_token_file, f"{where}.bearer_token_file")
+            token = read_token(spec.bearer_token_file, f"{where}.bearer_token_file", MIN_SECRET_CHARS)
             self.client.headers["Authorization"] = f"Bearer {token}"
 
     def render(self, note: Notification, delivery_id: int, now: float) -> Request:
