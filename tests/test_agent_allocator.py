@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import tempfile
 
@@ -10,21 +9,11 @@ import httpx
 import pytest
 
 from native_hooks.workloads import TargetIO, build_c_target, target_env
-from support.procs import PYTHON, REPO, wait_until
+from support.procs import wait_until
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
 MiB = 2**20
 FAST = {"interval": "0.2s", "slow_interval": "1s", "flush_interval": "0.3s"}
-
-
-def medic(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [PYTHON, "-m", "agent.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-    )
 
 
 def test_purge_through_the_agent_returns_memory_and_is_guarded(agent, spawn, tmp_path):
@@ -59,7 +48,7 @@ def test_purge_through_the_agent_returns_memory_and_is_guarded(agent, spawn, tmp
     token_file = agent.state_dir / "admin.token"
     assert oct(token_file.stat().st_mode & 0o777) == "0o600"
 
-    result = medic("purge", "serving", "--url", agent.url, "--token-file", str(token_file), "--json")
+    result = agent.cli("purge", "serving", "--token-file", str(token_file), "--json")
     assert result.returncode == 0, result.stderr
     import json
 
@@ -70,10 +59,10 @@ def test_purge_through_the_agent_returns_memory_and_is_guarded(agent, spawn, tmp
     event = next(e for e in agent.events() if e["kind"] == "purge")
     assert event["instance"] == "serving" and event["data"]["returned_bytes"] == purge["returned_bytes"]
 
-    denied = medic("purge", "serving", "--url", agent.url, env={"MEDIC_TOKEN": "x" * 32})
+    denied = agent.cli("purge", "serving", env={"MEDIC_TOKEN": "x" * 32})
     assert denied.returncode == 4 and "wrong admin token" in denied.stderr
 
-    doctor = medic("doctor", "serving", "--url", agent.url)
+    doctor = agent.cli("doctor", "serving")
     assert doctor.returncode == 0, doctor.stderr
     assert "jemalloc" in doctor.stdout
 

@@ -152,21 +152,10 @@ def test_no_word_during_start_up_then_unavailable_and_recovered_after_a_real_out
 
 
 def test_medic_heap_sites_starts_tracing_on_demand(agent, sock_dir):
-    import subprocess
-
-    def medic(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [PYTHON, "-m", "agent.cli.main", *args, "--url", agent.url],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-        )
-
     agent.start({"agent": FAST, "instances": [python_instance("svc", "leak", sock_dir)]})
     wait_until(lambda: agent.instance("svc")["pid"], 30, interval=0.2)
-    assert medic("heap", "svc", "--sites", "0s").returncode == 2  # out of range: a usage error
-    started = medic("heap", "svc", "--sites", "2m", "--sites-frames", "3")
+    assert agent.cli("heap", "svc", "--sites", "0s").returncode == 2  # out of range: a usage error
+    started = agent.cli("heap", "svc", "--sites", "2m", "--sites-frames", "3")
     assert started.returncode == 0, started.stderr
     assert "tracing allocation sites with 3 frames" in started.stdout
 
@@ -175,9 +164,9 @@ def test_medic_heap_sites_starts_tracing_on_demand(agent, sock_dir):
 
     found = wait_until(suspects, 60, interval=0.5)
     assert found[0]["name"] == fill_line() and found[0]["source"] == "tracemalloc"
-    shown = medic("heap", "svc", "--since", "5m")
+    shown = agent.cli("heap", "svc", "--since", "5m")
     assert shown.returncode == 0, shown.stderr
     assert "pyservice.py" in shown.stdout
 
-    stopped = medic("heap", "svc", "--stop-sites")
+    stopped = agent.cli("heap", "svc", "--stop-sites")
     assert stopped.returncode == 0 and "not tracing allocation sites (stopped on request)" in stopped.stdout

@@ -3,12 +3,9 @@ enforce mode, only planned in dry-run, and left alone while paused (then restart
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
 
-from support.procs import PYTHON, REPO, wait_until, workload_argv
+from support.procs import wait_until, workload_argv
 
 pytestmark = pytest.mark.slow
 LIMIT = 320 * 2**20
@@ -54,17 +51,6 @@ def config(mode: str) -> dict:
     }
 
 
-def medic(agent, *args: str, admin: bool = True) -> subprocess.CompletedProcess:
-    token = ["--token-file", str(agent.state_dir / "admin.token")] if admin else []
-    return subprocess.run(
-        [PYTHON, "-m", "agent.cli.main", *args, "--url", agent.url, *token],
-        capture_output=True,
-        text=True,
-        timeout=20,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-
-
 def restarts(agent, name: str) -> list[dict]:
     return [e for e in agent.events(kind="instance_restarted") if e["instance"] == name]
 
@@ -81,7 +67,7 @@ def test_enforce_restarts_the_leak_before_its_limit(agent):
     assert not restarts(agent, "stable")
     actions = agent.get("/api/v1/actions")["actions"]
     assert [a["instance"] for a in actions] == ["leaky"]
-    plan = medic(agent, "plan", admin=False)
+    plan = agent.cli("plan", token=False)
     assert plan.returncode == 0 and "mode: enforce" in plan.stdout
 
 
@@ -106,7 +92,7 @@ def test_dry_run_only_plans(agent):
 
 def test_pause_holds_restarts_until_resume(agent):
     agent.start(config("enforce"))
-    paused = medic(agent, "pause", "--for", "10m", "--reason", "investigating by hand")
+    paused = agent.cli("pause", "--for", "10m", "--reason", "investigating by hand")
     assert paused.returncode == 0, paused.stderr
     first_pid = agent.instance("leaky")["pid"]
     wait_until(lambda: agent.get("/api/v1/findings", kind="leak", instance="leaky")["findings"], 90)
@@ -115,7 +101,7 @@ def test_pause_holds_restarts_until_resume(agent):
         60,
     )
     assert agent.instance("leaky")["pid"] == first_pid and not restarts(agent, "leaky")
-    assert "PAUSED" in medic(agent, "plan", admin=False).stdout
-    resumed = medic(agent, "resume")
+    assert "PAUSED" in agent.cli("plan", token=False).stdout
+    resumed = agent.cli("resume")
     assert resumed.returncode == 0 and "resumed" in resumed.stdout
     wait_until(lambda: restarts(agent, "leaky"), 90)

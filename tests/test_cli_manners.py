@@ -14,6 +14,7 @@ import pytest
 
 from agent.cli import client
 from agent.cli.main import COMMANDS, build_parser, main
+from support.agent_runner import medic_cli
 from support.procs import PYTHON, REPO
 
 ENV_KEYS = ("MEDIC_URL", "MEDIC_TOKEN", "MEDIC_TOKEN_FILE", "MEDIC_STATE_DIR")
@@ -209,24 +210,13 @@ def test_run_port_is_a_shorthand_for_listen():
         build_parser().parse_args(["run", "--port", "1", "--listen", "127.0.0.1:2"])
 
 
-def medic(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}
-    return subprocess.run(
-        [PYTHON, "-m", "agent.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={**env, "PYTHONPATH": str(REPO)},
-    )
-
-
 def test_a_real_agent_is_found_through_its_state_dir(agent, spawn, tmp_path):
     agent.state_dir = tmp_path / "elsewhere"  # not ./medic-state
     agent.start({"instances": []})
-    status = medic("--state-dir", str(agent.state_dir), "status", "--json")
+    status = medic_cli("--state-dir", str(agent.state_dir), "status", "--json")
     assert status.returncode == 0, status.stderr
     assert "instances" in json.loads(status.stdout)
-    restart = medic("restart", "nobody", "--reason", "x", "--state-dir", str(agent.state_dir))
+    restart = medic_cli("restart", "nobody", "--reason", "x", "--state-dir", str(agent.state_dir))
     assert "needs the agent's admin token" not in restart.stderr
     assert restart.returncode == 4, restart.stderr  # the API's answer: no such instance
 

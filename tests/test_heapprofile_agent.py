@@ -4,7 +4,6 @@ profiler (HEAPPROFILE files, or started through the shim): the heap diff names t
 
 from __future__ import annotations
 
-import os
 import subprocess
 import tempfile
 import time
@@ -19,8 +18,9 @@ from agent.state.histograms import HistogramStore
 from agent.state.store import Store
 from native_hooks.workloads import ensure_shim
 from probes.heapprof import HeapProfileProbe
+from support.agent_runner import medic_cli
 from support.histo import build_c, clean_env, read_ready
-from support.procs import PYTHON, REPO, wait_until
+from support.procs import wait_until
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
 FAST = {"interval": "0.5s", "slow_interval": "1s", "flush_interval": "0.3s"}
@@ -40,16 +40,6 @@ def _start(spawn, binary: str, env: dict[str, str]) -> int:
 
 def _socket() -> str:
     return f"{tempfile.mkdtemp(prefix='mh-', dir='/tmp')}/hook.%p.sock"
-
-
-def medic(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [PYTHON, "-m", "agent.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
 
 
 def _heap_diff_names_the_leak(agent, name: str) -> dict:
@@ -88,7 +78,7 @@ def test_jemalloc_dumps_through_the_shim(agent, spawn, binary, tmp_path):
     assert diff["after"]["source"] == "jemalloc" and diff["after"]["meta"]["sample_period"] == 65536
     assert len(list(dumps.glob("medic.c0.*.heap"))) <= 3  # medic keeps only its last `keep` dumps
 
-    shown = medic("heap", "c0", "--url", agent.url, "--since", "5m")
+    shown = agent.cli("heap", "c0", "--since", "5m", timeout=60)
     assert shown.returncode == 0, shown.stderr
     table = shown.stdout.splitlines()
     assert "leak_records" in table[2]  # title, header, then the top site
@@ -174,10 +164,10 @@ def test_offline_heap_diff_of_two_files(binary, tmp_path):
     )
     final = next(dumps.glob("*.f.heap"))
     first = min(dumps.glob("*.i*.heap"), key=lambda p: int(Path(p).name.split(".")[2]))
-    shown = medic("heap", "--file", str(final), "--base-file", str(first), "--frames", "2")
+    shown = medic_cli("heap", "--file", str(final), "--base-file", str(first), "--frames", "2", timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert "leak_records via main" in shown.stdout.splitlines()[2]
     broken = tmp_path / "broken.heap"
     broken.write_bytes(final.read_bytes()[:200])
-    failed = medic("heap", "--file", str(broken))
+    failed = medic_cli("heap", "--file", str(broken), timeout=60)
     assert failed.returncode == 1 and "truncated" in failed.stderr and str(broken) in failed.stderr

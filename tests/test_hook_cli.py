@@ -15,30 +15,19 @@ import pytest
 from agent.cli.hook import parse_params
 from agent.core.errors import UsageError
 from native_hooks.workloads import TargetIO, ensure_shim, python_argv, target_env
-from support.procs import REPO
-
-
-def medic(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "agent.cli.main", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=30,
-        env=env,
-    )
+from support.agent_runner import medic_cli
 
 
 @pytest.mark.native
 def test_env_prints_what_a_native_jemalloc_target_needs() -> None:
-    out = medic("hook", "env", "--allocator", "jemalloc")
+    out = medic_cli("hook", "env", "--allocator", "jemalloc")
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
         f"LD_PRELOAD=libjemalloc.so.2:{ensure_shim()}",
         "MEDIC_HOOK_SOCKET=auto",
         "MALLOC_CONF=prof:true,prof_active:false",
     ]
-    python = medic("hook", "env", "--python").stdout
+    python = medic_cli("hook", "env", "--python").stdout
     assert "LD_PRELOAD" not in python and "MEDIC_HOOK_SOCKET=auto" in python and "install-pth" in python
 
 
@@ -47,15 +36,15 @@ def test_call_by_pid_and_by_socket(spawn, sock_dir: str) -> None:
     env = target_env("glibc", "auto", extra={"MEDIC_HOOK_DIR": sock_dir})
     proc = spawn(python_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     target = TargetIO(proc)
-    by_pid = medic("hook", "call", "histogram", "top=3", "--pid", str(target.pid), env={**os.environ, **env})
+    by_pid = medic_cli("hook", "call", "histogram", "top=3", "--pid", str(target.pid), env=env)
     assert by_pid.returncode == 0, by_pid.stderr
     assert len(json.loads(by_pid.stdout)["types"]) == 3
     path = f"{sock_dir}/hook.{target.pid}.sock"
-    bad = medic("hook", "call", "prof_dump", "path=/tmp/x.heap", "--socket", path)
+    bad = medic_cli("hook", "call", "prof_dump", "path=/tmp/x.heap", "--socket", path)
     assert bad.returncode != 0 and "glibc malloc has no heap profiler" in bad.stderr
     assert bad.stderr.count("\n") == 1
     # the documented order: options first, KEY=VALUE after them (argparse alone refused this)
-    after = medic(
+    after = medic_cli(
         "hook",
         "call",
         "histogram",
@@ -63,17 +52,17 @@ def test_call_by_pid_and_by_socket(spawn, sock_dir: str) -> None:
         str(target.pid),
         "top=2",
         "contents=0",
-        env={**os.environ, **env},
+        env=env,
     )
     assert after.returncode == 0, after.stderr
     assert len(json.loads(after.stdout)["types"]) == 2
-    mixed = medic("hook", "call", "--pid", str(target.pid), "stats", "detail=true", env={**os.environ, **env})
+    mixed = medic_cli("hook", "call", "--pid", str(target.pid), "stats", "detail=true", env=env)
     assert mixed.returncode == 0, mixed.stderr
     assert "malloc_info" in json.loads(mixed.stdout)
 
 
 def test_call_without_a_hook_says_how_to_get_one() -> None:
-    out = medic("hook", "call", "ping", "--pid", str(os.getpid()))
+    out = medic_cli("hook", "call", "ping", "--pid", str(os.getpid()))
     assert out.returncode != 0 and "MEDIC_HOOK_SOCKET=auto" in out.stderr
 
 
@@ -83,7 +72,7 @@ def test_clean_removes_only_stale_sockets(sock_dir: str) -> None:
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(f"{sock_dir}/hook.{dead.pid}.sock")
     stale.close()
-    out = medic("hook", "clean", "--json", env={**os.environ, "MEDIC_HOOK_DIR": sock_dir})
+    out = medic_cli("hook", "clean", "--json", env={"MEDIC_HOOK_DIR": sock_dir})
     assert out.returncode == 0, out.stderr
     assert f"{sock_dir}/hook.{dead.pid}.sock" in json.loads(out.stdout)["removed"]
     assert not os.path.exists(f"{sock_dir}/hook.{dead.pid}.sock")
@@ -138,7 +127,7 @@ def test_call_by_socket_trusts_only_root_medic_or_the_socket_owner(
     path = f"{sock_dir}/hook.sock"
     server = spawn([sys.executable, "-c", FAKE_HOOK, path, mode], stdout=subprocess.PIPE, text=True)
     assert server.stdout is not None and server.stdout.readline() == "ready\n"
-    out = medic("hook", "call", "ping", "--socket", path)
+    out = medic_cli("hook", "call", "ping", "--socket", path)
     if trusted:
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["pid"] == server.pid
@@ -156,13 +145,13 @@ def test_call_with_pid_and_socket_refuses_another_process_s_socket(spawn, sock_d
     path = f"{sock_dir}/hook.sock"
     server = spawn([sys.executable, "-c", FAKE_HOOK, path, "as-nobody"], stdout=subprocess.PIPE, text=True)
     assert server.stdout is not None and server.stdout.readline() == "ready\n"
-    out = medic("hook", "call", "ping", "--socket", path, "--pid", str(os.getpid()))
+    out = medic_cli("hook", "call", "ping", "--socket", path, "--pid", str(os.getpid()))
     assert out.returncode != 0 and f"belongs to pid {server.pid}" in out.stderr
-    assert medic("hook", "call", "ping", "--socket", path, "--pid", str(server.pid)).returncode == 0
+    assert medic_cli("hook", "call", "ping", "--socket", path, "--pid", str(server.pid)).returncode == 0
 
 
 def test_call_needs_a_pid_or_a_socket() -> None:
-    out = medic("hook", "call", "ping")
+    out = medic_cli("hook", "call", "ping")
     assert out.returncode != 0 and "--pid PID" in out.stderr and "Traceback" not in out.stderr
 
 
@@ -174,7 +163,7 @@ def test_clean_escapes_control_characters_in_what_it_prints() -> None:
         stale = socket.socket(socket.AF_UNIX)
         stale.bind(f"{directory}/hook.{dead.pid}.sock")
         stale.close()
-        out = medic("hook", "clean", env={**os.environ, "MEDIC_HOOK_DIR": directory})
+        out = medic_cli("hook", "clean", env={"MEDIC_HOOK_DIR": directory})
         assert out.returncode == 0, out.stderr
         assert "\x1b" not in out.stdout and "\x07" not in out.stdout
         assert "mc-\\x1b]0;owned\\x07-" in out.stdout and f"hook.{dead.pid}.sock" in out.stdout

@@ -16,7 +16,7 @@ from agent.core.errors import ProbeUnavailable
 from agent.core.records import ProbeTarget
 from probes.jvm import JvmProbe
 from support.histo import build_java, clean_env, read_ready
-from support.procs import PYTHON, REPO, wait_until
+from support.procs import wait_until
 
 pytestmark = [
     pytest.mark.slow,
@@ -85,16 +85,6 @@ def test_heap_nmt_and_histograms_from_one_probe_run(spawn, classes):
     assert nmt and "Java Heap" in {r.name for r in nmt[0].rows}
 
 
-def medic(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [PYTHON, "-m", "agent.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-
-
 def test_the_leaking_class_is_named_first(agent, spawn, classes):
     """Acceptance: a JVM leaking one class into a static map among churning classes; after a few
     `GC.class_histogram -all` snapshots (garbage included) the suspects name that class first."""
@@ -126,9 +116,9 @@ def test_the_leaking_class_is_named_first(agent, spawn, classes):
     latest = agent.instance("jvm0")["latest"]
     assert latest["jvm_heap_after_gc_bytes"] > 0 and latest["jvm_nmt_committed_bytes"] > 0
 
-    shown = medic("histo", "jvm0", "--url", agent.url, "--since", "5m")
+    shown = agent.cli("histo", "jvm0", "--since", "5m", timeout=60)
     assert shown.returncode == 0, shown.stderr
     suspects_table = shown.stdout.split("suspects:")[1].splitlines()
     assert LEAKY in suspects_table[2]  # header, then the first suspect
-    as_json = json.loads(medic("histo", "jvm0", "--url", agent.url, "--diff", "1h", "--json").stdout)
+    as_json = json.loads(agent.cli("histo", "jvm0", "--diff", "1h", "--json", timeout=60).stdout)
     assert as_json["kind"] == "class" and as_json["rows"]

@@ -4,27 +4,15 @@ when the target is back; `medic events --outbox` shows them meanwhile."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 
 import pytest
 
-from support.procs import PYTHON, REPO, wait_until
+from support.procs import wait_until
 
 pytestmark = pytest.mark.slow
 FAST = {"interval": "0.2s", "slow_interval": "1s", "discovery_interval": "0.5s", "flush_interval": "0.3s"}
 SECRET = "agent-outbox-secret-0123"
-
-
-def medic(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [PYTHON, "-m", "agent.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
 
 
 def test_pending_notifications_survive_kill_9_and_go_out_once_in_order(
@@ -63,7 +51,7 @@ def test_pending_notifications_survive_kill_9_and_go_out_once_in_order(
     assert "cannot reach" in head["last_error"]
     assert behind["attempts"] == 0  # it waits behind the head: order is kept
 
-    shown = medic("events", "--outbox", "--url", agent.url)
+    shown = agent.cli("events", "--outbox")
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
     assert lines[0].split() == ["SINK", "PENDING", "DEAD", "OLDEST"] and lines[1].split()[:3] == [
@@ -73,9 +61,7 @@ def test_pending_notifications_survive_kill_9_and_go_out_once_in_order(
     ]
     row = next(line for line in lines if " first " in line)
     assert "pending" in row and "MedicInstanceDown (firing)" in row and "retry in" in row
-    as_json = json.loads(
-        medic("events", "--outbox", "--state", "pending", "--json", "--url", agent.url).stdout
-    )
+    as_json = json.loads(agent.cli("events", "--outbox", "--state", "pending", "--json").stdout)
     assert as_json["sinks"]["webhook"]["pending"] == 2 and len(as_json["items"]) == 2
 
     agent.proc.send_signal(signal.SIGKILL)  # no chance to flush or say goodbye
@@ -119,22 +105,16 @@ def test_a_dead_letter_is_sent_again_with_medic_events_requeue_and_the_admin_tok
     wrong = agent.tmp_path / "wrong.token"
     wrong.write_text("not-the-token\n")
     wrong.chmod(0o600)
-    refused = medic("events", "--requeue", str(dead["id"]), "--url", agent.url, "--token-file", str(wrong))
+    refused = agent.cli("events", "--requeue", str(dead["id"]), "--token-file", str(wrong))
     assert refused.returncode != 0 and "403" in refused.stderr and len(target.received) == 0
-    not_dead = medic(
-        "events",
-        "--requeue",
-        "999999",
-        "--url",
-        agent.url,
-        "--token-file",
-        str(agent.state_dir / "admin.token"),
+    not_dead = agent.cli(
+        "events", "--requeue", "999999", "--token-file", str(agent.state_dir / "admin.token")
     )
     assert not_dead.returncode != 0 and "is a dead letter; `medic events --outbox" in not_dead.stderr
 
     target.mode = "ok"  # the operator fixed the receiver
     token = str(agent.state_dir / "admin.token")
-    done = medic("events", "--requeue", str(dead["id"]), "--url", agent.url, "--token-file", token)
+    done = agent.cli("events", "--requeue", str(dead["id"]), "--token-file", token)
     assert done.returncode == 0, done.stderr
     assert f"queued again: {dead['id']}" in done.stdout
     wait_until(lambda: target.received, 15)

@@ -5,14 +5,12 @@ grows past `reset_after` on the way (1 s, 2 s, 4 s against 2 s): real uptimes st
 
 from __future__ import annotations
 
-import os
 import stat
-import subprocess
 import time
 
 import pytest
 
-from support.procs import PYTHON, REPO, wait_until
+from support.procs import PYTHON, wait_until
 
 pytestmark = pytest.mark.slow
 CRASHES = 4
@@ -40,10 +38,6 @@ def config(starts_file) -> dict:
         },
         "instances": [{"name": "crashy", "match": {"command": crashing(starts_file)}}],
     }
-
-
-def medic(agent, *args: str) -> subprocess.CompletedProcess:
-    return agent.cli(*args)
 
 
 def starts(path) -> int:
@@ -74,18 +68,12 @@ def test_a_crash_loop_is_found_escalated_held_and_released_by_a_person(agent, tm
     assert starts(starts_file) == held_at
     assert agent.instance("crashy")["status"] == "exited"
     assert "not relaunched" in agent.instance("crashy")["status_reason"]
-    plan = medic(agent, "plan")
+    plan = agent.cli("plan")
     assert plan.returncode == 0 and "escalated: crashy" in plan.stdout and "medic clear crashy" in plan.stdout
 
-    refused = subprocess.run(  # clearing needs the admin token
-        [PYTHON, "-m", "agent.cli.main", "clear", "crashy", "--url", agent.url, "--token-file", "/dev/null"],
-        capture_output=True,
-        text=True,
-        timeout=20,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    refused = agent.cli("clear", "crashy", "--token-file", "/dev/null", token=False)  # needs the admin token
     assert refused.returncode != 0 and starts(starts_file) == held_at
-    cleared = medic(agent, "clear", "crashy", "--token-file", str(agent.state_dir / "admin.token"))
+    cleared = agent.cli("clear", "crashy", "--token-file", str(agent.state_dir / "admin.token"))
     assert cleared.returncode == 0, cleared.stderr
     wait_until(lambda: starts(starts_file) > held_at, 15)
     wait_until(
@@ -94,7 +82,7 @@ def test_a_crash_loop_is_found_escalated_held_and_released_by_a_person(agent, tm
     events = agent.events()
     assert any(e["kind"] == "remediation_escalation_cleared" for e in events)
     assert any(e["kind"] == "finding_resolved" and e["instance"] == "crashy" for e in events)
-    again = medic(agent, "clear", "crashy", "--token-file", str(agent.state_dir / "admin.token"))
+    again = agent.cli("clear", "crashy", "--token-file", str(agent.state_dir / "admin.token"))
     assert again.returncode != 0 and "no escalation" in again.stderr
 
     log = agent.state_dir / "logs" / "crashy.log"  # the target's output, not medic's

@@ -24,10 +24,6 @@ DETECT = {
 }
 
 
-def medic(agent, *args: str) -> subprocess.CompletedProcess:
-    return agent.cli(*args)
-
-
 def test_evidence_of_a_jemalloc_leak_names_the_leaking_function(agent, spawn, tmp_path):
     binary = build_c(tmp_path)
     template = f"{tempfile.mkdtemp(prefix='mh-', dir='/tmp')}/hook.%p.sock"
@@ -91,16 +87,16 @@ def test_evidence_of_a_jemalloc_leak_names_the_leaking_function(agent, spawn, tm
     for item in (i for i in items.values() if i["path"]):
         assert stat.S_IMODE(Path(item["path"]).stat().st_mode) == 0o600, item
 
-    listed = medic(agent, "actions", "c0")
+    listed = agent.cli("actions", "c0")
     assert listed.returncode == 0 and str(action["id"]) in listed.stdout
-    shown = medic(agent, "evidence", str(action["id"]))
+    shown = agent.cli("evidence", str(action["id"]))
     assert shown.returncode == 0, shown.stderr
     assert "heap_profile.sites" in shown.stdout and "suspects: leak_records" in shown.stdout
-    item = medic(agent, "evidence", str(action["id"]), "finding")
+    item = agent.cli("evidence", str(action["id"]), "finding")
     assert item.returncode == 0 and json.loads(item.stdout)["suspects"][0]["name"] == "leak_records"
-    binary_item = medic(agent, "evidence", str(action["id"]), "heap_profile.heap")
+    binary_item = agent.cli("evidence", str(action["id"]), "heap_profile.heap")
     assert binary_item.returncode != 0 or binary_item.stdout.startswith("heap_v2/")
-    unknown = medic(agent, "evidence", "999999")
+    unknown = agent.cli("evidence", "999999")
     assert unknown.returncode != 0 and "no action 999999" in unknown.stderr
-    bad = medic(agent, "evidence", "abc")
+    bad = agent.cli("evidence", "abc")
     assert bad.returncode == 2 and "expected an action id" in bad.stderr

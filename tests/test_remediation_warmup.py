@@ -4,8 +4,6 @@ holds its restart slot until K requests in a row answer within the target, and t
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from support.procs import PYTHON, REPO, free_port, wait_until
@@ -40,18 +38,13 @@ def config(port: int, requests_dir) -> dict:
     }
 
 
-def medic(agent, *args: str) -> subprocess.CompletedProcess:
-    return agent.cli(*args)
-
-
 def test_a_slow_starting_server_holds_its_slot_until_warm(agent, tmp_path):
     requests_dir = tmp_path / "warmup"
     requests_dir.mkdir()
     (requests_dir / "work.http").write_text("GET /work\nAccept: application/json\n")
     agent.start(config(free_port(), requests_dir))
     wait_until(lambda: agent.instance("server")["status"] == "up", 20)
-    asked = medic(
-        agent,
+    asked = agent.cli(
         "restart",
         "server",
         "--reason",
@@ -66,7 +59,7 @@ def test_a_slow_starting_server_holds_its_slot_until_warm(agent, tmp_path):
         return any(f["stage"] == "verify" and any(s["stage"] == "act" for s in f["stages"]) for f in flights)
 
     wait_until(in_warmup, 30, interval=0.1)  # restarted, the slot still held while it warms up
-    shown = medic(agent, "plan")
+    shown = agent.cli("plan")
     assert "restarting now: server (action" in shown.stdout, shown.stdout
 
     def finished() -> dict | None:
@@ -83,5 +76,5 @@ def test_a_slow_starting_server_holds_its_slot_until_warm(agent, tmp_path):
     assert f"after {warm['data']['requests']} requests" in warm["reason"]
     assert warm["seconds"] >= SLOW_FIRST * SLOW * 0.9  # the slot was held through the slow requests
     wait_until(lambda: not agent.get("/api/v1/plan")["in_progress"], 5)  # released once warm
-    listed = medic(agent, "actions", "server")
+    listed = agent.cli("actions", "server")
     assert listed.returncode == 0 and f"warm after {warm['data']['requests']} requests" in listed.stdout

@@ -153,14 +153,6 @@ def unique(tag: str) -> str:
     return f"medic-test-{tag}-{os.getpid()}-{time.monotonic_ns()}"
 
 
-def medic(agent, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [PYTHON, "-m", "agent.cli.main", *args, "--url", agent.url,
-         "--token-file", str(agent.state_dir / "admin.token")],
-        capture_output=True, text=True, timeout=30, env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
-
-
 def tracker_for(tmp_path: Path, pidfile: Path) -> tuple[Tracker, Store]:
     spec = InstanceSpec.model_validate({"name": "served", "match": {"pidfile": str(pidfile)}})
     store = Store(tmp_path / "state")
@@ -344,7 +336,7 @@ def test_agent_reports_a_reused_pidfile_pid_gone_and_never_signals_it(agent, spa
     assert refused()[0]["data"]["other_pid"] == victim
     detail = agent.instance("served")
     assert detail["status"] == "down" and "another program" in detail["status_reason"]
-    restart = medic(agent, "restart", "served", "--force", "--reason", "try the reused pid")
+    restart = agent.cli("restart", "served", "--force", "--reason", "try the reused pid")
     time.sleep(1.0)
     assert not [e for e in agent.events(kind="instance_restarted") if e["instance"] == "served"]
     assert agent.instance("served")["status"] == "down", restart.stdout + restart.stderr

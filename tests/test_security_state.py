@@ -36,7 +36,7 @@ from remediation.coordinator.local import LocalCoordinator
 from remediation.engine import Engine
 from remediation.evidence import EvidenceStore
 from remediation.model import InstanceView, RemediationRequest
-from support.procs import PYTHON, REPO, wait_until, workload_argv
+from support.procs import wait_until, workload_argv
 
 NOBODY = 65534
 IS_ROOT = os.geteuid() == 0
@@ -346,25 +346,6 @@ def test_the_engine_pauses_in_memory_on_a_full_disk_and_stores_it_later(small_fs
         store.close()
 
 
-def medic(agent, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "agent.cli.main",
-            *args,
-            "--url",
-            agent.url,
-            "--token-file",
-            str(agent.state_dir / "admin.token"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-
-
 FULL_DISK_CONFIG = {
     "agent": {"interval": "0.2s", "slow_interval": "2s", "flush_interval": "0.3s"},
     "remediation": {
@@ -393,12 +374,12 @@ def test_medic_pause_on_a_full_disk_stops_restarts(small_fs, agent):
     ballast = fill(agent.state_dir)
     wait_until(lambda: "cannot write samples" in agent.log.read_text(), 20)  # the store is failing now
 
-    paused = medic(agent, "pause", "--for", "10m", "--reason", "disk full drill")
+    paused = agent.cli("pause", "--for", "10m", "--reason", "disk full drill")
     assert paused.returncode == 0, paused.stderr
     assert "not persisted" in paused.stderr and "holds in memory" in paused.stderr
     plan = agent.get("/api/v1/plan")
     assert plan["paused"]["reason"] == "disk full drill" and plan["pause_persisted"] is False
-    restart = medic(agent, "restart", "svc", "--reason", "drill: restart it")
+    restart = agent.cli("restart", "svc", "--reason", "drill: restart it")
     assert restart.returncode == 0 and "held" in restart.stdout, restart.stdout + restart.stderr
     time.sleep(1.5)
     assert agent.instance("svc")["pid"] == pid and agent.proc.poll() is None
@@ -423,6 +404,6 @@ def test_medic_pause_on_a_full_disk_stops_restarts(small_fs, agent):
     assert agent.instance("svc")["pid"] == pid
     assert not any(e["kind"] == "instance_restarted" for e in agent.events(instance="svc"))
 
-    resumed = medic(agent, "resume")
+    resumed = agent.cli("resume")
     assert resumed.returncode == 0 and "not persisted" not in resumed.stderr
     wait_until(lambda: agent.instance("svc")["pid"] not in (None, pid), 30)  # the held request runs now

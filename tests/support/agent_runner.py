@@ -1,4 +1,5 @@
-"""A real `medic run` process for the end-to-end tests, on a free loopback port with its own state dir."""
+"""A real `medic run` process for the end-to-end tests, on a free loopback port with its own state dir,
+and the one way tests run the `medic` CLI in a subprocess (`medic_cli`, `AgentRunner.cli`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
@@ -13,6 +15,26 @@ import psutil
 import yaml
 
 from support.procs import PYTHON, REPO, SpawnFn, wait_until
+
+# where the CLI looks for the admin token (besides --token-file and ./medic-state/admin.token)
+TOKEN_SOURCES = ("MEDIC_TOKEN", "MEDIC_TOKEN_FILE", "MEDIC_STATE_DIR")
+
+
+def medic_cli(
+    *args: str, env: Mapping[str, str | None] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess:
+    """`medic ARGS` in a subprocess of its own, as typed at a shell: this checkout's code, the test's
+    working directory and environment, with `env` on top (a None value unsets the variable). For
+    commands that need no agent of the test's, or that must find it themselves; `AgentRunner.cli`
+    for one the test started."""
+    merged = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run(
+        [PYTHON, "-m", "agent.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={key: value for key, value in merged.items() if value is not None},
+    )
 
 
 class AgentRunner:
@@ -70,15 +92,18 @@ class AgentRunner:
         response.raise_for_status()
         return response.json() if "json" in response.headers.get("content-type", "") else response.text
 
-    def cli(self, *args: str, timeout: float = 20) -> subprocess.CompletedProcess:
-        """`medic ARGS` against this agent, in a subprocess, as on-call would type it."""
-        return subprocess.run(
-            [PYTHON, "-m", "agent.cli.main", *args, "--url", self.url],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env={**os.environ, "PYTHONPATH": str(REPO), "MEDIC_STATE_DIR": str(self.state_dir)},
-        )
+    def cli(
+        self,
+        *args: str,
+        token: bool = True,
+        env: Mapping[str, str | None] | None = None,
+        timeout: float = 30,
+    ) -> subprocess.CompletedProcess:
+        """`medic ARGS --url URL` against this agent, in a subprocess, as on-call would type it. With
+        `token` the CLI finds the admin token through MEDIC_STATE_DIR (the agent's state dir), as
+        the agent's own host does; without it the CLI is given none."""
+        found = {"MEDIC_STATE_DIR": str(self.state_dir)} if token else dict.fromkeys(TOKEN_SOURCES)
+        return medic_cli(*args, "--url", self.url, env={**found, **(env or {})}, timeout=timeout)
 
     def instance(self, name: str) -> dict:
         return self.get(f"/api/v1/instances/{name}")["instance"]
