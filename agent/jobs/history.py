@@ -22,6 +22,7 @@ from agent.core.errors import MedicError
 from agent.detect.model import InstanceSeries
 from agent.detect.params import DetectParams
 from agent.detect.priors import PriorBook, learn_workload, workload_key
+from agent.jobs.streak import FailureStreak
 from agent.state.eventlog import EventLog
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ class HistoryJob:
         self.params = params
         self.book = book
         self.key_label = key_label
-        self._failing: bool | None = None  # None: never tried
+        self._streak = FailureStreak()
         self._offered: set[str] = set()
         self._due = -math.inf
         self._lock = threading.Lock()
@@ -95,7 +96,7 @@ class HistoryJob:
         if now >= self._due:
             self.run(now)
             self._due = now + (
-                self.section.refresh if self._failing is False else min(RETRY, self.section.refresh)
+                self.section.refresh if self._streak.working else min(RETRY, self.section.refresh)
             )
 
     def run(self, now: float | None = None) -> int:
@@ -131,9 +132,8 @@ class HistoryJob:
                 f"read {samples} samples of {len(instances)} instances from {self.section.url} in "
                 f"{time.monotonic() - started:.1f}s: profiles for {len(learned)} of {len(groups)} workloads"
             )
-            if self._failing is not False:
+            if self._streak.succeeded():
                 self.events.emit("history_loaded", message, severity="info", workloads=sorted(learned)[:100])
-            self._failing = False
             return len(learned)
 
     def _unavailable(self, reason: str) -> None:
@@ -141,11 +141,10 @@ class HistoryJob:
         for key in self._offered:
             self.book.offer(key, SOURCE, None)
         self._offered = set()
-        if self._failing is not True:
+        if self._streak.failed():
             self.events.emit(
                 "history_unavailable",
                 f"no history from Prometheus: {reason}; detectors start without its priors "
                 f"(tried again in {min(RETRY, self.section.refresh) / 60:g} min)",
                 severity="warning",
             )
-        self._failing = True

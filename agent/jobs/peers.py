@@ -24,6 +24,7 @@ from typing import Any
 
 from agent.detect.priors import WorkloadProfile
 from agent.jobs.detection import Detection
+from agent.jobs.streak import FailureStreak
 from agent.state.eventlog import EventLog
 from remediation.coordinator.base import MAX_PROFILE_READ, Coordinator
 from remediation.errors import CoordinatorError
@@ -59,7 +60,7 @@ class PeersJob:
         self.publish_every = publish_every
         self.ttl = ttl
         self._lock = threading.Lock()
-        self._failing: bool | None = None  # None: never tried
+        self._streak = FailureStreak()
         self._read_due = -math.inf
         self._read_keys: set[str] = set()
         self._offered: set[str] = set()
@@ -102,7 +103,8 @@ class PeersJob:
             loaded.add(key)
         for key in self._offered - loaded:
             self.detection.priors.offer(key, SOURCE, None)
-        if loaded != self._offered or self._failing is not False:
+        recovered = self._streak.succeeded()  # the first read, or the first since a failing streak
+        if recovered or loaded != self._offered:
             self.events.emit(
                 "priors_loaded",
                 f"peers' profiles for {len(loaded)} of {len(keys)} workloads from "
@@ -111,7 +113,7 @@ class PeersJob:
                 source=SOURCE,
                 workloads=sorted(loaded)[:100],
             )
-        self._offered, self._read_keys, self._failing = loaded, set(keys), False
+        self._offered, self._read_keys = loaded, set(keys)
         self._read_due = now + self.read_every
 
     def _unavailable(self, reason: str, now: float) -> None:
@@ -119,14 +121,13 @@ class PeersJob:
         for key in self._offered:
             self.detection.priors.offer(key, SOURCE, None)
         self._offered = set()
-        if self._failing is not True:
+        if self._streak.failed():
             self.events.emit(
                 "peers_unavailable",
                 f"no workload profiles from peers: {reason}; detectors go on without them "
                 f"(tried again in {min(RETRY, self.read_every) / 60:g} min)",
                 severity="warning",
             )
-        self._failing = True
         self._read_due = now + min(RETRY, self.read_every)
 
     # ------------------------------------------------------------------------------ publishing
