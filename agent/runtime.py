@@ -140,6 +140,7 @@ class Agent:
             memory_params,
             self.config.detect.slow_params(),
             workload_label=self.config.detect.workload_label,
+            time_scale=self.config.detect.time_scale,
         )
         self.telemetry.watch_findings(self.detection)
         history = self.config.history.prometheus  # the workloads' past, for new processes

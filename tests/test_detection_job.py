@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from agent.config.model import InstanceSpec
 from agent.core.histograms import HistogramRow, Snapshot
 from agent.core.records import Sample
 from agent.detect import DetectParams, Finding, Transition
@@ -93,3 +94,47 @@ def test_an_open_leak_gets_fresh_suspects_at_each_judgement(tmp_path):
     detection._explain([], T0 + 120)  # a judgement with no transition
     assert active.evidence["suspects"][0]["count"] > first_count
     assert "attribution" in active.evidence
+
+
+def test_the_slo_window_is_compressed_with_detect_time_scale(tmp_path):
+    """`latency.slo.for: 5m` at `detect.time_scale: 60` is 5 s, as every other detection window: 20 s
+    of a p99 three times its SLO opens a slow finding by its SLO rule. Unscaled, the same 20 s cover
+    too little of a 5-minute window to judge it."""
+    spec = InstanceSpec.model_validate(
+        {"name": "svc", "match": {"pid": 1}, "latency": {"slo": {"threshold": "100ms", "for": "5m"}}}
+    )
+    slow = SlowParams().scaled(60)
+    found = {}
+    for scale in (60.0, 1.0):
+        store = Store(tmp_path / f"scale-{scale:g}")
+        events = EventLog(store)
+        store.add_samples(Sample("svc", "latency_p99_seconds", T0 + k * 0.25, 0.3) for k in range(80))
+        store.flush()
+        detection = Detection(
+            Tracker([spec], store, events), store, events, DetectParams(), slow, time_scale=scale
+        )
+        for k in range(6):
+            detection.run(T0 + 10 + k * slow.step)
+        found[scale] = [f for f in detection.active if f.kind == "slow"]
+    [opened] = found[60.0]
+    assert opened.evidence["fired"] == ["slo"], opened.summary
+    assert opened.evidence["rules"]["slo"]["window_seconds"] == 5.0
+    assert found[1.0] == []
+
+
+def test_an_slo_window_longer_than_the_other_windows_is_read_whole(tmp_path):
+    """`for: 1h` is longer than the slow detector's own windows (30 min at most): the job reads the
+    hour, so an hour over the SLO is judged, not left unknown for want of data."""
+    spec = InstanceSpec.model_validate(
+        {"name": "svc", "match": {"pid": 1}, "latency": {"slo": {"threshold": "100ms", "for": "1h"}}}
+    )
+    store = Store(tmp_path)
+    events = EventLog(store)
+    store.add_samples(Sample("svc", "latency_p99_seconds", T0 + k * 10.0, 0.3) for k in range(400))
+    store.flush()
+    slow = SlowParams()
+    detection = Detection(Tracker([spec], store, events), store, events, DetectParams(), slow)
+    for k in range(3):
+        detection.run(T0 + 3900 + k * slow.step)
+    [opened] = [f for f in detection.active if f.kind == "slow"]
+    assert opened.evidence["fired"] == ["slo"] and opened.evidence["rules"]["slo"]["window_seconds"] == 3600

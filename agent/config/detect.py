@@ -13,8 +13,9 @@ names it (`detect.memory.window: ...`); the rules that relate two keys (`long_wi
 `window`) are the parameters' own and are reported on the section (`detect.memory: ...`).
 
 `time_scale` compresses time for a lab, a test or a demo in one setting: every duration of `memory`
-and `slow` (given or default) is divided by it, so the detectors keep their production shape on a
-shorter axis. `history_problems` says when the store would not keep the history the memory detectors
+and `slow` (given or default), and each instance's SLO window (`latency.slo.for`, scaled where the
+detection job reads it: `agent.detect.slow.slo_from_settings`), is divided by it, so the detectors
+keep their production shape on a shorter axis. `history_problems` says when the store would not keep the history the memory detectors
 need at the resolution they read it at; the config refuses such a pair with the fix.
 """
 
@@ -139,7 +140,7 @@ class DetectSection(Strict):
     """`detect`: the detection job's schedule and each detector's tunables, turned into its parameters."""
 
     interval: Interval = 15.0  # how often the job looks for a judgement instant it has not judged
-    time_scale: Number = Field(1.0, ge=1, le=100_000)  # every detection duration is divided by it
+    time_scale: Number = Field(1.0, ge=1, le=100_000)  # divides every detection duration, SLO `for` too
     workload_label: Annotated[str, Field(min_length=1, max_length=63)] = "fleet"  # instances sharing priors
     memory: MemoryDetection = Field(default_factory=MemoryDetection)
     slow: SlowDetection = Field(default_factory=SlowDetection)

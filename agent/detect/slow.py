@@ -78,14 +78,15 @@ def history(params: SlowParams = DEFAULT_SLOW, slos: Mapping[str, Slo | None] | 
     return max(windows) + params.stale + params.step
 
 
-def slo_from_settings(settings: Mapping[str, Any] | None) -> Slo | None:
-    """The SLO in an instance's config as plain data (`latency.slo`), or None when it has none."""
+def slo_from_settings(settings: Mapping[str, Any] | None, time_scale: float = 1.0) -> Slo | None:
+    """The SLO in an instance's config as plain data (`latency.slo`), or None when it has none. Its
+    `for` is a detection window: divided by `time_scale` (`detect.time_scale`) as the others are."""
     latency = (settings or {}).get("latency")
     slo = latency.get("slo") if isinstance(latency, Mapping) else None
     if not isinstance(slo, Mapping):
         return None
-    window = slo.get("for", slo.get("for_", 300.0))
-    return Slo(float(slo.get("quantile", 0.99)), float(slo.get("threshold", 0.25)), float(window))
+    window = float(slo.get("for", slo.get("for_", 300.0))) / time_scale
+    return Slo(float(slo.get("quantile", 0.99)), float(slo.get("threshold", 0.25)), window)
 
 
 def tick_for(now: float, params: SlowParams) -> float:

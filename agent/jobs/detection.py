@@ -26,7 +26,7 @@ from agent.detect.growth import REQUESTS
 from agent.detect.model import ACTIVE, ALLOCATED, JVM_HEAP_AFTER_GC, LIMIT_METRICS, RESIDENT, RSS, START_TIME
 from agent.detect.priors import PriorBook, WorkloadProfile, merge, workload_key
 from agent.detect.slow import INPUT_METRICS as SLOW_METRICS
-from agent.detect.slow import SlowParams, evaluate_slow, slo_from_settings
+from agent.detect.slow import Slo, SlowParams, evaluate_slow, slo_from_settings
 from agent.detect.slow import history as slow_history
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
@@ -56,8 +56,10 @@ class Detection:
         params: DetectParams,
         slow: SlowParams,
         workload_label: str = "fleet",
+        time_scale: float = 1.0,
     ) -> None:
         self.workload_label = workload_label
+        self.time_scale = time_scale  # detect.time_scale: the SLOs' `for` windows are divided by it too
         self.priors = PriorBook()  # peers' and Prometheus' profiles are offered here (`PriorBook.offer`)
         self._learned: dict[tuple[str, float], WorkloadProfile | None] = {}
         self._keys: dict[str, str] = {}  # instance -> workload key, as of the last judgement
@@ -93,7 +95,11 @@ class Detection:
         with self.tracker.lock:
             states = [(s.name, dict(s.settings), s.memory_limit) for s in self.tracker.states.values()]
         upto = max(memory_tick, slow_tick)
-        series = [self.load_series(name, upto, limit, judge_memory, judge_slow) for name, _, limit in states]
+        slos = {name: slo_from_settings(settings, self.time_scale) for name, settings, _ in states}
+        series = [
+            self.load_series(name, upto, limit, judge_memory, judge_slow, slos[name])
+            for name, _, limit in states
+        ]
         transitions: list[Transition] = []
         keep = list(self.active)
         if judge_memory:
@@ -106,7 +112,6 @@ class Detection:
             transitions += changes
             self.memory_tick = memory_tick
         if judge_slow:
-            slos = {name: slo_from_settings(settings) for name, settings, _ in states}
             observations = evaluate_slow(series, slow_tick, self.slow, slos=slos)
             kept, changes = update([f for f in keep if f.kind == "slow"], observations, self.slow)  # type: ignore[arg-type]
             keep = [f for f in keep if f.kind != "slow"] + kept
@@ -152,10 +157,17 @@ class Detection:
         return {key: p.to_dict() for key, found in by_key.items() if (p := merge(found)) is not None}
 
     def load_series(
-        self, instance: str, tick: float, limit: float | None, memory: bool = True, slow: bool = True
+        self,
+        instance: str,
+        tick: float,
+        limit: float | None,
+        memory: bool = True,
+        slow: bool = True,
+        slo: Slo | None = None,
     ) -> InstanceSeries:
         """The series the detectors need up to `tick`: memory series over `params.history`, as the
-        min and max of each sub-bucket; latency series over the slow detector's history."""
+        min and max of each sub-bucket; latency series over the slow detector's history (with the
+        instance's SLO window, which may be the longest)."""
         stored = set(self.store.metrics(instance))
         points: dict[str, list[tuple[float, float]]] = {}
         if memory:
@@ -170,7 +182,7 @@ class Detection:
                 self._lifetimes(instance, since, tick) if START_TIME in stored else (None, None)
             )
         if slow:
-            since = tick - slow_history(self.slow)
+            since = tick - slow_history(self.slow, {instance: slo})
             for metric in SLOW_METRICS:
                 if metric in stored and metric not in points:
                     points[metric] = self.store.series(
