@@ -17,25 +17,24 @@ from agent.detect.model import RSS, Observation, State
 from agent.detect.params import DetectParams
 
 CLEAR_MARGIN = 1.5  # resolve only once the projection is beyond 1.5 × horizon
-SAFETY_EXTRAPOLATION = 2.0  # with no daily profile, project at most twice the steady growth seen
-STEADY = 0.9  # ...and its recent third at least this fraction of the rest's slope
+STEADY = 0.9  # with no daily profile, a fit's first and last thirds grow at this fraction of its slope
 
 
 def fit_holds(fit: Fit, ttoom: float, p: DetectParams) -> bool:
     """Whether the fit is good enough to project `ttoom`: growth that does not decelerate, over
-    at least `ttoom / max_extrapolation` once the daily profile is removed; before it is known,
-    over at least `ttoom / SAFETY_EXTRAPOLATION` and steady in its first and last thirds (a daily
-    rise is slow at its trough and its peak; a trajectory to the limit is not), unless the limit
-    is under a quarter of the horizon away and no further than the growth already seen."""
+    at least `ttoom / max_extrapolation` once the daily profile is known. Before it is known, no
+    further ahead than the growth already seen (a daily rise lasts half a period at most, and a
+    working set filling up runs as long as it runs: what has not been seen cannot be projected),
+    and steady in its first and last thirds (a daily rise is slow at its trough and its peak; a
+    trajectory to the limit is not) unless the limit is under a quarter of the horizon away."""
     t = fit.trend
     if t.decel < p.decel_ratio:
         return False
     if fit.profile_known:
         return fit.long_enough(p, ttoom)
-    if ttoom < p.horizon / 4 and fit.coverage >= ttoom:
-        return True  # critical, and no further ahead than the growth already seen: say it now
-    steady = t.early_slope >= STEADY * t.slope and t.decel >= STEADY
-    return steady and fit.coverage >= ttoom / SAFETY_EXTRAPOLATION - 1e-6
+    if fit.coverage < ttoom - 1e-6:
+        return False
+    return ttoom < p.horizon / 4 or (t.early_slope >= STEADY * t.slope and t.decel >= STEADY)
 
 
 def oom_peak(ctx: Context, fit: Fit) -> float | None:
@@ -70,7 +69,14 @@ def judge_oom(ctx: Context) -> Observation:
         ttoom = time_to_limit(ctx.limit, oom_peak(ctx, fit), slope)
         if ttoom is None:
             continue
-        critical = ttoom < p.horizon / 4 and fit.confidence >= p.confidence and fit.coverage >= 2 * ttoom
+        # critical: the raw test at full confidence suffices over twice the time left, or over the
+        # time left when the growth accelerates (its curvature is what lowers the corrected test)
+        accelerating = t.early_slope <= t.slope and t.decel >= 1.0
+        critical = (
+            ttoom < p.horizon / 4
+            and fit.confidence >= p.confidence
+            and fit.coverage >= (1 if accelerating else 2) * ttoom
+        )
         if (
             (t.confidence >= p.confidence or (critical and t.confidence >= p.confidence_clear))
             and ttoom < p.horizon
