@@ -26,7 +26,6 @@ from agent.core.errors import ProbeError
 from agent.core.records import ProbeResult, ProbeTarget, Sample
 from probes.base import Schedule
 from probes.latency import latency_settings
-from probes.scrape import fetch, new_client
 
 MAX_BODY_FILE = 16 * 2**20
 SETTING = "latency.canary.url"
@@ -66,6 +65,8 @@ def read_body(spec: Mapping[str, Any]) -> bytes | None:
 
 def send_canary(client, spec: Mapping[str, Any]) -> CanaryOutcome:
     """One canary request, never raising: failures become an outcome with `error`."""
+    from probes.scrape import fetch  # with its httpx, loaded by the first canary (none by default)
+
     try:
         reply = fetch(
             client,
@@ -130,6 +131,8 @@ class CanaryProbe:
 
     def _start(self, schedule: _Schedule, spec: Mapping[str, Any]) -> None:
         if self._client is None:
+            from probes.scrape import new_client
+
             self._client = new_client()
         client = self._client
 

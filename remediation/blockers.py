@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import httpx
-
 from remediation.model import Decision, FleetEntry, InstanceView, RestartRecord
 from remediation.text import at, span
 from remediation.windows import Windows
@@ -126,6 +124,8 @@ class PrometheusAlerts:
         return not self.match or any(p.search(name) for p in self.match)
 
     def check(self, ctx: BlockerContext) -> Decision:
+        import httpx  # loaded by the first alert blocker: an agent without one does not carry it
+
         try:
             response = httpx.get(self.url, timeout=self.timeout, trust_env=False)
             alerts = parse_alerts(response.json())

@@ -19,8 +19,6 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-import httpx
-
 from agent.core.records import ProcessIdentity
 from probes.linux.procfs import same_process
 from remediation.actuators.base import Locator, fill
@@ -119,6 +117,8 @@ class Verifier:
         return None
 
     def _healthy(self, url: str, deadline: float, stop: threading.Event) -> Decision:
+        import httpx  # loaded by the first health URL: an agent without one does not carry it
+
         last = "no answer yet"
         while time.monotonic() < deadline and not stop.is_set():
             try:

@@ -13,7 +13,7 @@ import importlib
 import sys
 
 from agent import __version__
-from agent.cli.options import add_global_options, share_global_options
+from agent.cli.options import GLOBAL_OPTIONS, add_global_options, share_global_options
 from agent.core.errors import MedicError
 from agent.core.text import echo
 
@@ -44,7 +44,8 @@ COMMANDS: dict[str, str] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The `medic` parser; with `only`, just that subcommand (the others' modules stay unimported)."""
     parser = argparse.ArgumentParser(
         prog="medic",
         description="sidecar-medic: watch inference processes for leaks, fragmentation and slowness.",
@@ -53,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_global_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in COMMANDS.items():
+        if only is not None and name != only:
+            continue
         module = importlib.import_module(module_name)
         cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(cmd)
@@ -61,8 +64,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def chosen_command(argv: list[str]) -> str | None:
+    """The subcommand `argv` names, when nothing before it but the shared options can change which
+    it is; else None (help, a typo, an abbreviated option: the whole parser answers those)."""
+    takes_value = {flag for flag, spec in GLOBAL_OPTIONS if spec.get("action") != "store_true"}
+    known = {flag for flag, _ in GLOBAL_OPTIONS}
+    tokens = iter(argv)
+    for token in tokens:
+        if token in COMMANDS:
+            return token
+        flag = token.split("=", 1)[0]
+        if flag not in known:
+            return None
+        if flag in takes_value and "=" not in token and next(tokens, None) is None:
+            return None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    # only the subcommand asked for is imported: `medic run` keeps the other 21 out of its RSS
+    parser = build_parser(chosen_command(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):  # `medic` alone: a request for help, not a mistake
         parser.print_help()

@@ -23,14 +23,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
-import httpx
-
 from agent.core.errors import ConfigError, ProbeError
-from probes.scrape import fetch, new_client
 from remediation.model import Decision, InstanceView
+
+if TYPE_CHECKING:
+    import httpx
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 MAX_REQUEST_FILE = 16 * 2**20
@@ -156,6 +156,8 @@ def replay_until_warm(
         raise ValueError("replay_until_warm needs at least one request")
     if consecutive < 1 or target <= 0 or deadline <= 0:
         raise ValueError("consecutive must be >= 1, target and deadline > 0")
+    from probes.scrape import new_client  # httpx loads with the first warm-up, not with the agent
+
     own = client is None
     client = client or new_client()
     started = clock()
@@ -196,6 +198,8 @@ def _send(
     client: httpx.Client, request: WarmupRequest, base_url: str, timeout: float
 ) -> tuple[float | None, str | None]:
     """(latency, error) of one request; error is None on a 2xx answer."""
+    from probes.scrape import fetch
+
     url = request.url(base_url)
     try:
         reply = fetch(

@@ -25,9 +25,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from agent.core.records import Event
 from agent.notify.config import NotifySection
@@ -40,6 +38,9 @@ from agent.notify.silences import Silencer, SilenceTarget
 from agent.notify.sinks import AlertmanagerSink, DeliveryError, HttpSink, create_sinks
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("medic.notify")
 IDLE = 5.0  # a worker with nothing due still looks again this often

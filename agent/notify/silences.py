@@ -26,13 +26,14 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from agent.notify.model import rfc3339
 from agent.notify.sinks.base import DeliveryError, check
 from agent.state.store import Store
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("medic.notify")
 CREATED_BY = "sidecar-medic"
@@ -296,6 +297,8 @@ def _send(
 def _send_to(
     target: SilenceTarget, base: str, method: str, path: str, body: Any, params: dict[str, str] | None
 ) -> Any:
+    import httpx  # loaded by the sink that made target.client
+
     url = f"{base}{path}"
     try:
         response = target.client.request(

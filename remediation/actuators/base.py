@@ -15,8 +15,6 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-import httpx
-
 from agent.core.records import ProcessIdentity
 from remediation.model import Decision, InstanceView, RemediationRequest
 
@@ -110,6 +108,8 @@ def call_url(
     headers: Mapping[str, str] | None = None,
 ) -> Decision:
     """One HTTP request; 2xx is ok, anything else (or no answer) is blocked with the reason."""
+    import httpx  # loaded by the first HTTP actuator or hook: an agent without one does not carry it
+
     try:
         response = httpx.request(
             method, url, json=json_body, headers=dict(headers or {}), timeout=timeout, trust_env=False

@@ -14,12 +14,13 @@ import time
 from dataclasses import dataclass
 from datetime import timezone
 from email.utils import parsedate_to_datetime
-from typing import Any, ClassVar, Literal
-
-import httpx
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from agent import __version__
 from agent.notify.model import Notification
+
+if TYPE_CHECKING:
+    import httpx
 
 Takes = Literal["alerts", "messages"]
 _RETRYABLE = {408, 425, 429}
@@ -49,6 +50,8 @@ class HttpSink:
     takes: ClassVar[Takes] = "messages"  # alerts: fire/resolve/once effects; messages: one per event
 
     def __init__(self, name: str, spec: Any, *, transport: httpx.BaseTransport | None = None) -> None:
+        import httpx  # loaded with the first sink: an agent without one does not carry it
+
         self.name = name
         self.spec = spec
         self.client = httpx.Client(
@@ -80,6 +83,8 @@ class HttpSink:
         self.post(request)
 
     def post(self, request: Request) -> httpx.Response:
+        import httpx
+
         headers = {"Content-Type": "application/json", **request.headers}
         try:
             response = self.client.post(request.url, content=request.body, headers=headers)

@@ -1,0 +1,82 @@
+"""What `medic run` keeps out of its RSS: modules it loads only when something configured needs them.
+
+The figures are in benchmarks/footprint.py; these tests guard the imports that make them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.cli.main import COMMANDS, build_parser, chosen_command
+
+REPO = Path(__file__).resolve().parent.parent
+LATE = ("httpx", "pydantic.v1")
+
+
+def _loaded_after(code: str) -> list[str]:
+    """Modules of interest a fresh interpreter holds after running `code`."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO, timeout=60
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_agent_starts_without_httpx_or_the_other_subcommands():
+    loaded = _loaded_after(
+        "from agent.cli.main import build_parser, chosen_command\n"
+        "build_parser(chosen_command(['run', '--port', '0']))\n"
+        "import agent.runtime, agent.config.loader\n"
+        "from probes.registry import PROBES, create_probe\n"
+        "[create_probe(name) for name, entry in PROBES.items() if entry.default_enabled]"
+    )
+    assert [name for name in LATE if name in loaded] == []
+    others = [module for name, module in COMMANDS.items() if name != "run" and module in loaded]
+    assert others == []
+
+
+def test_a_configured_sink_still_loads_httpx_when_it_is_built():
+    loaded = _loaded_after(
+        "from types import SimpleNamespace\n"
+        "from agent.notify.sinks.base import HttpSink\n"
+        "HttpSink('hook', SimpleNamespace(timeout=1.0)).close()"
+    )
+    assert "httpx" in loaded
+
+
+@pytest.mark.parametrize(
+    "argv, command",
+    [
+        (["run"], "run"),
+        (["--url", "http://127.0.0.1:1", "status"], "status"),
+        (["--url=http://127.0.0.1:1", "--json", "leaks"], "leaks"),
+        (["status", "--url", "run"], "status"),
+        (["--url", "run"], None),  # `run` is the URL here, and no subcommand follows
+        (["--state", "run", "status"], None),  # an abbreviated option: the whole parser decides
+        (["-h"], None),
+        (["--version"], None),
+        (["bogus"], None),
+        ([], None),
+    ],
+)
+def test_the_subcommand_is_told_only_when_nothing_before_it_can_change_it(argv, command):
+    assert chosen_command(argv) == command
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--port", "9511", "--pid", "1"],
+        ["--url", "http://127.0.0.1:1", "status"],
+        ["--json", "events", "--limit", "5"],
+        ["leaks", "--state-dir", "/tmp/x"],
+    ],
+)
+def test_the_narrowed_parser_reads_what_the_whole_one_reads(argv):
+    whole = vars(build_parser().parse_args(argv))
+    narrowed = vars(build_parser(chosen_command(argv)).parse_args(argv))
+    assert narrowed == whole
