@@ -12,7 +12,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ import pytest
 from agent.cli.main import main
 from agent.cli.run import PrintableFormatter
 from agent.core.text import echo, printable, render
-from support.procs import REPO, wait_until
+from support.procs import wait_until
 
 ESC = "\x1b"
 EVIL = "\x1b[2J\x1b]0;owned\x07\x9b31m\u202eevil\r\nforged: line"
@@ -69,17 +68,6 @@ def test_log_lines_escape_messages_so_a_reason_cannot_forge_a_line():
     assert ESC not in text and "Traceback (most recent call last):\n" in text
 
 
-def _medic(agent, *args: str) -> subprocess.CompletedProcess:
-    """The CLI as an operator runs it: its own process, its real stdout."""
-    return subprocess.run(
-        [sys.executable, "-m", "agent.cli.main", *args, "--url", agent.url],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-
-
 @pytest.mark.slow
 def test_events_and_plan_show_a_hostile_pause_reason_and_process_name_escaped(agent, spawn, tmp_path: Path):
     first = spawn(["sleep", "300"])
@@ -115,8 +103,8 @@ def test_events_and_plan_show_a_hostile_pause_reason_and_process_name_escaped(ag
     if reply.status_code == 200:
         wait_until(lambda: agent.events(kind="remediation_paused"), 10)
 
-    events = _medic(agent, "events", "--limit", "200")
-    plan = _medic(agent, "plan")
+    events = agent.cli("events", "--limit", "200", token=False)
+    plan = agent.cli("plan", token=False)
     assert events.returncode == 0 and plan.returncode == 0, events.stderr + plan.stderr
     for output in (events.stdout, plan.stdout, events.stderr, plan.stderr):
         assert ESC not in output and "\x9b" not in output and "\r" not in output
@@ -127,7 +115,7 @@ def test_events_and_plan_show_a_hostile_pause_reason_and_process_name_escaped(ag
             line.startswith("forged") for line in events.stdout.splitlines() + plan.stdout.splitlines()
         )
 
-    as_json = _medic(agent, "events", "--limit", "200", "--json")
+    as_json = agent.cli("events", "--limit", "200", "--json", token=False)
     assert ESC not in as_json.stdout
     messages = [e["message"] for e in json.loads(as_json.stdout)]
     assert any("\x1b[2J\x1b[31mevil" in m for m in messages)  # JSON keeps the text exact, escaped by JSON

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -15,8 +12,8 @@ from hypothesis import strategies as st
 
 from agent.core.errors import ConfigError
 from agent.jobs.warmup import WarmupRequest, load_requests, parse_http_request, replay_until_warm
+from support.agent_runner import medic_cli
 from support.latency_app import start_app
-from support.procs import REPO
 
 
 def write_requests(directory) -> None:
@@ -127,21 +124,12 @@ def test_failures_break_the_streak_and_back_off(spawn):
     assert not failing.warm and failing.best_streak == 1 and "answered HTTP 500" in failing.reason
 
 
-def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "agent.cli.main", "warmup", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-    )
-
-
 @pytest.mark.slow
 def test_medic_warmup_command(spawn, tmp_path):
     app = start_app(spawn, "--mode", "slowstart", "--slow-first", "2", "--slow", "0.3", "--base", "0.005")
     write_requests(tmp_path / "req")
-    warm = run_cli(
+    warm = medic_cli(
+        "warmup",
         "serving-0",
         "--requests",
         str(tmp_path / "req"),
@@ -164,7 +152,8 @@ def test_medic_warmup_command(spawn, tmp_path):
         "latency": {"canary": {"url": app.url("/work?ms=150")}, "slo": {"threshold": "50ms"}},
     }
     config.write_text(yaml.safe_dump({"instances": [instance]}))
-    cold = run_cli(
+    cold = medic_cli(
+        "warmup",
         "serving-0",
         "--requests",
         str(tmp_path / "req"),
@@ -175,11 +164,11 @@ def test_medic_warmup_command(spawn, tmp_path):
     # target: the SLO's 50 ms; base URL: the canary's, which the .json body goes to and which takes 150 ms
     assert cold.returncode == 1
     assert cold.stderr.startswith("serving-0: not warm within 1s")
-    unknown = run_cli("nope", "--requests", str(tmp_path / "req"), "--config", str(config))
+    unknown = medic_cli("warmup", "nope", "--requests", str(tmp_path / "req"), "--config", str(config))
     assert (
         unknown.returncode == 2 and "no instance 'nope'" in unknown.stderr and "serving-0" in unknown.stderr
     )
-    no_url = run_cli("x", "--requests", str(tmp_path / "req"), "--target", "1s")
+    no_url = medic_cli("warmup", "x", "--requests", str(tmp_path / "req"), "--target", "1s")
     assert no_url.returncode == 2 and "give --url" in no_url.stderr
 
 
