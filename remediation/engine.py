@@ -12,7 +12,9 @@ Every instance with a request ends the step with one Decision (stage, code, reas
 keeps it when it changes, and the event log says what a person needs to know. Dry-run walks the
 same path and stops before the lock, recording what it would have done and counting that against
 a local copy of the budget, so its plan advances as it would in enforce mode. The pause (the kill
-switch, `remediation.pause`) holds in memory at once, even when the ledger cannot be written.
+switch, `remediation.pause`) holds in memory at once, even when the ledger cannot be written; the
+fleet-wide pause (`pause_fleet`) lives in the coordinator, and every agent of the namespace holds
+while it lasts (read each step, with the leader, by the elected planner).
 
 The engine sees the agent only through ports (`agent.core.ports`): an event sink, a table store
 for its ledger, and the hooks (`remediation.hooks`) that find and act on processes.
@@ -36,7 +38,8 @@ from remediation import planner, policy
 from remediation.budget import HOUR
 from remediation.config import RemediationSection
 from remediation.coordinator import Coordinator, create_coordinator
-from remediation.errors import CoordinatorError
+from remediation.coordinator.base import fleet_pause_decision
+from remediation.errors import CoordinatorError, NotShared
 from remediation.fleet_view import history_window, local_entries
 from remediation.grants import ElectedPlanner
 from remediation.hooks import EngineHooks, PurgeFn
@@ -55,6 +58,7 @@ from remediation.model import (
 )
 from remediation.pause import KillSwitch, pause_decision
 from remediation.restarts import UNAVAILABLE, Restarts
+from remediation.text import at
 
 log = logging.getLogger("medic.remediation")
 _DB_ERRORS = (sqlite3.Error, StoreError)
@@ -81,6 +85,7 @@ class Engine:
         self.hooks = hooks or EngineHooks()
         self.background = background
         self.clock = clock
+        self.state_dir = Path(state_dir)
         self.ledger = Ledger(store)
         self.limits = config.limits()
         self.plan_settings = config.plan_settings()
@@ -113,7 +118,7 @@ class Engine:
             evidence_dir=config.evidence.dir or (Path(state_dir) / "evidence"),
             stop=self._stop,
             clock=clock,
-            paused=self.switch.paused,
+            paused=self._held,
         )
         self._owns_coordinator = False
         self._coordinator_error: str | None = None
@@ -121,6 +126,7 @@ class Engine:
         self._pruned_at = -math.inf
         self._stepped_at: float | None = None
         self.last: StepReport | None = None
+        self._fleet_seen: dict[str, Any] | None = None  # the fleet pause the last step saw
         self.planning = ElectedPlanner(
             coordinator,
             agent_id,
@@ -190,15 +196,86 @@ class Engine:
         """`{"persisted": True}`, or False with a warning that says what holds and what is retried."""
         return self.switch.storage()
 
+    def pause_fleet(self, reason: str, until: float, by: str | None = None) -> dict[str, Any]:
+        """The fleet-wide kill switch: no agent of the namespace purges or restarts anything until
+        `until` or `resume_fleet()`. Written to the coordinator at once; `NotShared` when this
+        agent's coordinator is its own, `CoordinatorError` when it cannot be written (nothing
+        paused then), ValueError without a reason or a future expiry."""
+        self._check_shared()
+        now = self.clock()
+        if not reason or not reason.strip():
+            raise ValueError("a pause needs a reason (who is doing what, for how long)")
+        if not math.isfinite(until) or until <= now:
+            raise ValueError("a pause needs an expiry in the future")
+        record = {"reason": reason.strip(), "until": until, "by": by, "since": now, "agent": self.agent_id}
+        self.planning.set_fleet_pause(record, now)
+        paused = self.planning.control.pause_at(now) or record
+        self._fleet_seen = paused
+        self.events.emit(
+            "remediation_paused",
+            f"remediation paused fleet-wide ({self.coordinator.describe()}) until {at(until)} "
+            f"by {by or 'an operator'}: {paused['reason']}",
+            severity="warning",
+            scope="fleet",
+            **paused,
+        )
+        return paused
+
+    def resume_fleet(self, by: str | None = None) -> dict[str, Any] | None:
+        """Lift the fleet-wide pause; returns the one lifted, or None when there was none (same
+        errors as `pause_fleet`)."""
+        self._check_shared()
+        previous = self.planning.set_fleet_pause(None, self.clock())
+        self._fleet_seen = None
+        if previous is not None:
+            self.events.emit(
+                "remediation_resumed",
+                f"remediation resumed fleet-wide ({self.coordinator.describe()}) by {by or 'an operator'}; "
+                f"the pause was: {previous.get('reason')}",
+                scope="fleet",
+                by=by,
+                previous=previous,
+            )
+        return previous
+
+    def fleet_paused(self, now: float) -> dict[str, Any] | None:
+        """The fleet-wide pause in force at `now`, as the last step read it (no coordinator request)."""
+        return self.planning.control.pause_at(now)
+
+    def shared(self) -> str | None:
+        """None when the coordinator is shared with other agents (etcd, or a local file named in
+        the config); else why not."""
+        path = getattr(self.coordinator, "path", None)
+        if self.coordinator.name != "local" or path is None:
+            return None
+        if Path(path).resolve() != (self.state_dir / "coordinator.db").resolve():
+            return None
+        return (
+            f"this agent has no shared coordinator: its coordinator is the SQLite file {path} in its own "
+            "state directory, which no other agent uses, so a fleet-wide pause would hold only this agent; "
+            "use `medic pause` (without --fleet), or share one coordinator between the agents "
+            "(remediation.coordinator.local.path on one host, backend: etcd across hosts)"
+        )
+
+    def _check_shared(self) -> None:
+        why = self.shared()
+        if why is not None:
+            raise NotShared(why)
+
+    def _held(self, now: float) -> dict[str, Any] | None:
+        """The pause that holds at `now`, this agent's own or the fleet's (checked before acting)."""
+        return self.paused(now) or self.fleet_paused(now)
+
     def submit(self, request: RemediationRequest) -> Decision:
         """A one-shot request (manual, external): kept until carried out or `SUBMITTED_TTL` passes."""
         decision = self.intake.submit(request)
-        pause = self.paused(self.clock())
-        if decision.ok and pause is not None:  # kept, but nothing happens before the pause ends
+        held = self._pause_gate(self.clock())
+        if decision.ok and held is not None:  # kept, but nothing happens before the pause ends
+            lift = "`medic resume --fleet`" if held.data.get("scope") == "fleet" else "`medic resume`"
             return Decision.allow(
                 "pause",
-                f"request held: {pause_decision(pause).reason}; it goes through the {self.mode} "
-                f"pipeline after `medic resume` or when the pause expires (dropped if still paused "
+                f"request held: {held.reason}; it goes through the {self.mode} "
+                f"pipeline after {lift} or when the pause expires (dropped if still paused "
                 f"{SUBMITTED_TTL / 60:g} min after it was made)",
                 code="held",
             )
@@ -305,11 +382,19 @@ class Engine:
             log.exception("the ladder failed for %s", view.name)
             return Intent("none", "error", f"internal error, nothing done: {exc}")
 
-    def _gate(self, view: InstanceView, now: float) -> Decision | None:
-        """The kill switch and the exclusion list: no action on the instance at all."""
+    def _pause_gate(self, now: float) -> Decision | None:
+        """This agent's pause, else the fleet's: the decision while one holds."""
         pause = self.paused(now)
         if pause is not None:
             return pause_decision(pause)
+        fleet = self.fleet_paused(now)
+        return fleet_pause_decision(fleet) if fleet is not None else None
+
+    def _gate(self, view: InstanceView, now: float) -> Decision | None:
+        """The kill switches and the exclusion list: no action on the instance at all."""
+        paused = self._pause_gate(now)
+        if paused is not None:
+            return paused
         if self.config.excluded(view.name):
             return Decision.block(
                 "exclude", "excluded", f"{view.name} is excluded from remediation in the config"
@@ -368,7 +453,23 @@ class Engine:
         report.plan = planned.plan
         self._note_coordinator(planned.error)
         report.coordinator_error = planned.error
+        self._note_fleet_pause(now)
         return planned.fleet, planned.history
+
+    def _note_fleet_pause(self, now: float) -> None:
+        """The agent that set the fleet pause says when it expired (the others only hold, and say
+        so in their decisions)."""
+        seen, self._fleet_seen = self._fleet_seen, self.fleet_paused(now)
+        until = seen.get("until") if seen else None
+        if seen is None or self._fleet_seen is not None or seen.get("agent") != self.agent_id:
+            return
+        if until is not None and until <= now:
+            self.events.emit(
+                "remediation_resumed",
+                f"the fleet-wide pause ({seen.get('reason')}) expired",
+                scope="fleet",
+                **seen,
+            )
 
     def _note_coordinator(self, error: str | None) -> None:
         if error and error != self._coordinator_error:
@@ -426,14 +527,28 @@ class Engine:
         return sorted(list(self.restarts.executions))
 
     def snapshot(self, now: float | None = None) -> dict[str, Any]:
-        """What `/api/v1/plan` and `medic plan` show: mode, pause, the plan, decisions, restarts in flight."""
+        """What `/api/v1/plan` and `medic plan` show: mode, pause, the fleet's pause and planner,
+        the plan, decisions, restarts in flight. Reads no coordinator: the fleet's controls are as
+        the last step read them (`fleet.read_at`)."""
         now = self.clock() if now is None else now
         last = self.last
+        control = self.planning.control
+        leader = control.leader
         return {
             "mode": self.mode,
             "agent": self.agent_id,
             "paused": self.paused(now),
             "pause_persisted": self.pause_storage()["persisted"],
+            "fleet": {
+                "namespace": self.config.coordinator.namespace,
+                "shared": self.shared() is None,
+                "paused": control.pause_at(now),
+                "leader": dict(leader) if leader else None,
+                "leads": bool(leader and leader.get("agent") == self.agent_id),
+                "role": control.role,
+                "read_at": control.read_at,
+                "error": control.error,
+            },
             "coordinator": {
                 "backend": self.coordinator.describe(),
                 "ok": self._coordinator_error is None,

@@ -5,6 +5,7 @@
         ├── CoordinatorError        the coordinator answered, but not as expected (bad data, protocol)
         │   ├── CoordinatorUnavailable  unreachable, slow or refusing: no restart may happen
         │   └── LeaseLost           a slot's lease expired or was revoked while held
+        ├── NotShared               a fleet-wide control asked of an agent whose coordinator is its own
         └── ActuatorError           an actuator could not be built from its settings
 
 The engine turns each into a blocked decision with its reason; none reaches the agent's loop.
@@ -29,6 +30,10 @@ class CoordinatorUnavailable(CoordinatorError):
 
 class LeaseLost(CoordinatorError):
     """A restart slot's lease is gone (expired or revoked): another agent may hold the slot now."""
+
+
+class NotShared(RemediationError):
+    """The agent shares no coordinator with other agents, so a fleet-wide control means nothing."""
 
 
 class ActuatorError(RemediationError):

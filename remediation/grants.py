@@ -16,18 +16,26 @@ the budget is still checked atomically at `acquire`, so even two leaders at once
 healing) cannot put more restarts in flight than it allows. Dry-run keeps every agent planning for
 itself from the whole view (its would-be restarts are known only to itself). Without the
 coordinator, nothing is granted and the error says why.
+
+Each step also reads the namespace's controls, the fleet-wide pause and the leader (in etcd from
+the watched `control/` prefix: no request), and keeps them as `control` for the engine's gate and
+`medic plan`, so that showing them costs the coordinator nothing. While the coordinator cannot be
+read, the last pause seen keeps holding until its own expiry (fail closed).
 """
 
 from __future__ import annotations
 
+import json
+import threading
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from remediation import planner
 from remediation.budget import BudgetLimits
 from remediation.coordinator import Coordinator
-from remediation.coordinator.base import Leadership, PlannedGrant
+from remediation.coordinator.base import Leadership, PlannedGrant, read_pause
 from remediation.errors import CoordinatorError
 from remediation.fleet_view import shared_view
 from remediation.model import FleetEntry, Plan, PlanEntry, RestartRecord
@@ -50,6 +58,24 @@ class Planned:
     granted: dict[str, PlannedGrant] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class FleetControl:
+    """What the planner last read of the namespace's controls."""
+
+    paused: dict[str, Any] | None = None  # the fleet pause (`read_pause`'s record)
+    leader: dict[str, Any] | None = None  # {agent, revision, since}; None: the seat is vacant
+    role: str = "alone"  # leader, follower, or alone (dry-run, or the coordinator failed)
+    read_at: float | None = None  # when they were read; None: not yet
+    error: str | None = None  # why they could not be read at the last step
+
+    def pause_at(self, now: float) -> dict[str, Any] | None:
+        """The fleet pause while it holds at `now` (a cached one ends at its own expiry too)."""
+        if self.paused is None:
+            return None
+        until = self.paused.get("until")
+        return None if until is not None and until <= now else dict(self.paused)
+
+
 class ElectedPlanner:
     def __init__(
         self,
@@ -70,6 +96,9 @@ class ElectedPlanner:
         self.fleet_ttl = fleet_ttl
         self.spread = spread
         self.leadership: Leadership | None = None
+        self.control = FleetControl()
+        self._control_lock = threading.Lock()
+        self._control_writes = 0  # pause writes by this agent: a step's older read must not undo one
 
     def step(
         self,
@@ -81,22 +110,60 @@ class ElectedPlanner:
         dry_run: bool = False,
         extra_history: Sequence[RestartRecord] = (),
     ) -> Planned:
+        writes = self._control_writes
         if dry_run:
             fleet, history, error = shared_view(self.coordinator, self.agent_id, mine, self.fleet_ttl, since)
             history = [*history, *extra_history]
             plan = planner.plan(fleet, history, self.limits, settings, now, self.windows)
+            try:
+                self._read_control(now, writes, "alone")
+            except CoordinatorError as exc:
+                self._keep_control(now, writes, str(exc))
             return Planned(fleet, history, plan, error, role="alone")
         try:
             self.coordinator.publish(self.agent_id, mine, self.fleet_ttl)
             self.leadership = self.coordinator.campaign(self.agent_id, self.leader_ttl, self.spread)
             if self.leadership is not None:
-                return self._lead(self.leadership, now, mine, since, settings, extra_history)
-            return self._follow(now, mine, since, extra_history)
+                return self._lead(self.leadership, now, mine, since, settings, extra_history, writes)
+            return self._follow(now, mine, since, extra_history, writes)
         except CoordinatorError as exc:  # planned alone, so each decision says the lock is what is missing
             self.leadership = None
+            self._keep_control(now, writes, str(exc))
             history = list(extra_history)
             plan = planner.plan(mine, history, self.limits, settings, now, self.windows)
             return Planned(list(mine), history, plan, str(exc), role="alone")
+
+    # ----------------------------------------------------------------------------- the controls
+    def set_fleet_pause(self, pause: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
+        """Set (or lift, with None) the namespace's pause in the coordinator and in `control` at
+        once; returns the pause it replaced. `CoordinatorError` when it cannot be written (then
+        nothing changed)."""
+        try:
+            previous = self.coordinator.fleet_pause()
+        except CoordinatorError:  # a watch that is down must not stop the switch: the write says
+            previous = self.control.pause_at(now)
+        self.coordinator.set_fleet_pause(pause)
+        with self._control_lock:
+            self._control_writes += 1
+            recorded = read_pause(json.dumps(pause), now) if pause is not None else None
+            self.control = replace(self.control, paused=recorded)
+        return previous
+
+    def _remember(self, writes: int, **fields: Any) -> None:
+        """Keep what a step read; its pause only if this agent wrote none since the step began."""
+        with self._control_lock:
+            if writes != self._control_writes:
+                fields.pop("paused", None)
+            self.control = replace(self.control, **fields)
+
+    def _read_control(self, now: float, writes: int, role: str) -> None:
+        """Read the pause and the leader (`CoordinatorError` when they cannot be)."""
+        paused, leader = self.coordinator.fleet_pause(), self.coordinator.leader_info()
+        self._remember(writes, paused=paused, leader=leader, role=role, read_at=now, error=None)
+
+    def _keep_control(self, now: float, writes: int, error: str) -> None:
+        """The coordinator failed: the last pause seen holds (until its own expiry); the role is alone."""
+        self._remember(writes, role="alone", error=error)
 
     def _lead(
         self,
@@ -106,11 +173,15 @@ class ElectedPlanner:
         since: float,
         settings: PlanSettings,
         extra_history: Sequence[RestartRecord],
+        writes: int,
     ) -> Planned:
         fleet = _merge(mine, self.coordinator.fleet())
         history = [*self.coordinator.restarts(since), *extra_history]
         plan = planner.plan(fleet, history, self.limits, settings, now, self.windows)
-        paused = self.coordinator.fleet_pause() is not None
+        pause = self.coordinator.fleet_pause()
+        seat = {"agent": self.agent_id, "revision": leadership.revision, "since": leadership.since}
+        self._remember(writes, paused=pause, leader=seat, role="leader", read_at=now, error=None)
+        paused = pause is not None
         grants: dict[str, list[PlannedGrant]] = defaultdict(list)
         for entry in plan.entries if not paused else ():
             if entry.agent != self.agent_id and entry.actionable:
@@ -121,9 +192,16 @@ class ElectedPlanner:
         return Planned(fleet, history, plan, role="leader", grants_written=written, leader=self.agent_id)
 
     def _follow(
-        self, now: float, mine: list[FleetEntry], since: float, extra_history: Sequence[RestartRecord]
+        self,
+        now: float,
+        mine: list[FleetEntry],
+        since: float,
+        extra_history: Sequence[RestartRecord],
+        writes: int,
     ) -> Planned:
-        leader = self.coordinator.leader()
+        self._read_control(now, writes, "follower")
+        seat = self.control.leader
+        leader = seat.get("agent") if seat else None
         wanting = {e.instance: e for e in mine if e.wants_restart}
         if not wanting:
             return Planned(list(mine), [], Plan(computed_at=now), leader=leader)
@@ -185,4 +263,4 @@ def _entry(grant: PlannedGrant, leader: str | None) -> PlanEntry:
     )
 
 
-__all__ = ["ElectedPlanner", "Planned"]
+__all__ = ["ElectedPlanner", "FleetControl", "Planned"]

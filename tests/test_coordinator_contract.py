@@ -6,6 +6,7 @@ separate agent would; several clients in one test are several agents sharing one
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -17,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from remediation.budget import BudgetLimits, BudgetState, admit
-from remediation.coordinator.base import EXPIRED, PlannedGrant, SlotRequest
+from remediation.coordinator.base import EXPIRED, PlannedGrant, SlotRequest, fleet_pause_decision, read_pause
 from remediation.coordinator.etcd import EtcdCoordinator
 from remediation.coordinator.local import LocalCoordinator
 from remediation.errors import CoordinatorError, CoordinatorUnavailable, LeaseLost
@@ -327,6 +328,50 @@ def test_nothing_is_granted_while_the_fleet_is_paused(make):
     a.set_fleet_pause(None)
     wait_until_equal(lambda: len(b.grants("agent-b") or []), 1)
     assert b.fleet_pause() is None
+
+
+def test_no_slot_is_taken_while_the_fleet_is_paused_and_the_pause_ends_at_its_until(make):
+    a, b = make(), make()
+    until = time.time() + 2.5
+    a.set_fleet_pause({"reason": "INC-7", "until": until, "by": "oncall", "since": time.time(), "agent": "a"})
+    pause = wait_until_value(b.fleet_pause)
+    assert (pause["reason"], pause["until"], pause["by"], pause["agent"]) == ("INC-7", until, "oncall", "a")
+    refused = b.acquire(slot("b1", "agent-b"), allow)
+    assert not refused.granted and refused.decision.code == "paused"
+    assert "fleet-wide by oncall" in refused.decision.reason and "INC-7" in refused.decision.reason
+    assert refused.decision.retry_at == until and b.restarts(since=0) == []
+    time.sleep(max(0.0, until - time.time()) + 0.1)
+    assert b.fleet_pause() is None and a.fleet_pause() is None  # by itself: nobody lifted it
+    assert b.acquire(slot("b1", "agent-b"), allow).granted
+
+
+def test_the_leader_is_described_with_its_fencing_revision_and_since_when(make):
+    a, b = make(), make()
+    assert b.leader_info() is None
+    before = time.time()
+    lead = a.campaign("agent-a", TTL)
+    info = wait_until_value(b.leader_info)
+    assert info["agent"] == "agent-a" and info["revision"] == lead.revision
+    assert before - 1 <= info["since"] <= time.time() and lead.since == pytest.approx(info["since"], abs=1)
+
+
+@given(text=st.text(max_size=300) | JSON_VALUES.map(json.dumps), now=st.floats(0, 5e9))
+def test_a_pause_record_read_back_is_checked_and_never_raises(text, now):
+    pause = read_pause(text, now)
+    if pause is None:
+        return
+    assert set(pause) == {"reason", "until", "by", "since", "agent"}
+    assert isinstance(pause["reason"], str) and pause["reason"]
+    assert pause["until"] is None or (isinstance(pause["until"], float) and pause["until"] > now)
+    assert all(pause[k] is None or isinstance(pause[k], str) for k in ("by", "agent"))
+    fleet_pause_decision(pause)  # any record read back can be said
+
+
+def test_an_unreadable_pause_record_holds_until_lifted():
+    assert read_pause("[1, 2]", 0.0)["reason"].startswith("unreadable")
+    assert read_pause("{" * 5000, 0.0)["until"] is None
+    assert read_pause('{"reason": "x", "until": 10}', 11.0) is None
+    assert read_pause('{"reason": "x", "until": "soon"}', 11.0)["until"] is None  # no time: it holds
 
 
 @pytest.mark.slow  # waits for a TTL

@@ -393,7 +393,9 @@ def test_rendered_page_shows_fleet_chart_limit_projection_and_findings(
     event_rows = dom.find("table", "events")
     assert event_rows and "finding_opened" in event_rows[0]["text"]
     assert "dry-run" in dom.find("span", id="mode")[0]["text"]
-    assert "not paused" in dom.find("div", id="remediation-state")[0]["text"]
+    remediation_state = dom.find("div", id="remediation-state")[0]["text"]
+    assert "not paused" in remediation_state
+    assert "this agent (no other agent shares its coordinator)" in remediation_state  # the planner
     print(f"dump-dom took {elapsed:.2f}s")
 
 

@@ -2,9 +2,11 @@
 
 Reads are open like the rest of the API; every mutation needs the admin token and is recorded with
 its reason and, as `by`, the identity the token proves (`token:<hash prefix>`), never a name the
-client sends: that one (`note`, or `by` as older CLIs send it) follows as `(note: …)`. A manual
-restart goes through the same budget and coordinator as any other unless `force` is given with a
-reason, which is logged. Clearing an escalation (`POST /instances/{name}/clear`) lets remediation
+client sends: that one (`note`, or `by` as older CLIs send it) follows as `(note: …)`. The pause
+and resume take a `scope`: `agent` (this agent, the default) or `fleet` (every agent of the
+namespace, through the coordinator: 409 when this agent shares none, 503 when it cannot be
+written). A manual restart goes through the same budget and coordinator as any other unless
+`force` is given with a reason, which is logged. Clearing an escalation (`POST /instances/{name}/clear`) lets remediation
 and the supervisor's relaunches act on the instance again; the evidence of an action is read back
 item by item (`GET /actions/{id}/evidence/{item}`).
 """
@@ -14,7 +16,9 @@ from __future__ import annotations
 import base64
 import os
 import time
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,7 +26,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.api.auth import TokenGuard
 from agent.core.units import parse_duration
 from agent.jobs.remediation import Remediation
+from remediation.errors import CoordinatorError, NotShared
 from remediation.model import RemediationRequest
+
+Scope = Literal["agent", "fleet"]
+SCOPE = "agent: this agent only (the default); fleet: every agent of the namespace, through the coordinator"
 
 
 class RestartRequest(BaseModel):
@@ -37,12 +45,14 @@ class PauseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reason: str = Field(..., min_length=3, max_length=500)
     duration: str = Field("1h", description="how long, e.g. 30m, 2h; at most 7 days")
+    scope: Scope = Field("agent", description=SCOPE)
     note: str | None = Field(None, max_length=100, description="who asks, as the client says; not trusted")
     by: str | None = Field(None, max_length=100, description="the old name of `note`")
 
 
 class ResumeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    scope: Scope = Field("agent", description=SCOPE)
     note: str | None = Field(None, max_length=100, description="who asks, as the client says; not trusted")
     by: str | None = Field(None, max_length=100, description="the old name of `note`")
 
@@ -73,6 +83,22 @@ def read_evidence(engine: Any, path: str) -> bytes:
         return os.read(fd, MAX_EVIDENCE_READ)
     finally:
         os.close(fd)
+
+
+@contextmanager
+def fleet_errors(what: str) -> Iterator[None]:
+    """A fleet-wide control's failures as answers: 400 bad input, 409 no shared coordinator, 503
+    the coordinator cannot be written (the fleet is then not `what`)."""
+    try:
+        yield
+    except NotShared as exc:
+        raise HTTPException(409, str(exc)) from None
+    except CoordinatorError as exc:
+        raise HTTPException(
+            503, f"the fleet was not {what}: {exc}; `medic pause` still holds this agent meanwhile"
+        ) from None
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
 
 
 def remediation_routes(remediation: Remediation, guard: TokenGuard, instance_or_404) -> APIRouter:
@@ -155,6 +181,10 @@ def remediation_routes(remediation: Remediation, guard: TokenGuard, instance_or_
             raise HTTPException(400, f"duration: {exc}") from None
         if not 0 < seconds <= 7 * 86400:
             raise HTTPException(400, "duration: give between 1s and 7d; a pause always expires")
+        if body.scope == "fleet":
+            with fleet_errors("paused"):
+                paused = engine.pause_fleet(body.reason, time.time() + seconds, audit_by(who, body))
+            return {"scope": "fleet", "paused": paused, "coordinator": engine.coordinator.describe()}
         try:
             paused = engine.pause(body.reason, time.time() + seconds, audit_by(who, body))
             return {"paused": paused, **engine.pause_storage()}  # persisted: false on a full disk
@@ -163,6 +193,16 @@ def remediation_routes(remediation: Remediation, guard: TokenGuard, instance_or_
 
     @router.post("/resume")
     def resume(body: ResumeRequest | None = None, who: str = Depends(guard)) -> dict[str, Any]:
+        if body is not None and body.scope == "fleet":
+            with fleet_errors("resumed"):
+                previous = engine.resume_fleet(audit_by(who, body))
+            coordinator = engine.coordinator.describe()
+            return {
+                "scope": "fleet",
+                "resumed": previous is not None,
+                "previous_pause": previous,
+                "coordinator": coordinator,
+            }
         previous = engine.resume(audit_by(who, body))
         return {"resumed": previous is not None, "previous_pause": previous, **engine.pause_storage()}
 

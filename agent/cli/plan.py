@@ -1,4 +1,5 @@
-"""`medic plan`: the restart plan (who, when, why, before which deadline), the budget, pause and escalations."""
+"""`medic plan`: the restart plan (who, when, why, before which deadline), the budget, this agent's
+and the fleet's pause, the namespace's elected planner, and escalations."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from agent.cli.client import agent_url, get_json
 from agent.core.text import echo, printable, render
 from agent.core.units import format_duration
 
-HELP = "show the remediation plan: mode, pause, planned restarts against their deadlines, restarts in flight"
+HELP = (
+    "show the remediation plan: mode, pause (this agent's and the fleet's), the fleet's planner, "
+    "planned restarts against their deadlines, restarts in flight"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _when(ts: float | None, now: float) -> str:
-    if not isinstance(ts, (int, float)):
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not 0 <= ts <= 4102444800:
         return "-"
     clock = datetime.fromtimestamp(ts).strftime("%H:%M:%S")
     return (
@@ -43,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
     if coordinator and not coordinator.get("ok", True):
         line += f"   COORDINATOR DOWN: {printable(coordinator.get('error'))} (no restarts until it answers)"
     echo(line)
+    fleet = body.get("fleet")
+    if isinstance(fleet, dict):
+        for fleet_line in _fleet(fleet, now):
+            echo(fleet_line)
     step = body.get("step") or {}
     plan = step.get("plan") or {}
     decisions = step.get("decisions") or {}
@@ -64,6 +72,37 @@ def run(args: argparse.Namespace) -> int:
             f"escalated: {printable(esc.get('instance'))}: {printable(esc.get('hold') or esc.get('reason'))}"
         )
     return 0
+
+
+def _fleet(fleet: dict, now: float) -> list[str]:
+    """The namespace's pause and its elected planner, as the agent's last step read them."""
+    lines = []
+    namespace = printable(fleet.get("namespace") or "?")
+    pause = fleet.get("paused")
+    if isinstance(pause, dict):
+        until = pause.get("until")
+        till = _when(until, now) if until is not None else "lifted (`medic resume --fleet`)"
+        on = f" on {printable(pause['agent'])}" if pause.get("agent") else ""
+        lines.append(
+            f"FLEET PAUSED (namespace {namespace}) until {till} by {printable(pause.get('by') or '?')}{on}: "
+            f"{printable(pause.get('reason'))}"
+        )
+    leader = fleet.get("leader")
+    if not fleet.get("shared", True):
+        lines.append("planner: this agent (no other agent shares its coordinator)")
+    elif isinstance(leader, dict):
+        who = printable(leader.get("agent") or "?") + (" (this agent)" if fleet.get("leads") else "")
+        since = f" since {_when(leader.get('since'), now)}" if leader.get("since") is not None else ""
+        revision = leader.get("revision")
+        fence = f", revision {printable(revision)}" if revision is not None else ""
+        lines.append(f"planner of namespace {namespace}: {who}{since}{fence}")
+    elif fleet.get("error"):
+        lines.append(f"planner of namespace {namespace}: unknown ({printable(fleet['error'])})")
+    elif fleet.get("role") == "alone":
+        lines.append(f"planner of namespace {namespace}: none (dry-run: every agent plans for itself)")
+    else:
+        lines.append(f"planner of namespace {namespace}: none elected yet")
+    return lines
 
 
 def _row(entry: dict, decision: dict | None, now: float) -> list[str]:

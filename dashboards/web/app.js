@@ -384,8 +384,10 @@ function renderHeader() {
   const plan = state.data.plan;
   const mode = byId("mode");
   if (plan && plan.mode) {
-    mode.textContent = plan.paused ? `${plan.mode} · paused` : plan.mode;
-    mode.className = `pill mode-${plan.mode}${plan.paused ? " pill-warn" : ""}`;
+    const fleetPaused = Boolean(plan.fleet && plan.fleet.paused);
+    const held = plan.paused ? " · paused" : fleetPaused ? " · fleet paused" : "";
+    mode.textContent = `${plan.mode}${held}`;
+    mode.className = `pill mode-${plan.mode}${held ? " pill-warn" : ""}`;
     mode.hidden = false;
   } else {
     mode.hidden = true;
@@ -551,6 +553,26 @@ function renderInstance() {
   const findings = openFindings(inst.name);
   fill("findings", findings.length ? findings.map((f) => findingCard(f, now)) : h("p", { class: "muted" }, "No open findings."));
   renderSuspects(inst);
+}
+
+// the namespace's pause and elected planner, as the agent's last remediation step read them
+function fleetPauseFact(fleet, now) {
+  if (!fleet || !fleet.shared) return null;
+  const pause = fleet.paused;
+  if (!pause) return fact("fleet pause", "not paused");
+  const until = isNum(pause.until) ? fmtWhen(pause.until, now) : "lifted";
+  const on = pause.agent ? ` on ${pause.agent}` : "";
+  return fact("fleet paused", `until ${until} by ${pause.by || "an operator"}${on}: ${pause.reason || ""}`, "paused");
+}
+
+function fleetPlannerFact(fleet, now) {
+  if (!fleet) return null;
+  if (!fleet.shared) return fact("planner", "this agent (no other agent shares its coordinator)");
+  const leader = fleet.leader;
+  if (!leader) return fact("planner", fleet.error ? `unknown: ${fleet.error}` : "none elected");
+  const since = isNum(leader.since) ? ` since ${fmtWhen(leader.since, now)}` : "";
+  const revision = leader.revision !== null && leader.revision !== undefined ? `, revision ${leader.revision}` : "";
+  return fact("planner", `${leader.agent || "?"}${fleet.leads ? " (this agent)" : ""}${since}${revision}`);
 }
 
 function fact(label, value, cls) {
@@ -794,6 +816,8 @@ function renderRemediation() {
     pause
       ? fact("paused", `until ${fmtWhen(pause.until, now)} by ${pause.by || "an operator"}: ${pause.reason || ""}`, "paused")
       : fact("pause", "not paused"),
+    fleetPauseFact(plan.fleet, now),
+    fleetPlannerFact(plan.fleet, now),
     fact("coordinator", coordinator.ok === false ? `DOWN: ${coordinator.error || "?"} (no restarts until it answers)` : "ok"),
     fact(
       "budget",

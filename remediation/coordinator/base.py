@@ -27,6 +27,7 @@ engine then does not restart anything.
 from __future__ import annotations
 
 import json
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -34,6 +35,7 @@ from typing import Any
 
 from remediation.errors import CoordinatorError
 from remediation.model import Decision, FleetEntry, RestartRecord
+from remediation.text import at
 
 # admit(records in flight or recent, the coordinator's now) -> the budget's decision
 Admit = Callable[[Sequence[RestartRecord], float], Decision]
@@ -41,6 +43,9 @@ EXPIRED = "lease-expired"
 MAX_PROFILE_BYTES = 4096  # a workload profile as JSON (they are under 2 KiB): more is refused
 MAX_PROFILE_KEY = 200  # characters of a workload key
 MAX_PROFILE_READ = 64  # keys one get_profiles call reads
+MAX_PAUSE_BYTES = 4096  # a fleet pause record as JSON; a bigger one reads as unreadable (and holds)
+LATEST = 4102444800.0  # 2100-01-01: a time past it in a record read back is no time
+UNREADABLE_PAUSE = "unreadable fleet pause record (lift it with `medic resume --fleet`)"
 
 
 def profile_text(key: str, doc: Mapping[str, Any]) -> str:
@@ -85,6 +90,52 @@ def profile_doc(text: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def read_pause(text: str | None, now: float) -> dict[str, Any] | None:
+    """The fleet pause that `text` (what the coordinator holds, or None) records, while it holds at
+    `now`: one whose `until` has passed holds no more; one that is no JSON object within
+    `MAX_PAUSE_BYTES` holds (fail closed) and says it is unreadable. Fields come back checked:
+    `reason` and `by`/`agent` text, `until`/`since` unix times or None; others are dropped."""
+    if text is None:
+        return None
+    value = profile_doc(text) if len(text.encode()) <= MAX_PAUSE_BYTES else None
+    if value is None:
+        return {"reason": UNREADABLE_PAUSE, "until": None, "by": None, "since": None, "agent": None}
+    record = {
+        "reason": _text(value.get("reason"), 500) or "no reason given",
+        "until": checked_time(value.get("until")),
+        "by": _text(value.get("by"), 200),
+        "since": checked_time(value.get("since")),
+        "agent": _text(value.get("agent"), 200),
+    }
+    if record["until"] is not None and record["until"] <= now:
+        return None
+    return record
+
+
+def _text(value: Any, limit: int) -> str | None:
+    return value[:limit] if isinstance(value, str) and value else None
+
+
+def checked_time(value: Any) -> float | None:
+    """`value` as a unix time when it is a finite number between 1970 and 2100, else None."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if number and math.isfinite(value) and 0 <= value <= LATEST else None
+
+
+def fleet_pause_decision(pause: Mapping[str, Any]) -> Decision:
+    """The verdict on an instance while the fleet-wide pause `pause` (from `read_pause`) holds."""
+    until = pause.get("until")
+    where = f" (set on {pause['agent']})" if pause.get("agent") else ""
+    return Decision.block(
+        "pause",
+        "paused",
+        f"remediation paused fleet-wide by {pause.get('by') or 'an operator'}{where} "
+        f"until {at(until) if until is not None else '`medic resume --fleet`'}: {pause.get('reason')}",
+        until,
+        scope="fleet",
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class SlotRequest:
     instance: str
@@ -122,6 +173,7 @@ class Leadership:
 
     agent: str
     revision: int
+    since: float | None = None  # when this agent took the seat (its own clock)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +267,12 @@ class Coordinator(ABC):
     def leader(self) -> str | None:
         """The current leader's agent id, or None while the seat is vacant."""
 
+    def leader_info(self) -> dict[str, Any] | None:
+        """The current leader as `{agent, revision, since}` (revision: its fencing revision or term;
+        since: when it took the seat, None when unknown), or None while the seat is vacant."""
+        agent = self.leader()
+        return {"agent": agent, "revision": None, "since": None} if agent else None
+
     @abstractmethod
     def write_grants(self, leadership: Leadership, grants: Mapping[str, Sequence[PlannedGrant]]) -> int:
         """Replace every agent's grants with `grants` (agent -> its grants), fenced by `leadership`;
@@ -228,11 +286,12 @@ class Coordinator(ABC):
 
     @abstractmethod
     def fleet_pause(self) -> dict[str, Any] | None:
-        """The fleet-wide pause, or None: while it is set the leader grants nothing."""
+        """The fleet-wide pause in force (`read_pause`), or None: while it holds the leader grants
+        nothing and `acquire` takes no slot; it ends by itself at its `until`."""
 
     @abstractmethod
     def set_fleet_pause(self, pause: dict[str, Any] | None) -> None:
-        """Set (a JSON object: reason, until, by) or lift (None) the fleet-wide pause."""
+        """Set (a JSON object: reason, until, by, since, agent) or lift (None) the fleet-wide pause."""
 
     # ----------------------------------------------------------------------------- workload profiles
     @abstractmethod

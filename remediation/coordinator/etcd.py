@@ -11,7 +11,9 @@ Keys under `<prefix>/<namespace>/`:
     control/leader            the elected planner, attached to its lease: created by a txn that
                               requires it absent (create_revision 0); its create_revision fences
                               every grant the leader writes
-    control/pause             the fleet-wide pause: while it exists nothing is granted
+    control/pause             the fleet-wide pause: while it holds nothing is granted and no slot
+                              is taken; on a lease that ends just after its `until`, so it ends by
+                              itself even with no agent left to lift it
     grants/<agent>            the leader's grants for that agent's instances, written on change
     profiles/<workload>       a workload's learned profile (`etcd_profiles.py`), on a lease of its own
 
@@ -31,6 +33,7 @@ make stale is never too generous.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -46,6 +49,9 @@ from remediation.coordinator.base import (
     Leadership,
     PlannedGrant,
     SlotRequest,
+    checked_time,
+    fleet_pause_decision,
+    read_pause,
 )
 from remediation.coordinator.etcd_gateway import EtcdGateway, b64
 from remediation.coordinator.etcd_security import EtcdSecurity
@@ -150,6 +156,10 @@ class EtcdCoordinator(Coordinator):
         for _ in range(_ATTEMPTS):
             clock_rev, slots, raw = self._snapshot()
             now = self.clock()
+            paused = gw.get(self.base + PAUSE)  # read fresh: its revision guards the txn below
+            pause = read_pause(paused["value"], now) if paused else None
+            if pause is not None:
+                return AcquireResult(None, fleet_pause_decision(pause))
             decision = admit(self._records(slots, raw, now - self.retention), now)
             if not decision.ok:
                 return AcquireResult(None, decision)
@@ -169,9 +179,11 @@ class EtcdCoordinator(Coordinator):
             }
             slot_key = self.base + "slots/" + request.instance
             clock_key = self.base + "clock"
+            pause_key = self.base + PAUSE
             compare = [
                 gw.unchanged(clock_key, clock_rev) if clock_rev is not None else gw.absent(clock_key),
                 gw.absent(slot_key),
+                gw.unchanged(pause_key, paused["mod_revision"]) if paused else gw.absent(pause_key),
             ]
             fence = self._fence_for(request.instance)
             if fence is not None:
@@ -211,7 +223,8 @@ class EtcdCoordinator(Coordinator):
                         f"{request.instance} is already being restarted by {other.get('holder', 'another agent')}",
                     ),
                 )
-            # another agent took a slot between our read and our write: read again, ask the budget again
+            # another agent took a slot (or paused the fleet) between our read and our write: read
+            # again, ask the budget again
         raise CoordinatorUnavailable(
             f"{self.describe()}: lost the race for a restart slot {_ATTEMPTS} times in a row; trying again later"
         )
@@ -354,6 +367,19 @@ class EtcdCoordinator(Coordinator):
         kv = self._current_leader()
         return (_json(kv["value"]) or {}).get("agent") if kv else None
 
+    def leader_info(self) -> dict[str, Any] | None:
+        """From the watched leader key: no request."""
+        kv = self._current_leader()
+        if kv is None:
+            return None
+        value = _json(kv["value"]) or {}
+        agent = value.get("agent")
+        return {
+            "agent": agent if isinstance(agent, str) else "?",
+            "revision": kv["create_revision"],
+            "since": checked_time(value.get("since")),
+        }
+
     def campaign(self, agent: str, ttl: float, spread: float = 0.0) -> Leadership | None:
         gw = self.gateway
         current = self._current_leader()
@@ -390,7 +416,7 @@ class EtcdCoordinator(Coordinator):
         if not data.get("succeeded"):
             self._revoke_quietly(lease)
             return None
-        leadership = Leadership(agent, int(data.get("header", {}).get("revision", 0)))
+        leadership = Leadership(agent, int(data.get("header", {}).get("revision", 0)), self.clock())
         written = {}
         for kv in gw.range_prefix(self.base + "grants/")[0]:
             written[kv["key"][len(self.base + "grants/") :]] = kv["value"]
@@ -446,7 +472,7 @@ class EtcdCoordinator(Coordinator):
         control = self._control_watch()
         if not watch.fresh:
             return None
-        if current is None or control.get(self.base + PAUSE) is not None:
+        if current is None or self._watched_pause(control) is not None:
             out: list[PlannedGrant] = []
         else:
             kv = watch.get(self.base + "grants/" + agent)
@@ -457,17 +483,34 @@ class EtcdCoordinator(Coordinator):
             self._fences = {g.instance: g.revision for g in out}
         return out
 
+    def _watched_pause(self, control: KeyWatch) -> dict[str, Any] | None:
+        kv = control.get(self.base + PAUSE)
+        return read_pause(kv["value"], self.clock()) if kv else None
+
     def fleet_pause(self) -> dict[str, Any] | None:
         self._current_leader()  # fails when the watch is down
-        kv = self._control_watch().get(self.base + PAUSE)
-        return (_json(kv["value"]) or {"reason": "unreadable pause"}) if kv else None
+        return self._watched_pause(self._control_watch())
 
     def set_fleet_pause(self, pause: dict[str, Any] | None) -> None:
-        key = self.base + PAUSE
-        if pause is None:
-            self.gateway.call("kv/deleterange", {"key": b64(key)})
-        else:
-            self.gateway.call("kv/put", self.gateway.put_op(key, json.dumps(pause))["request_put"])
+        """Put the pause on a lease that ends a second after its `until` (none without one), or
+        delete it; the lease of the pause it replaces is revoked."""
+        gw, key = self.gateway, self.base + PAUSE
+        old = gw.get(key)
+        until = checked_time(pause.get("until")) if pause is not None else None
+        lease = 0
+        if pause is not None and until is not None:
+            lease, _ = gw.grant(max(math.ceil(until - self.clock()) + 1, 2))
+        try:
+            if pause is None:
+                gw.call("kv/deleterange", {"key": b64(key)})
+            else:
+                gw.call("kv/put", gw.put_op(key, json.dumps(pause), lease)["request_put"])
+        except (CoordinatorUnavailable, CoordinatorError):
+            if lease:
+                self._revoke_quietly(lease)
+            raise
+        if old is not None and old["lease"]:
+            self._revoke_quietly(old["lease"])
 
     # ----------------------------------------------------------------------------- workload profiles
     def put_profile(self, key: str, doc: Mapping[str, Any], ttl: float) -> None:

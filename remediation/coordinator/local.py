@@ -14,8 +14,10 @@ refused when it is a symlink, another user's, or writable by others (`UnsafePath
 
 The elected planner on one host: the leader is whichever agent holds the `leaders` row of the
 namespace (taken under the file lock when it is vacant or expired, kept by campaigning again
-within its TTL); each new leader gets the next term, which fences its grants. There is no watch on
-a file: followers read their grants row when they want a restart (one local read).
+within its TTL); each new leader gets the next term, which fences its grants, and writes when it
+took the seat beside it (`controls` row `leader`). There is no watch on a file: followers read their
+grants row when they want a restart (one local read). The fleet pause is the `controls` row `pause`,
+deleted by the first read after its `until`; `acquire` takes no slot while it holds.
 """
 
 from __future__ import annotations
@@ -42,8 +44,11 @@ from remediation.coordinator.base import (
     PlannedGrant,
     SlotRequest,
     check_profile_key,
+    checked_time,
+    fleet_pause_decision,
     profile_doc,
     profile_text,
+    read_pause,
 )
 from remediation.errors import CoordinatorUnavailable, LeaseLost
 from remediation.model import Decision, FleetEntry, RestartRecord
@@ -172,6 +177,9 @@ class LocalCoordinator(Coordinator):
                             f"{request.instance} is already being restarted by {record.holder}",
                         ),
                     )
+            pause = self._pause(db, now)
+            if pause is not None:
+                return AcquireResult(None, fleet_pause_decision(pause))
             fence = self._fences.get(request.instance)
             if fence is None and self._leadership is not None:
                 fence = self._leadership.revision
@@ -299,7 +307,9 @@ class LocalCoordinator(Coordinator):
             db.execute(
                 "INSERT OR REPLACE INTO leaders VALUES (?, ?, ?, ?)", (self.namespace, agent, term, now + ttl)
             )
-            return Leadership(agent, term)
+            seat = json.dumps({"agent": agent, "term": term, "since": now})
+            db.execute("INSERT OR REPLACE INTO controls VALUES (?, 'leader', ?)", (self.namespace, seat))
+            return Leadership(agent, term, now)
 
         leadership: Leadership | None = self._run("campaign for leadership", take)  # type: ignore[assignment]
         self._leadership = leadership
@@ -321,6 +331,21 @@ class LocalCoordinator(Coordinator):
     def leader(self) -> str | None:
         row = self._run("read the leader", self._leader_row)
         return row[0] if row else None  # type: ignore[index]
+
+    def leader_info(self) -> dict[str, Any] | None:
+        def read(db: sqlite3.Connection, now: float) -> tuple[tuple[str, int] | None, str | None]:
+            seat = db.execute(
+                "SELECT data FROM controls WHERE namespace = ? AND name = 'leader'", (self.namespace,)
+            ).fetchone()
+            return self._leader_row(db, now), (seat[0] if seat else None)
+
+        found: tuple[tuple[str, int] | None, str | None] = self._run("read the leader", read)  # type: ignore[assignment]
+        row, seat = found
+        if row is None:
+            return None
+        took = profile_doc(seat) if isinstance(seat, str) else None
+        since = took.get("since") if took and (took.get("agent"), took.get("term")) == row else None
+        return {"agent": row[0], "revision": row[1], "since": checked_time(since)}
 
     def write_grants(self, leadership: Leadership, grants: Mapping[str, Sequence[PlannedGrant]]) -> int:
         docs = {
@@ -352,10 +377,7 @@ class LocalCoordinator(Coordinator):
             row = db.execute(
                 "SELECT data FROM grants WHERE namespace = ? AND agent = ?", (self.namespace, agent)
             ).fetchone()
-            paused = db.execute(
-                "SELECT 1 FROM controls WHERE namespace = ? AND name = 'pause'", (self.namespace,)
-            ).fetchone()
-            return self._term(db, now), (row[0] if row else None), paused is not None
+            return self._term(db, now), (row[0] if row else None), self._pause(db, now) is not None
 
         found: tuple[int | None, str | None, bool] = self._run("read this agent's grants", read)  # type: ignore[assignment]
         term, data, paused = found
@@ -375,21 +397,19 @@ class LocalCoordinator(Coordinator):
         self._fences = {g.instance: g.revision for g in out}
         return out
 
-    def fleet_pause(self) -> dict[str, Any] | None:
-        def read(db: sqlite3.Connection, now: float) -> str | None:
-            row = db.execute(
-                "SELECT data FROM controls WHERE namespace = ? AND name = 'pause'", (self.namespace,)
-            ).fetchone()
-            return row[0] if row else None
+    def _pause(self, db: sqlite3.Connection, now: float) -> dict[str, Any] | None:
+        """The fleet pause in force at `now`; one past its `until` is deleted on the way."""
+        row = db.execute(
+            "SELECT data FROM controls WHERE namespace = ? AND name = 'pause'", (self.namespace,)
+        ).fetchone()
+        text = None if row is None else row[0] if isinstance(row[0], str) else ""  # not text: unreadable
+        pause = read_pause(text, now)
+        if row is not None and pause is None:
+            db.execute("DELETE FROM controls WHERE namespace = ? AND name = 'pause'", (self.namespace,))
+        return pause
 
-        data = self._run("read the fleet pause", read)
-        if data is None:
-            return None
-        try:
-            value = json.loads(data)  # type: ignore[arg-type]
-        except ValueError:
-            value = None
-        return value if isinstance(value, dict) else {"reason": "unreadable pause"}
+    def fleet_pause(self) -> dict[str, Any] | None:
+        return self._run("read the fleet pause", self._pause)  # type: ignore[return-value]
 
     def set_fleet_pause(self, pause: dict[str, Any] | None) -> None:
         def write(db: sqlite3.Connection, now: float) -> None:

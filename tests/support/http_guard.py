@@ -22,13 +22,16 @@ BASE = "http://127.0.0.1:9464"
 
 
 class World:
-    """Store, tracker, detection and remediation (dry-run, never stepped) behind `create_app`."""
+    """Store, tracker, detection and remediation (dry-run, never stepped) behind `create_app`;
+    `remediation` adds to the remediation section (a shared coordinator, say)."""
 
-    def __init__(self, tmp_path: Path, pid: int, **context: Any) -> None:
+    def __init__(
+        self, tmp_path: Path, pid: int, *, remediation: dict[str, Any] | None = None, **context: Any
+    ) -> None:
         config = validate_config(
             {
                 "instances": [{"name": "svc", "match": {"pid": pid}}],
-                "remediation": {"mode": "dry-run"},
+                "remediation": {"mode": "dry-run", **(remediation or {})},
             }
         )
         self.store = Store(tmp_path / "state")
