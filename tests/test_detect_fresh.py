@@ -36,6 +36,23 @@ def test_a_healthy_fresh_process_with_a_daily_cycle_has_no_finding(shape):
     assert _opened(analyze_fleet([fresh(**shape)], PARAMS)[0], deploy) == []
 
 
+def test_a_lone_fresh_leak_rising_with_the_day_is_found_within_seventy_percent_of_its_way():
+    """No prior: the leak starts with the daily rise and reaches the limit about 27 h later. The
+    cycle scale tells the line from the sine after half a day once the line outgrows the swing;
+    waiting three quarters of a day would find it only at about 0.74 of the way."""
+    s = cut_at_oom(fresh(leak_pct_h=1.5))
+    to_oom = (oom_time(s) - T0) / HOUR
+    found = _opened(analyze_fleet([s], PARAMS)[0], T0)
+    assert found and min(h for _, h in found) < 0.7 * to_oom
+
+
+@pytest.mark.parametrize("hour", [11, 13, 16])
+def test_a_reload_step_in_a_fresh_process_with_a_daily_cycle_is_not_a_leak(hour):
+    """A reload raises the level by 10 % at once during the first day: a discontinuity, which
+    must neither bend the cycle scale's sine nor pass for its line."""
+    assert _opened(analyze_fleet([fresh(step_at_hour=hour, step=0.1, hours=40)], PARAMS)[0], T0) == []
+
+
 def test_a_week_of_the_workload_teaches_its_daily_profile_level_and_warmup():
     profile = learn_workload([fresh(history_days=7, hours=0)], PARAMS)
     assert profile is not None and profile.days == 7 and profile.lifetimes == 1

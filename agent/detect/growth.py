@@ -22,6 +22,8 @@ from agent.detect.params import DetectParams
 from agent.detect.prepared import Prepared
 from agent.detect.trend import (
     MAX_RHO,
+    STEP_HOLD,
+    STEP_SIGMAS,
     Steps,
     Trend,
     mann_kendall,
@@ -407,7 +409,9 @@ def _traffic_explains_days(fit: Fit, rates: dict[int, float], period: int, confi
     return normal_cdf(rising / math.sqrt(len(residual))) < confidence
 
 
-CYCLE_COVERAGE = 0.75  # the cycle scale needs this fraction of a period after the warm-up
+CYCLE_COVERAGE = 0.75  # the cycle scale needs this fraction of a period after the warm-up...
+CYCLE_EARLY = 0.5  # ...or this fraction, when the line grows more than the fitted daily swing
+CYCLE_GROWTH = 2.0  # ...than this many times the fitted amplitude (the whole swing, trough to peak)
 CYCLE_WARMUP = 4  # ...and skips at least this many `warmup`s after the start
 
 
@@ -418,7 +422,9 @@ def _cycle_fit(prep: Prepared, metric: str, life: int, tick: float) -> Fit | Non
 
     A process with no history and no prior has only hours of a daily cycle to go by: a rise in
     the afternoon is half a sine, a leak is a line under it, and from three quarters of a period
-    on the two can be told apart. The removed sine is the profile of this fit alone. A sine also
+    on the two can be told apart; from half a period on, when the line grows more than the
+    fitted swing. The fit is made with level steps removed (a reload is a discontinuity, which
+    neither a line nor a sine is). The removed sine is the profile of this fit alone. A sine also
     bends to fit a cache that fills and levels off, so this scale only speaks for growth that
     would reach the limit within the horizon (`leak.assess`)."""
     params = prep.params
@@ -431,20 +437,49 @@ def _cycle_fit(prep: Prepared, metric: str, life: int, tick: float) -> Fit | Non
     warm = max(prep.warmup(life), CYCLE_WARMUP * params.warmup)  # a line is thrown by a warm-up's tail
     first = max(math.ceil((prep.starts[life] + warm) / width - 1e-9), end - round(params.long_window / width))
     idx, lo, _ = env.select(life, first, end)
-    if len(idx) < params.min_buckets or (idx[-1] - idx[0] + 1) * width < CYCLE_COVERAGE * params.season:
+    if len(idx) < params.min_buckets or (idx[-1] - idx[0] + 1) * width < CYCLE_EARLY * params.season:
         return None
+    floor = STEP_FLOOR * abs(lo[-1])
+    clean = remove_steps(lo, floor).clean  # a reload is a discontinuity: neither a line nor a sine
+    # a jump too close to an end for `remove_steps` to tell a reload from a batch would bend the
+    # sine: near the start, fit after it; near the end, wait until it can be told
+    jump = _level_jump(clean, floor)
+    if jump is not None and jump > len(clean) - STEP_HOLD:
+        return None
+    if jump is not None and jump < STEP_HOLD:
+        idx, lo, clean = idx[jump:], lo[jump:], clean[jump:]
+        if len(idx) < params.min_buckets or (idx[-1] - idx[0] + 1) * width < CYCLE_EARLY * params.season:
+            return None
     omega = 2 * math.pi * width / params.season
     centre = (idx[0] + idx[-1]) / 2
     rows = [(1.0, b - centre, math.sin(omega * b), math.cos(omega * b)) for b in idx]
-    coef = _least_squares(rows, lo)
+    coef = _least_squares(rows, clean)
     if coef is None:
         return None
     wave = [coef[2] * r[2] + coef[3] * r[3] for r in rows]
+    swing = math.hypot(coef[2], coef[3])
+    coverage = (idx[-1] - idx[0] + 1) * width
+    if coverage < CYCLE_COVERAGE * params.season and coef[1] * (idx[-1] - idx[0]) <= CYCLE_GROWTH * swing:
+        return None  # before three quarters of a period, only growth larger than the fitted swing
     ys = list(map(sub, lo, wave))
     offset = wave[-1]
-    fit = Fit(metric, "cycle", width, idx, ys, offset, True, True, STEP_FLOOR * abs(lo[-1]))
-    fit.wave = math.hypot(coef[2], coef[3])
+    fit = Fit(metric, "cycle", width, idx, ys, offset, True, True, floor)
+    fit.wave = swing
     return fit
+
+
+def _level_jump(values: list[float], floor: float) -> int | None:
+    """Where the largest change between consecutive buckets lands (the index after it) when it
+    is larger than `floor` and than `STEP_SIGMAS` times the typical change: a leak or a daily
+    cycle moves the floor a little every bucket, a reload or a batch all at once."""
+    if len(values) < 4:
+        return None
+    diffs = list(map(sub, values[1:], values[:-1]))
+    centre = median(diffs)
+    spread = 1.4826 * median([abs(d - centre) for d in diffs])
+    at = max(range(len(diffs)), key=lambda i: abs(diffs[i] - centre))
+    size = abs(diffs[at] - centre)
+    return at + 1 if size > floor and size > STEP_SIGMAS * spread else None
 
 
 def _least_squares(rows: list[tuple[float, ...]], ys: list[float]) -> list[float] | None:

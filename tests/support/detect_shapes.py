@@ -98,11 +98,14 @@ def fresh(
     launch: float = 0.0,
     requests: bool = False,
     history_days: float = 0.0,
+    step_at_hour: float | None = None,
+    step: float = 0.06,
 ) -> InstanceSeries:
     """A process started at a deploy (`T0 + history_days`): a daily traffic cycle of ±`traffic`,
     a warm-up, noise, and a leak of `leak_pct_h` of the base per hour from its start. `launch`
     raises the traffic (and the memory with it) by that fraction, steadily over two days; `requests`
-    adds a `requests_total` counter; `history_days` of an earlier healthy lifetime come first."""
+    adds a `requests_total` counter; `history_days` of an earlier healthy lifetime come first;
+    `step_at_hour` raises the level by `step` of the base that long after the deploy (a reload)."""
     rng = random.Random(seed)
     deploy = T0 + history_days * DAY
     points, counter = [], []
@@ -117,6 +120,8 @@ def fresh(
         floor = base * load * (1 - 0.3 * math.exp(-age / (0.3 * HOUR)))
         if ts >= deploy:
             floor += leak_pct_h / 100 * base * age / HOUR
+            if step_at_hour is not None and age >= step_at_hour * HOUR:
+                floor += step * base
         points.append(
             (float(ts), round(floor + 0.04 * base * load * ((ts % 5) / 5) + rng.gauss(0, 0.002 * base)))
         )
