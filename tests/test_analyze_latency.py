@@ -174,6 +174,22 @@ def test_histogram_buckets_are_judged_like_quantiles(tmp_path, capsys):
     assert slow["kind"] == "slow" and T0 + 2 * 3600 < slow["first_fired"] <= T0 + 2 * 3600 + 5 * 60
 
 
+def test_only_the_wanted_quantile_is_made_and_it_is_the_same(tmp_path):
+    from agent.series.buckets import quantiles_from_buckets
+
+    path = tmp_path / "buckets.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in bucket_lines("d", hours=3.5)))
+    [every] = read_files([path]).instances()
+    [wanted] = read_files([path]).instances()
+    quantiles_from_buckets([every])
+    quantiles_from_buckets([wanted], wanted=[P99])
+    assert {m for m in every.series if m.startswith("latency_")} == {
+        "latency_p50_seconds", "latency_p90_seconds", P99, "latency_p999_seconds"
+    }  # fmt: skip
+    assert [m for m in wanted.series if m.startswith("latency_")] == [P99]
+    assert wanted.series[P99] == every.series[P99]
+
+
 def test_buckets_from_a_prometheus_export(tmp_path):
     from agent.series.buckets import quantiles_from_buckets
 

@@ -253,11 +253,12 @@ def _judge_latency(instances: list, analyses: list, fleet_of: Any, args: argpars
     """The slow detector over the latency series of the input, with the same fleets as memory."""
     from agent.core.errors import UsageError
     from agent.core.units import parse_duration
-    from agent.detect.latency_rules import Slo
+    from agent.detect.latency_rules import QUANTILE_METRICS, Slo
     from agent.detect.slow_replay import analyze_slow
     from agent.series.buckets import quantiles_from_buckets
 
-    quantiles_from_buckets(instances)  # histogram buckets in the input: their interval quantiles
+    # histogram buckets in the input: the interval quantile the slow detector judges (the SLO's)
+    quantiles_from_buckets(instances, wanted=[QUANTILE_METRICS[args.slo_quantile if args.slo else 0.99]])
     slo = None
     if args.slo is not None:
         threshold = parse_duration(args.slo)

@@ -7,10 +7,15 @@
  *
  * Only the limited C API is used (setup.py defines Py_LIMITED_API): one abi3 build serves every
  * supported CPython, so the item reads are the functions, not the GET_ITEM/AS_DOUBLE macros.
+ *
+ * slow_screen, further down, serves agent/detect/slow_replay.py: it has no twin to equal, only
+ * the rule that a tick it leaves unmarked is one where the Python rules do not fire.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* The items of `list` as doubles into `out`; 0 if any item is not an exact float. */
 static int read_floats(PyObject *list, double *out, Py_ssize_t n)
@@ -92,9 +97,466 @@ static PyObject *mk_score(PyObject *self, PyObject *arg)
     return PyLong_FromLongLong(s);
 }
 
+/* ------------------------------------------------------------------------------------------
+ * slow_screen: which judgements of one instance's latency could fire the slow detector's SLO or
+ * trend rule, and its peer level at each tick (agent/detect/slow_replay.py). The arithmetic is
+ * that of agent/detect/latency_rules.py in the same order; a tick is marked whenever a rule
+ * fires or a comparison on the way is within a hair of going the other way, so the replay judges
+ * it in Python. A tick that is not marked certainly does not fire those rules. */
+
+#define CLOSE(a, b) (fabs((a) - (b)) <= 1e-9 * (fabs(a) + fabs(b)) + 1e-300)
+
+typedef struct {
+    const double *ts, *vs;  /* the instance's finite latency points, in time order */
+    Py_ssize_t lo, hi;      /* the view: points [lo, hi) */
+} View;
+
+/* Sorts `v` (insertion sort for the short rows of a judgement: the same order as qsort's) and
+ * returns its median as trend.median computes it. */
+static double median_of(double *v, Py_ssize_t n)
+{
+    if (n <= 32) {
+        for (Py_ssize_t i = 1; i < n; i++) {
+            double x = v[i];
+            Py_ssize_t j = i;
+            for (; j > 0 && v[j - 1] > x; j--)
+                v[j] = v[j - 1];
+            v[j] = x;
+        }
+    } else {
+        qsort(v, (size_t)n, sizeof(double), compare_doubles);
+    }
+    Py_ssize_t mid = n / 2;
+    return n % 2 ? v[mid] : 0.5 * (v[mid - 1] + v[mid]);
+}
+
+/* LatencyView.value_at: the last point at or before `when`, if at most `stale` old (else NaN). */
+static double value_at(const View *w, double when, double stale)
+{
+    Py_ssize_t a = w->lo, b = w->hi; /* first index with ts > when */
+    while (a < b) {
+        Py_ssize_t m = a + (b - a) / 2;
+        if (w->ts[m] > when)
+            b = m;
+        else
+            a = m + 1;
+    }
+    Py_ssize_t index = a - 1;
+    if (index < w->lo || when - w->ts[index] > stale)
+        return NAN;
+    return w->vs[index];
+}
+
+/* trend.remove_steps and _is_step; *close set when a decision was a near tie. */
+static int is_step(const double *ys, const double *diffs, Py_ssize_t n, Py_ssize_t i,
+                   const char *candidate, double limit, double *scratch, int *close)
+{
+    Py_ssize_t m = 0;
+    for (Py_ssize_t j = (i - 3 > 0 ? i - 3 : 0); j < (n - 1 < i + 4 ? n - 1 : i + 4); j++)
+        if (j != i && !candidate[j])
+            scratch[m++] = diffs[j];
+    if (m) {
+        double off = fabs(diffs[i] - median_of(scratch, m));
+        if (CLOSE(off, limit))
+            *close = 1;
+        if (off <= limit)
+            return 0;
+    }
+    Py_ssize_t b0 = i + 1 - 8 > 0 ? i + 1 - 8 : 0, nb = i + 1 - b0;
+    Py_ssize_t na = n - (i + 1) < 8 ? n - (i + 1) : 8;
+    if ((nb < na ? nb : na) < 4)
+        return 0;
+    double middle = 0.5 * (ys[i] + ys[i + 1]);
+    int up = diffs[i] > 0;
+    Py_ssize_t held = 0;
+    for (Py_ssize_t j = i + 1; j < i + 1 + na; j++) {
+        if (CLOSE(ys[j], middle))
+            *close = 1;
+        held += (ys[j] > middle) == up;
+    }
+    for (Py_ssize_t j = b0; j < i + 1; j++) {
+        if (CLOSE(ys[j], middle))
+            *close = 1;
+        held += (ys[j] < middle) == up;
+    }
+    return (double)held >= 0.8 * (double)(nb + na);
+}
+
+static void remove_steps(const double *ys, Py_ssize_t n, double floor_, double *clean, double *work,
+                         int *close)
+{
+    double *diffs = work, *devs = work + n, *scratch = work + 2 * n;
+    char candidate[64];
+    for (Py_ssize_t i = 0; i < n; i++)
+        clean[i] = ys[i];
+    for (Py_ssize_t i = 0; i + 1 < n; i++)
+        diffs[i] = ys[i + 1] - ys[i];
+    for (Py_ssize_t i = 0; i + 1 < n; i++)
+        scratch[i] = diffs[i];
+    double typical = median_of(scratch, n - 1), most = 0.0;
+    for (Py_ssize_t i = 0; i + 1 < n; i++) {
+        devs[i] = fabs(diffs[i] - typical);
+        scratch[i] = devs[i];
+        if (i == 0 || devs[i] > most)
+            most = devs[i];
+    }
+    double spread = 1.4826 * median_of(scratch, n - 1);
+    double limit = 6.0 * spread >= floor_ ? 6.0 * spread : floor_;
+    if (CLOSE(most, limit))
+        *close = 1;
+    if (!(most > limit))
+        return;
+    for (Py_ssize_t i = 0; i + 1 < n; i++) {
+        if (CLOSE(devs[i], limit))
+            *close = 1;
+        candidate[i] = devs[i] > limit;
+    }
+    char jump[64];
+    Py_ssize_t jumps = 0;
+    for (Py_ssize_t i = 0; i + 1 < n; i++) {
+        jump[i] = candidate[i] && is_step(ys, diffs, n, i, candidate, limit, scratch, close);
+        jumps += jump[i];
+    }
+    if (jumps == 0 || jumps > 2)
+        return;
+    double shift = 0.0;
+    for (Py_ssize_t i = 0; i + 1 < n; i++) {
+        if (jump[i])
+            shift += diffs[i] - typical;
+        clean[i + 1] = ys[i + 1] - shift;
+    }
+}
+
+/* The (time, value) float pairs of a list of points into `ts`, `vs` (only those with a finite
+ * value when `finite`); the count, or -1 when an item is not a pair of floats. */
+static Py_ssize_t read_points(PyObject *list, double *ts, double *vs, int finite)
+{
+    Py_ssize_t n = PyList_Size(list), m = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GetItem(list, i);
+        if (!PyTuple_CheckExact(item) || PyTuple_Size(item) != 2)
+            return -1;
+        PyObject *a = PyTuple_GetItem(item, 0), *b = PyTuple_GetItem(item, 1);
+        if (!PyFloat_CheckExact(a) || !PyFloat_CheckExact(b))
+            return -1;
+        double v = PyFloat_AsDouble(b);
+        if (finite && !isfinite(v))
+            continue;
+        ts[m] = PyFloat_AsDouble(a);
+        vs[m++] = v;
+    }
+    return m;
+}
+
+/* A copy of `obj`, bytes of native doubles (array('d').tobytes()), into a new buffer of *n
+ * doubles; NULL with an exception set otherwise. Bytes, not the buffer protocol: Py_buffer is in the
+ * limited API only from 3.11, and the copy also gives the doubles their alignment. */
+static double *get_doubles(PyObject *obj, Py_ssize_t *n)
+{
+    char *raw;
+    Py_ssize_t len;
+    if (!PyBytes_Check(obj) || PyBytes_AsStringAndSize(obj, &raw, &len) < 0 || len % (Py_ssize_t)sizeof(double)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "slow_screen: expected bytes of doubles");
+        return NULL;
+    }
+    *n = len / (Py_ssize_t)sizeof(double);
+    double *out = PyMem_Malloc((size_t)len + sizeof(double));
+    if (!out) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    memcpy(out, raw, (size_t)len);
+    return out;
+}
+
+enum { SCREEN_SLO = 1, SCREEN_TREND = 2, SCREEN_ODD = 4 };
+
+/* slow_screen(ticks, judged, points, starts, restarts, numbers) -> (levels, flags): bytes of
+ * doubles, one per tick, or None when the points are not lists of float pairs. `ticks` are the
+ * instants the samples are loaded at, `judged` the grid instants judged (slow.tick_for of each),
+ * `points` the latency points (those with a value that is not finite are left out), `starts` the
+ * process start time points, `restarts` sorted; bytes of doubles (array("d").tobytes()) but for the two lists.
+ * `numbers` is a tuple of 16 floats (see slow_replay._FleetReplay._screen). */
+static PyObject *slow_screen(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 6 || !PyTuple_CheckExact(args[5]) || PyTuple_Size(args[5]) != 16 ||
+        !PyList_CheckExact(args[2]) || !PyList_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "slow_screen: 2 bytes, 2 lists, bytes and 16 numbers");
+        return NULL;
+    }
+    double num[16];
+    for (int i = 0; i < 16; i++) {
+        num[i] = PyFloat_AsDouble(PyTuple_GetItem(args[5], i));
+        if (num[i] == -1.0 && PyErr_Occurred())
+            return NULL;
+    }
+    double first = num[0], span = num[1], stale = num[2], peer_window = num[3], min_coverage = num[4];
+    double slo_threshold = num[5], slo_window = num[6], fire_fraction = num[7];
+    double trend_window = num[8], min_growth = num[10], z_min = num[11];
+    Py_ssize_t buckets = (Py_ssize_t)num[9];
+    if (buckets < 6 || buckets > 60) {
+        PyErr_SetString(PyExc_ValueError, "slow_screen: trend_buckets out of range");
+        return NULL;
+    }
+    PyObject *result = NULL;
+    double *levels = NULL, *flags = NULL, *work = NULL, *points = NULL;
+    double *copies[3] = {NULL, NULL, NULL};
+    Py_ssize_t lengths[3] = {0, 0, 0};
+    Py_ssize_t *counts = NULL;
+    PyObject *arrays[3] = {args[0], args[1], args[4]};
+    for (int i = 0; i < 3; i++)
+        if (!(copies[i] = get_doubles(arrays[i], &lengths[i])))
+            goto release;
+    const double *loaded = copies[0], *ticks = copies[1], *rs = copies[2];
+    Py_ssize_t nt = lengths[0], nr = lengths[2];
+    if (lengths[1] != lengths[0]) {
+        PyErr_SetString(PyExc_ValueError, "slow_screen: ticks and judged instants differ in length");
+        goto release;
+    }
+    Py_ssize_t np = PyList_Size(args[2]), ns = PyList_Size(args[3]);
+    points = PyMem_Malloc(sizeof(double) * (size_t)(2 * (np + ns) + 1));
+    if (!points) {
+        PyErr_NoMemory();
+        goto release;
+    }
+    double *ts = points, *vs = points + np, *st = points + 2 * np, *sv = points + 2 * np + ns;
+    np = read_points(args[2], ts, vs, 1);
+    ns = read_points(args[3], st, sv, 0);
+    if (np < 0 || ns < 0) {
+        result = Py_NewRef(Py_None);
+        goto release;
+    }
+    levels = PyMem_Malloc(sizeof(double) * (size_t)(nt ? nt : 1));
+    flags = PyMem_Malloc(sizeof(double) * (size_t)(nt ? nt : 1));
+    /* per tick: 24 level values, buckets × (values), ys, xs, clean, and remove_steps' work */
+    Py_ssize_t cap = np + 8;
+    work = PyMem_Malloc(sizeof(double) * (size_t)(64 + cap + 8 * buckets + 6 * buckets));
+    if (!levels || !flags || !work) {
+        PyErr_NoMemory();
+        goto release;
+    }
+    double *sample = work, *bucket_values = work + 64;
+    int repeats[24];
+    double *ys = bucket_values + cap, *xs = ys + buckets, *clean = xs + buckets, *steps_work = clean + buckets;
+    counts = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(2 * buckets));
+    if (!counts) {
+        PyErr_NoMemory();
+        goto release;
+    }
+    Py_ssize_t *offsets = counts + buckets;
+    Py_ssize_t lo_span = 0, hi = 0, s_lo = 0, r_load = 0, r_tick = 0; /* the instants only grow */
+    for (Py_ssize_t t = 0; t < nt; t++) {
+        /* the samples loaded at `load`, [load - span, load], judged at `tick` */
+        double load = loaded[t], tick = ticks[t], flag = 0, upto = tick < load ? tick : load;
+        while (lo_span < np && ts[lo_span] < load - span)
+            lo_span++;
+        if (hi < lo_span)
+            hi = lo_span;
+        while (hi < np && ts[hi] <= upto)
+            hi++;
+        /* lifetime_start: the last restart, else the last start time recorded, else the first sample */
+        double life = first;
+        while (r_load < nr && rs[r_load] <= load)
+            r_load++;
+        while (r_tick < nr && rs[r_tick] <= upto)
+            r_tick++;
+        if (r_load > 0) {
+            if (r_tick > 0)
+                life = rs[r_tick - 1];
+            else
+                flag = SCREEN_ODD;
+        } else {
+            while (s_lo < ns && st[s_lo] < load - span)
+                s_lo++;
+            Py_ssize_t s_load = s_lo, s_tick;
+            while (s_load < ns && st[s_load] <= load)
+                s_load++;
+            for (s_tick = s_lo; s_tick < s_load && st[s_tick] <= upto; s_tick++)
+                ;
+            if (s_load > s_lo) {
+                Py_ssize_t k = s_tick - 1;
+                while (k >= s_lo && !isfinite(sv[k]))
+                    k--;
+                if (k >= s_lo)
+                    life = sv[k];
+                else
+                    flag = SCREEN_ODD; /* no start time to read: judged in Python */
+            }
+        }
+        View w = {ts, vs, lo_span, hi};
+        while (w.lo < w.hi && ts[w.lo] < life)
+            w.lo++;
+        /* level: the median of 24 values in effect over the peer window */
+        {
+            /* the 24 values are a few points, each repeated: sort the points, count the repeats */
+            double since = tick - peer_window, step = (tick - since) / 24;
+            Py_ssize_t m = 0, runs = 0, next = w.lo, last = -1;
+            for (int i = 0; i < 24; i++) {
+                double when = since + step * (i + 1);
+                while (next < w.hi && !(ts[next] > when))
+                    next++;
+                if (next > w.lo && !(when - ts[next - 1] > stale)) {
+                    if (next - 1 != last) {
+                        last = next - 1;
+                        sample[runs] = vs[last];
+                        repeats[runs++] = 0;
+                    }
+                    repeats[runs - 1]++;
+                    m++;
+                }
+            }
+            levels[t] = -INFINITY;
+            if ((double)m >= min_coverage * 24) {
+                for (Py_ssize_t i = 1; i < runs; i++) { /* insertion sort of (value, repeats) */
+                    double x = sample[i];
+                    int r = repeats[i];
+                    Py_ssize_t j = i;
+                    for (; j > 0 && sample[j - 1] > x; j--) {
+                        sample[j] = sample[j - 1];
+                        repeats[j] = repeats[j - 1];
+                    }
+                    sample[j] = x;
+                    repeats[j] = r;
+                }
+                Py_ssize_t mid = m / 2, seen = 0;
+                double below = 0.0, at = 0.0; /* the values ranked mid - 1 and mid */
+                for (Py_ssize_t i = 0; i < runs; i++) {
+                    if (seen <= mid - 1 && mid - 1 < seen + repeats[i])
+                        below = sample[i];
+                    if (seen <= mid && mid < seen + repeats[i]) {
+                        at = sample[i];
+                        break;
+                    }
+                    seen += repeats[i];
+                }
+                levels[t] = m % 2 ? at : 0.5 * (below + at);
+            }
+        }
+        /* slo: time over the threshold */
+        if (!isnan(slo_threshold) && w.hi > w.lo) {
+            double since = tick - slo_window, covered = 0.0, over = 0.0;
+            Py_ssize_t from = w.lo; /* points that end before the window add nothing */
+            while (from < w.hi && !(ts[from] + stale > since))
+                from++;
+            for (Py_ssize_t i = from; i < w.hi; i++) {
+                double end = i + 1 < w.hi ? ts[i + 1] : tick;
+                if (ts[i] + stale < end)
+                    end = ts[i] + stale;
+                if (tick < end)
+                    end = tick;
+                double begin = ts[i] > since ? ts[i] : since;
+                if (end > begin) {
+                    covered += end - begin;
+                    if (vs[i] > slo_threshold)
+                        over += end - begin;
+                }
+            }
+            if (covered >= min_coverage * slo_window * (1 - 1e-9) &&
+                over >= fire_fraction * slo_window * (1 - 1e-9))
+                flag = (double)((int)flag | SCREEN_SLO);
+        }
+        /* trend: bucket medians, steps removed, Mann-Kendall and the Theil-Sen growth */
+        {
+            double since = tick - trend_window > life ? tick - trend_window : life;
+            double width = trend_window / (double)buckets;
+            for (Py_ssize_t k = 0; k < buckets; k++)
+                counts[k] = 0;
+            Py_ssize_t first_after = w.lo;
+            while (first_after < w.hi && !(ts[first_after] > since))
+                first_after++;
+            for (Py_ssize_t i = first_after; i < w.hi; i++) {
+                Py_ssize_t k = (Py_ssize_t)((ts[i] - since) / width);
+                counts[k < buckets - 1 ? k : buckets - 1]++;
+            }
+            Py_ssize_t at = 0;
+            for (Py_ssize_t k = 0; k < buckets; k++) {
+                offsets[k] = at;
+                at += counts[k];
+                counts[k] = 0;
+            }
+            for (Py_ssize_t i = first_after; i < w.hi; i++) {
+                Py_ssize_t k = (Py_ssize_t)((ts[i] - since) / width);
+                k = k < buckets - 1 ? k : buckets - 1;
+                bucket_values[offsets[k] + counts[k]++] = vs[i];
+            }
+            Py_ssize_t n = 0;
+            for (Py_ssize_t k = 0; k < buckets; k++) {
+                double x = since + ((double)k + 0.5) * width, y;
+                if (counts[k]) {
+                    y = median_of(bucket_values + offsets[k], counts[k]);
+                } else {
+                    y = value_at(&w, x, stale);
+                    if (isnan(y))
+                        continue;
+                }
+                xs[n] = x;
+                ys[n] = y;
+                n++;
+            }
+            int judged = n >= buckets / 2 && (!(tick - since < min_coverage * trend_window) ||
+                                              CLOSE(tick - since, min_coverage * trend_window));
+            if (judged) {
+                int close = 0;
+                for (Py_ssize_t i = 0; i < n; i++)
+                    steps_work[i] = ys[i];
+                double floor_ = 0.1 * median_of(steps_work, n);
+                remove_steps(ys, n, floor_, clean, steps_work, &close);
+                long long s = 0;
+                for (Py_ssize_t j = 1; j < n; j++)
+                    for (Py_ssize_t i = 0; i < j; i++)
+                        s += (clean[j] > clean[i]) - (clean[j] < clean[i]);
+                double var = (double)(n * (n - 1) * (2 * n + 5)) / 18.0;
+                double z = s ? ((double)s - (s > 0 ? 1.0 : -1.0)) / sqrt(var) : 0.0;
+                int maybe = close || !(z_min > 0 && z < z_min);
+                if (maybe && !close) {
+                    Py_ssize_t pairs = n * (n - 1) / 2, q = 0;
+                    double *slopes = bucket_values; /* the bucket values are no longer needed */
+                    if (pairs > cap) {
+                        maybe = 1;
+                    } else {
+                        for (Py_ssize_t i = 0; i + 1 < n; i++)
+                            for (Py_ssize_t j = i + 1; j < n; j++)
+                                slopes[q++] = (clean[j] - clean[i]) / (xs[j] - xs[i]);
+                        double slope = median_of(slopes, pairs);
+                        Py_ssize_t third = n / 3 > 2 ? n / 3 : 2;
+                        for (Py_ssize_t i = 0; i < third; i++)
+                            steps_work[i] = ys[i];
+                        double start = median_of(steps_work, third);
+                        start = start >= 1e-4 ? start : 1e-4;
+                        double growth = slope * trend_window / start;
+                        maybe = growth >= min_growth * (1 - 1e-9);
+                    }
+                }
+                if (maybe)
+                    flag = (double)((int)flag | SCREEN_TREND);
+            }
+        }
+        flags[t] = flag;
+    }
+    PyObject *lv = PyBytes_FromStringAndSize((const char *)levels, (Py_ssize_t)sizeof(double) * nt);
+    PyObject *fl = PyBytes_FromStringAndSize((const char *)flags, (Py_ssize_t)sizeof(double) * nt);
+    if (lv && fl)
+        result = PyTuple_Pack(2, lv, fl);
+    Py_XDECREF(lv);
+    Py_XDECREF(fl);
+release:
+    for (int i = 0; i < 3; i++)
+        PyMem_Free(copies[i]);
+    PyMem_Free(counts);
+    PyMem_Free(levels);
+    PyMem_Free(flags);
+    PyMem_Free(work);
+    PyMem_Free(points);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"slope_median", (PyCFunction)(void (*)(void))slope_median, METH_FASTCALL,
      "slope_median(xs, ys) -> the median pairwise slope, or None for inputs that are not lists of floats"},
+    {"slow_screen", (PyCFunction)(void (*)(void))slow_screen, METH_FASTCALL,
+     "slow_screen(ticks, judged, points, starts, restarts, numbers) -> (levels, flags) as bytes of doubles"},
     {"mk_score", mk_score, METH_O, "mk_score(ys) -> Mann-Kendall S, or None for input that is not a list of floats"},
     {NULL, NULL, 0, NULL},
 };

@@ -51,6 +51,7 @@ __all__ = [
     "evaluate_slow",
     "fleets",
     "history",
+    "judge_view",
     "slo_from_settings",
     "tick_for",
 ]
@@ -109,16 +110,21 @@ def evaluate_slow(
     levels = {view.instance: view.level(params.peer_window, tick, params) for view in views}
     known = {name: level for name, level in levels.items() if level is not None}
     known.update({f"remote:{k}": float(v) for k, v in (remote_peers or {}).items() if math.isfinite(v)})
-    observations = []
-    for view in views:
-        peers = {name: level for name, level in known.items() if name != view.instance}
-        rules = {
-            "slo": judge_slo(view, tick, params),
-            "peer": judge_peer(view, levels[view.instance], peers, params),
-            "trend": judge_trend(view, tick, params),
-        }
-        observations.append(_observation(view, tick, rules, params))
-    return observations
+    return [judge_view(view, levels[view.instance], known, tick, params) for view in views]
+
+
+def judge_view(
+    view: LatencyView, level: float | None, known: Mapping[str, float], tick: float, params: SlowParams
+) -> Observation:
+    """One instance's judgement at `tick`: its `level` against the `known` levels of its fleet
+    (its own left out), its SLO and its trend."""
+    peers = {name: value for name, value in known.items() if name != view.instance}
+    rules = {
+        "slo": judge_slo(view, tick, params),
+        "peer": judge_peer(view, level, peers, params),
+        "trend": judge_trend(view, tick, params),
+    }
+    return _observation(view, tick, rules, params)
 
 
 def _observation(view: LatencyView, tick: float, rules: dict[str, Rule], params: SlowParams) -> Observation:

@@ -6,19 +6,31 @@ fleet of peers is judged by `evaluate_slow` with the samples the agent's detecti
 loaded at that instant (the last `agent.detect.slow.history` seconds), and the observations go
 through the same lifecycle (`open_after`, `resolve_after`). The findings are added to each
 instance's `InstanceAnalysis`, so the table and `--json` list them beside the memory findings.
+
+Weeks of one-minute samples are tens of thousands of judgements per instance, and nearly all of
+them clear. A finding can only begin at a judgement that fires, so the replay judges in full only
+the ticks where a rule might fire, and every tick from there until the finding is gone: the C
+screen (`agent.detect._kernels.slow_screen`) computes each instance's peer level at every tick and
+marks the ticks where its SLO or trend rule could fire (the same arithmetic; a near tie is
+marked too), and a tick's peer rule can only fire for an instance whose level reaches twice the
+lowest median its peers could have. The findings are those of judging every tick (a property
+test holds the two equal); without the C extension every tick is judged.
 """
 
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Mapping, Sequence
+from itertools import compress
 
 from agent.detect.engine import InstanceAnalysis
-from agent.detect.latency_rules import CANARY, QUANTILE_METRICS, Slo, SlowParams
+from agent.detect.latency_rules import CANARY, QUANTILE_METRICS, LatencyView, Slo, SlowParams
 from agent.detect.lifecycle import update
-from agent.detect.model import START_TIME, Finding, InstanceSeries, Points
-from agent.detect.slow import DEFAULT_SLOW, INPUT_METRICS, evaluate_slow, history, tick_for
+from agent.detect.model import START_TIME, Finding, InstanceSeries, Observation, Points
+from agent.detect.slow import DEFAULT_SLOW, INPUT_METRICS, history, judge_view, tick_for
+from agent.detect.trend import _kernels, normal_cdf
 
 LATENCY_METRICS = frozenset({*QUANTILE_METRICS.values(), CANARY})
 
@@ -60,44 +72,214 @@ def analyze_slow(
     *,
     slos: Mapping[str, Slo | None] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    screen: bool = True,
 ) -> int:
     """Replay the slow detector over each fleet (peers of one another) and add its findings to the
-    instances' analyses; returns the number of judgements made (0: no latency in the input)."""
+    instances' analyses; returns the number of judgement ticks (0: no latency in the input).
+    `screen=False` judges every tick in full (the reference the screen is held to)."""
     slos = slos or {}
-    span = history(params, slos)
     judged = 0
     groups = [[s for s in fleet if has_latency(s)] for fleet in fleets]
     groups = [group for group in groups if group]
     for number, members in enumerate(groups, 1):
-        windows = [_Window(series) for series in members]
-        first = min(min(points[0][0] for points in w.metrics.values()) for w in windows)
-        last = max(max(points[-1][0] for points in w.metrics.values()) for w in windows)
-        active: list[Finding] = []
-        opened: dict[str, Finding] = {}
-        at_open: dict[str, Finding] = {}
-        tick = tick_for(first, params) + params.step
-        while tick <= last + 1e-9:
-            fleet = [w.at(tick - span, tick) for w in windows]
-            observations = evaluate_slow(fleet, tick, params, slos=slos)
-            judged += 1
-            active, transitions = update(active, observations, params)  # type: ignore[arg-type]
-            for change in transitions:
-                opened[change.finding.id] = change.finding
-                if change.change == "opened":
-                    at_open[change.finding.id] = change.finding
-            tick += params.step
-        for finding in active:
-            if finding.state == "open":
-                opened[finding.id] = finding
-        for finding in opened.values():
+        replay = _FleetReplay(members, params, slos, screen)
+        judged += len(replay.ticks)
+        for finding, at_open in replay.findings():
             analysis = analyses.get(finding.instance)
             if analysis is None:
                 continue
             analysis.findings.append(finding)
-            if finding.id in at_open:
-                analysis.at_open[finding.id] = at_open[finding.id]
+            if at_open is not None:
+                analysis.at_open[finding.id] = at_open
         if progress is not None:
             progress(number, len(groups))
     for analysis in analyses.values():
         analysis.findings.sort(key=lambda f: (f.opened_at or math.inf, f.kind))
     return judged
+
+
+def grid(first: float, last: float, params: SlowParams) -> list[float]:
+    """The judgement ticks over samples from `first` to `last`, as the agent's job makes them."""
+    ticks = []
+    tick = tick_for(first, params) + params.step
+    while tick <= last + 1e-9:
+        ticks.append(tick)
+        tick += params.step
+    return ticks
+
+
+class _FleetReplay:
+    """The slow detector's judgements of one fleet over the whole grid, and their findings."""
+
+    def __init__(
+        self,
+        members: Sequence[InstanceSeries],
+        params: SlowParams,
+        slos: Mapping[str, Slo | None],
+        screen: bool,
+    ) -> None:
+        self.params = params
+        self.slos = slos
+        self.span = history(params, slos)
+        self.windows = [_Window(series) for series in members]
+        self.names = [w.series.instance for w in self.windows]
+        first = min(min(points[0][0] for points in w.metrics.values()) for w in self.windows)
+        last = max(max(points[-1][0] for points in w.metrics.values()) for w in self.windows)
+        self.ticks = grid(first, last, params)  # when the samples are loaded …
+        self.judged = [tick_for(tick, params) for tick in self.ticks]  # … and the instant judged
+        self.tick_array, self.judged_array = array("d", self.ticks), array("d", self.judged)
+        self._screen_instants = (self.tick_array.tobytes(), self.judged_array.tobytes())
+        self.python_levels: dict[tuple[int, int], float | None] = {}
+        screens = [self._screen(w) if screen else None for w in self.windows]
+        self.levels: list[array | None] = [found[0] if found else None for found in screens]
+        self.odd = [found[2] if found else set() for found in screens]
+        self.candidates: list[list[int]] = [
+            found[1] if found else list(range(len(self.ticks))) for found in screens
+        ]
+        if any(found is None for found in screens):  # peers' levels unknown to the screen: judge all
+            self.candidates = [list(range(len(self.ticks))) for _ in self.windows]
+        else:
+            for index, extra in self._peer_candidates().items():
+                self.candidates[index] = sorted({*self.candidates[index], *extra})
+
+    def _screen(self, window: _Window) -> tuple[array, list[int], set[int]] | None:
+        """(level per tick, -inf for none; the ticks where the SLO or trend rule might fire or the
+        level needs Python; those of them that need Python) from the C screen, or None when this
+        instance must be judged at every tick (no extension, or an input it does not model)."""
+        if _kernels is None or not hasattr(_kernels, "slow_screen"):
+            return None
+        params, slo = self.params, self.slos.get(window.series.instance)
+        wanted = QUANTILE_METRICS.get(slo.quantile if slo else 0.99, QUANTILE_METRICS[0.99])
+        if wanted in window.metrics and CANARY in window.metrics:
+            return None  # which one is judged depends on the window: leave it to the rules
+        metric = wanted if wanted in window.metrics else CANARY
+        restarts = window.series.restarts or []
+        if not all(math.isfinite(r) for r in restarts):
+            return None
+        starts = window.metrics.get(START_TIME, [])
+        numbers = (
+            window.first, self.span, params.stale, params.peer_window, params.min_coverage,
+            slo.threshold if slo else math.nan, slo.window if slo else 0.0, params.fire_fraction,
+            params.trend_window, float(params.trend_buckets), params.trend_min_growth,
+            _z_for(params.trend_confidence), 0.0, 0.0, 0.0, 0.0,
+        )  # fmt: skip
+        found = _kernels.slow_screen(
+            *self._screen_instants,
+            window.metrics.get(metric, []),
+            starts,
+            array("d", sorted(restarts)).tobytes(),
+            numbers,
+        )
+        if found is None:  # points that are not pairs of floats
+            return None
+        levels_raw, flags_raw = found
+        levels, flags = array("d"), array("d")
+        levels.frombytes(levels_raw)
+        flags.frombytes(flags_raw)
+        marked = list(compress(range(len(flags)), flags))
+        odd = {t for t in marked if int(flags[t]) & 4}
+        return levels, marked, odd
+
+    def _peer_candidates(self) -> dict[int, list[int]]:
+        """Per instance, the ticks where its peer rule might fire: its level at least
+        `peer_ratio` times and `peer_floor` above the lowest median its peers can have (the
+        median of the fleet's levels without the highest)."""
+        params = self.params
+        levels = [
+            array("d", (_or_unknown(self.level(i, t)) for t in range(len(self.ticks))))
+            if self.odd[i]
+            else level
+            for i, level in enumerate(self.levels)
+        ]
+        out: dict[int, list[int]] = {}
+        unknown = -math.inf
+        for t, row in enumerate(zip(*levels)):
+            ordered = sorted(row)
+            known = ordered[bisect_right(ordered, unknown) :]
+            if len(known) - 1 < params.peer_min:
+                continue
+            rest = known[:-1]
+            mid = len(rest) // 2
+            low = rest[mid] if len(rest) % 2 else 0.5 * (rest[mid - 1] + rest[mid])
+            bar = low + params.peer_floor
+            if low > 0 and params.peer_ratio > 0:
+                bar = max(bar, params.peer_ratio * low)
+            bar -= 1e-9 * abs(bar) + 1e-12
+            if known[-1] < bar:
+                continue
+            for i, value in enumerate(row):
+                if value >= bar:
+                    out.setdefault(i, []).append(t)
+        return out
+
+    def level(self, i: int, t: int) -> float | None:
+        """Instance `i`'s peer level at tick `t`, as `evaluate_slow` computes it."""
+        screened = self.levels[i]
+        if screened is not None and t not in self.odd[i]:
+            value = screened[t]
+            return None if value == -math.inf else value
+        key = (i, t)
+        if key not in self.python_levels:
+            view = self._view(i, t)
+            self.python_levels[key] = view.level(self.params.peer_window, self.judged[t], self.params)
+        return self.python_levels[key]
+
+    def _view(self, i: int, t: int) -> LatencyView:
+        load = self.ticks[t]
+        series = self.windows[i].at(load - self.span, load)
+        return LatencyView.at(series, self.judged[t], self.slos.get(series.instance))
+
+    def judge(self, i: int, t: int) -> Observation:
+        """What `evaluate_slow` says of instance `i` at tick `t`."""
+        view = self._view(i, t)
+        known = {}
+        for j, name in enumerate(self.names):
+            value = self.level(j, t)
+            if value is not None:
+                known[name] = value
+        return judge_view(view, self.level(i, t), known, self.judged[t], self.params)
+
+    def findings(self) -> list[tuple[Finding, Finding | None]]:
+        """Each finding that opened (as it ended or stands at the last tick), with the finding as
+        it was when it opened."""
+        out: list[tuple[Finding, Finding | None]] = []
+        count = len(self.ticks)
+        for i, candidates in enumerate(self.candidates):
+            active: list[Finding] = []
+            opened: dict[str, Finding] = {}
+            at_open: dict[str, Finding] = {}
+            position = 0
+            t = candidates[0] if candidates else count
+            while t < count:
+                active, transitions = update(active, [self.judge(i, t)], self.params)  # type: ignore[arg-type]
+                for change in transitions:
+                    opened[change.finding.id] = change.finding
+                    if change.change == "opened":
+                        at_open[change.finding.id] = change.finding
+                if active:  # a pending or open finding: every judgement counts until it is gone
+                    t += 1
+                    continue
+                position = bisect_right(candidates, t, position)
+                t = candidates[position] if position < len(candidates) else count
+            for finding in active:
+                if finding.state == "open":
+                    opened[finding.id] = finding
+            out.extend((finding, at_open.get(finding.id)) for finding in opened.values())
+        return out
+
+
+def _z_for(confidence: float) -> float:
+    """A z a little under the one whose `normal_cdf` is `confidence`: a trend whose Mann-Kendall z
+    is below it cannot reach that confidence."""
+    lo, hi = -40.0, 40.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if normal_cdf(mid) < confidence:
+            lo = mid
+        else:
+            hi = mid
+    return lo - 1e-6
+
+
+def _or_unknown(level: float | None) -> float:
+    return -math.inf if level is None else level

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from itertools import pairwise
 
 from agent.core.quantiles import bucket_quantile
@@ -47,11 +47,15 @@ def families(series: InstanceSeries) -> dict[str, dict[float, Points]]:
     return {name: bounds for name, bounds in out.items() if math.inf in bounds and len(bounds) >= 2}
 
 
-def interval_quantiles(bounds: dict[float, Points]) -> dict[str, Points]:
-    """p50 … p99.9 of each interval between consecutive scrapes of the `+Inf` bucket."""
+def interval_quantiles(
+    bounds: dict[float, Points], wanted: Collection[str] | None = None
+) -> dict[str, Points]:
+    """p50 … p99.9 (those named in `wanted`, else all) of each interval between consecutive
+    scrapes of the `+Inf` bucket."""
     at = {bound: dict(points) for bound, points in bounds.items()}
     times = [ts for ts, _ in bounds[math.inf]]
-    out: dict[str, Points] = {metric: [] for metric in QUANTILE_METRICS.values()}
+    quantiles = {q: m for q, m in QUANTILE_METRICS.items() if wanted is None or m in wanted}
+    out: dict[str, Points] = {metric: [] for metric in quantiles.values()}
     for before, now in pairwise(times):
         deltas = []
         for bound, counts in at.items():
@@ -61,15 +65,18 @@ def interval_quantiles(bounds: dict[float, Points]) -> dict[str, Points]:
             if not (math.isfinite(start) and math.isfinite(end)):
                 continue
             deltas.append((bound, end - start if end >= start else end))  # a reset counts from zero
-        for q, metric in QUANTILE_METRICS.items():
+        for q, metric in quantiles.items():
             value = bucket_quantile(q, deltas)
             if math.isfinite(value):
                 out[metric].append((now, value))
     return {metric: points for metric, points in out.items() if points}
 
 
-def quantiles_from_buckets(instances: Iterable[InstanceSeries]) -> list[str]:
-    """Add quantile series made from bucket series to instances that have none; the families used."""
+def quantiles_from_buckets(
+    instances: Iterable[InstanceSeries], wanted: Collection[str] | None = None
+) -> list[str]:
+    """Add quantile series made from bucket series to instances that have none (only the `wanted`
+    quantile series, when given: each one costs a pass over every interval); the families used."""
     used: set[str] = set()
     for series in instances:
         if any(series.series.get(metric) for metric in QUANTILE_METRICS.values()):
@@ -78,6 +85,6 @@ def quantiles_from_buckets(instances: Iterable[InstanceSeries]) -> list[str]:
         if not found:
             continue
         family = max(sorted(found), key=lambda name: len(found[name][math.inf]))  # the most scraped
-        series.series.update(interval_quantiles(found[family]))
+        series.series.update(interval_quantiles(found[family], wanted))
         used.add(family)
     return sorted(used)

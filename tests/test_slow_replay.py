@@ -1,0 +1,164 @@
+"""The slow replay's screen judges in full only the ticks where a rule might fire, and finds
+exactly what judging every tick finds: the findings, their times and their figures."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.detect.engine import InstanceAnalysis
+from agent.detect.latency_rules import Slo
+from agent.detect.lifecycle import update
+from agent.detect.model import START_TIME, InstanceSeries
+from agent.detect.slow import DEFAULT_SLOW, evaluate_slow, history
+from agent.detect.slow_replay import _FleetReplay, _Window, analyze_slow, grid
+from agent.detect.trend import _kernels
+
+T0 = 1_767_571_200.0
+P99 = "latency_p99_seconds"
+
+pytestmark = pytest.mark.skipif(_kernels is None, reason="the C screen is not built")
+
+
+def reference(members, params, slos):
+    """The plain replay: every tick, the whole fleet through `evaluate_slow` and `update`."""
+    span = history(params, slos)
+    windows = [_Window(s) for s in members]
+    first = min(min(p[0][0] for p in w.metrics.values()) for w in windows)
+    last = max(max(p[-1][0] for p in w.metrics.values()) for w in windows)
+    active, opened, at_open = [], {}, {}
+    for tick in grid(first, last, params):
+        observations = evaluate_slow([w.at(tick - span, tick) for w in windows], tick, params, slos=slos)
+        active, transitions = update(active, observations, params)
+        for change in transitions:
+            opened[change.finding.id] = change.finding
+            if change.change == "opened":
+                at_open[change.finding.id] = change.finding
+    for finding in active:
+        if finding.state == "open":
+            opened[finding.id] = finding
+    return {f.id: (f, at_open.get(f.id)) for f in opened.values()}
+
+
+def fleet(draw_seed: int, shapes: list[dict], every: float, hours: float, decimals: int | None) -> list:
+    rng = random.Random(draw_seed)
+    members = []
+    for n, shape in enumerate(shapes):
+        points, starts = [], []
+        start = T0
+        ts = T0 + rng.uniform(0, every)
+        while ts < T0 + hours * 3600:
+            if not (shape["gap"][0] <= ts - T0 < shape["gap"][0] + shape["gap"][1]):
+                value = shape["base"] * math.exp(rng.gauss(0, shape["noise"]))
+                at = ts - T0 - shape["event"]
+                if shape["kind"] == "slow" and 0 <= at < shape["length"]:
+                    value *= shape["size"]
+                elif shape["kind"] == "ramp" and at >= 0:
+                    value *= 1 + shape["size"] * min(at, shape["length"]) / 3600
+                elif shape["kind"] == "step" and at >= 0:
+                    value *= shape["size"]
+                if decimals is not None:
+                    value = round(value, decimals)
+                points.append((ts, value))
+            if shape["restart"] and ts - T0 >= shape["event"] and start == T0:
+                start = ts
+            if shape["starts"]:
+                starts.append((ts, start))
+            ts += every * rng.choice((1, 1, 1, 2)) if shape["jitter"] else every
+        series = {P99: points}
+        if starts:
+            series[START_TIME] = starts
+        members.append(InstanceSeries(f"i{n}", series))
+    return members
+
+
+shape = st.fixed_dictionaries(
+    {
+        "base": st.floats(0.0, 0.3),
+        "noise": st.sampled_from([0.0, 0.02, 0.1, 0.4]),
+        "kind": st.sampled_from(["none", "slow", "ramp", "step"]),
+        "event": st.floats(0, 3 * 3600),
+        "length": st.floats(60, 7200),
+        "size": st.floats(0.3, 12),
+        "gap": st.tuples(st.floats(0, 4 * 3600), st.floats(0, 3600)),
+        "restart": st.booleans(),
+        "starts": st.booleans(),
+        "jitter": st.booleans(),
+    }
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    shapes=st.lists(shape, min_size=1, max_size=6),
+    every=st.sampled_from([15.0, 30.0, 60.0, 100.0]),
+    decimals=st.sampled_from([None, 3, 2]),
+    slo=st.sampled_from([None, Slo(0.99, 0.25, 300.0), Slo(0.99, 0.05, 120.0)]),
+    scale=st.sampled_from([1.0, 1.0, 7.0]),
+)
+def test_the_screened_replay_finds_what_judging_every_tick_finds(seed, shapes, every, decimals, slo, scale):
+    params = DEFAULT_SLOW if scale == 1.0 else DEFAULT_SLOW.scaled(scale)
+    members = fleet(seed, shapes, every / scale, 4.5 / scale, decimals)
+    members = [m for m in members if m.series[P99]]
+    if not members:
+        return
+    slos = {m.instance: slo for m in members}
+    expected = reference(members, params, slos)
+    analyses = {m.instance: InstanceAnalysis(m.instance, [], [], [], None, None) for m in members}
+    analyze_slow([members], analyses, params, slos=slos)
+    got = {f.id: (f, a.at_open.get(f.id)) for a in analyses.values() for f in a.findings}
+    assert got.keys() == expected.keys()
+    for key, (finding, at_open) in got.items():
+        assert finding == expected[key][0]
+        assert at_open == expected[key][1]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    shapes=st.lists(shape, min_size=1, max_size=4),
+    every=st.sampled_from([15.0, 60.0]),
+    slo=st.sampled_from([None, Slo(0.99, 0.1, 300.0)]),
+)
+def test_the_screen_gives_each_tick_the_python_level_and_marks_every_firing_rule(seed, shapes, every, slo):
+    members = [m for m in fleet(seed, shapes, every, 3.0, None) if m.series[P99]]
+    if not members:
+        return
+    params, slos = DEFAULT_SLOW, {m.instance: slo for m in members}
+    replay = _FleetReplay(members, params, slos, screen=True)
+    span = history(params, slos)
+    for t, tick in enumerate(replay.ticks):
+        observations = evaluate_slow(
+            [w.at(tick - span, tick) for w in replay.windows], tick, params, slos=slos
+        )
+        for i, obs in enumerate(observations):
+            rules = obs.evidence["rules"]
+            python_level = rules["peer"].get("level_seconds") if rules["peer"]["state"] != "unknown" else None
+            if python_level is not None:
+                assert replay.level(i, t) == python_level
+            if (
+                "slo" in obs.evidence["fired"]
+                or "trend" in obs.evidence["fired"]
+                or "peer" in obs.evidence["fired"]
+            ):
+                assert t in replay.candidates[i]
+
+
+def test_a_replay_without_the_screen_is_the_same(tmp_path):
+    members = fleet(3, [dict(base=0.05, noise=0.05, kind="slow", event=3600, length=1800, size=6, gap=(0, 0),
+                             restart=False, starts=False, jitter=False)]
+                    + [dict(base=0.05, noise=0.05, kind="none", event=0, length=60, size=1, gap=(0, 0),
+                            restart=False, starts=False, jitter=False)] * 4, 60.0, 3.0, None)  # fmt: skip
+    out = []
+    for screen in (True, False):
+        analyses = {m.instance: InstanceAnalysis(m.instance, [], [], [], None, None) for m in members}
+        analyze_slow([members], analyses, DEFAULT_SLOW, screen=screen)
+        out.append(
+            {name: [(f.id, f.opened_at, f.resolved_at) for f in a.findings] for name, a in analyses.items()}
+        )
+    assert out[0] == out[1] and out[0]["i0"] and not out[0]["i1"]
