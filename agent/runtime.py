@@ -264,6 +264,8 @@ class Agent:
             async def run() -> None:
                 try:
                     await asyncio.to_thread(fn)
+                except asyncio.CancelledError:  # the scheduler's shutdown: the agent is stopping
+                    log.debug("job %s cancelled: the agent is stopping", name)
                 except StoreError as exc:
                     log.error("%s: %s", name, exc)
                 except Exception:

@@ -4,6 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(
+  python3-venv                                    # `python3 -m venv` of the Makefile's .venv
   gcc libc6-dev binutils                          # the LD_PRELOAD shim and test C programs
   libjemalloc2 libjemalloc-dev                    # jemalloc (mallctl, jeprof)
   libgoogle-perftools4 libtcmalloc-minimal4 google-perftools libgoogle-perftools-dev  # tcmalloc, heap profiler

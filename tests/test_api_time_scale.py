@@ -1,4 +1,4 @@
-"""The API says how compressed the detection clock is, so the dashboard can say it plainly (issue 17)."""
+"""The API says how compressed the detection clock is, so the dashboard can say it plainly."""
 
 from __future__ import annotations
 

@@ -222,7 +222,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
     @app.get("/api/v1/findings")
     def findings(
         instance: str | None = None,
-        kind: str | None = Query(None, description="leak, oom-risk, fragmentation, slow, external"),
+        kind: str | None = Query(
+            None, description="leak, oom-risk, fragmentation, slow, crash-loop, external"
+        ),
         state: str = Query("open", pattern="^(open|pending|resolved|all)$"),
         limit: int = Query(500, ge=1, le=10_000),
     ) -> dict[str, Any]:

@@ -4,7 +4,7 @@ medic run --config medic.yaml            watch the instances of a config file
 medic run -- python serve.py --port 80   launch a command as instance `main` and watch it;
                                          medic exits with its exit status
 medic run --pid 1234 --match 'NAME=model_server'   watch processes named on the command line
-medic run --port 9500 --json             listen on 127.0.0.1:9500; print {"url", "state_dir", "pid"}
+medic run --port 9500 --json             listen on 127.0.0.1:9500; print {"url", "state_dir", "pid", "version"}
                                          as one JSON line once listening
 medic run                                 no config: the built-in demo (a leaking and a stable
                                          sample workload, relaunched if they exit), on a
@@ -201,12 +201,19 @@ def run(args: argparse.Namespace) -> int:
     config, main, demo = build_config(args)
     become_init_if_pid1()  # in a container without an init, reap orphans from a process of its own
     configure_logging(args.log_level)
+    announce = _announce(config.agent.state_dir) if args.json else None  # type: ignore[attr-defined]
+
+    def on_listening(info: dict) -> None:
+        """The banner names the bound address (`--port 0` picks one), then the JSON line if asked."""
+        if demo:
+            echo(demo_banner(info["url"].removeprefix("http://")), file=sys.stderr)
+        if announce is not None:
+            announce(info)
+
     agent = Agent(
         config,  # type: ignore[arg-type]
         main_instance=main,
         config_path=args.config,
-        on_listening=_announce(config.agent.state_dir) if args.json else None,  # type: ignore[attr-defined]
+        on_listening=on_listening if demo or announce is not None else None,
     )
-    if demo:
-        echo(demo_banner(config.agent.listen), file=sys.stderr)  # type: ignore[attr-defined]
     return asyncio.run(agent.run())
