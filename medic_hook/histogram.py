@@ -5,11 +5,13 @@ objects such as `str`, `bytes` and `int` are never tracked, so a cache of `str -
 one `dict` of a few MiB while it holds GiBs; worse, a dict holding only such objects is not tracked
 either. Two ways in: `referents=True` adds the untracked objects that any tracked one points to (a
 pass over every object's referents: costly), and, cheaply and always, the keys and values of the
-`contents` largest dicts are counted (up to `MAX_CONTENT_ITEMS` items in all), so the cache's `bytes`
-and `str` show at their real size and the dict itself is listed under `containers`. The largest
-dicts are looked for among tracked dicts and the dicts they hold as values (module globals, instance
-and class attributes): an untracked dict reachable only through a list, a tuple or a `__slots__`
-attribute is missed.
+`contents` largest dicts and the items of the `contents` longest lists are counted (up to
+`MAX_CONTENT_ITEMS` items in all), so the cache's `bytes` and `str` show at their real size and the
+container itself is listed under `containers`. A list's untracked items that are dicts or tuples (a
+history of records made of numbers and strings, the usual Python list leak) are counted with their
+own untracked contents. The largest dicts are looked for among tracked dicts and the dicts they hold
+as values (module globals, instance and class attributes): an untracked dict reachable only through
+a tuple or a `__slots__` attribute is missed.
 
 The hook's own objects (types of `medic_hook`, its ctypes handles, its server's sockets and thread)
 are left out, so medic never shows among the host's types. Walking holds the GIL, so the host's
@@ -33,6 +35,7 @@ _MIN_BYTES_PER_OBJECT = 16
 DEFAULT_CONTENTS = 8  # largest dicts whose keys and values are counted
 MAX_CONTENT_ITEMS = 1_000_000  # items counted in them, in all
 _DICT_TYPES = frozenset((dict, OrderedDict, defaultdict))
+_RECORD_TYPES = frozenset((dict, OrderedDict, defaultdict, tuple))  # untracked when holding atomics only
 _OWN_MODULES = ("socket", "selectors", "threading", "_thread", "ctypes", "_ctypes", "_socket")
 _MAX_OWN = 2000
 
@@ -132,6 +135,7 @@ def type_histogram(
     counts: dict[type, list[int]] = {}
     seen_untracked: set[int] = set()
     largest: list[tuple[int, int, Any]] = []  # a min-heap of the `contents` longest dicts
+    longest: list[tuple[int, int, Any]] = []  # ... and lists
     walked = 0
     objects = gc.get_objects()
     try:
@@ -155,6 +159,8 @@ def type_histogram(
                             _keep_largest(largest, contents, value)
                 except RuntimeError:  # resized by another thread meanwhile
                     pass
+            elif kind is list and contents:
+                _keep_largest(longest, contents, obj)
             if referents:
                 for ref in gc.get_referents(obj):
                     if not gc.is_tracked(ref) and id(ref) not in seen_untracked:
@@ -164,10 +170,11 @@ def type_histogram(
                         ref_row[1] += _size(ref)
     finally:
         del objects  # drop the references to every object before returning
-    dicts = [entry[2] for entry in sorted(largest, reverse=True)]
-    del largest
-    containers, counted = _count_contents(dicts, counts, seen_untracked if referents else None, deadline)
-    del dicts
+    held = [entry[2] for entry in sorted(largest, reverse=True)]
+    held += [entry[2] for entry in sorted(longest, reverse=True)]
+    del largest, longest
+    containers, counted = _count_contents(held, counts, seen_untracked if referents else None, deadline)
+    del held
     hidden = _leave_out_own(counts)
     rows = sorted(counts.items(), key=lambda item: (-item[1][0], -item[1][1]))
     return {
@@ -197,47 +204,64 @@ def _keep_largest(largest: list[tuple[int, int, Any]], keep: int, mapping: Any) 
 
 
 def _count_contents(
-    dicts: list[Any], counts: dict[type, list[int]], seen: set[int] | None, deadline: float
+    held: list[Any], counts: dict[type, list[int]], seen: set[int] | None, deadline: float
 ) -> tuple[list[dict[str, Any]], int]:
-    """Count the untracked keys and values of `dicts` into `counts`; one summary per dict, and how
-    many objects were added. A dict another thread resizes meanwhile is counted as far as it got."""
+    """Count the untracked keys and values of the dicts in `held`, and the untracked items of its lists
+    (with their contents when they are records), into `counts`; one summary per container, and how many
+    objects were added. A container another thread resizes meanwhile is counted as far as it got."""
     import gc
 
     containers, added, budget = [], 0, MAX_CONTENT_ITEMS
-    for mapping in dicts:
+
+    def count(item: Any) -> int:
+        """Count one untracked object; its bytes (0 when tracked or already counted)."""
+        nonlocal added
+        if item is None or item is True or item is False or gc.is_tracked(item):
+            return 0  # a singleton held a million times is still one object
+        if seen is not None and id(item) in seen:
+            return 0
+        size = _size(item)
+        row = counts.setdefault(type(item), [0, 0])
+        row[0] += 1
+        row[1] += size
+        added += 1
+        return size
+
+    for container in held:
         if budget <= 0 or time.perf_counter() > deadline:
             break
-        content_bytes, pairs, complete = 0, 0, True
-        kinds: dict[tuple[str, str], int] = {}
+        is_list = type(container) is list
+        content_bytes, entries, complete = 0, 0, True
+        kinds: dict[tuple[str, ...], int] = {}
         try:
-            for key, value in mapping.items():
-                pairs += 1
-                if pairs > budget or (pairs % _CHECK_EVERY == 0 and time.perf_counter() > deadline):
+            for entry in container if is_list else container.items():
+                entries += 1
+                if entries > budget or (entries % _CHECK_EVERY == 0 and time.perf_counter() > deadline):
                     complete = False  # counted as far as the walk's item and time budgets allow
                     break
-                for item in (key, value):
-                    if gc.is_tracked(item) or (seen is not None and id(item) in seen):
-                        continue
-                    size = _size(item)
-                    row = counts.setdefault(type(item), [0, 0])
-                    row[0] += 1
-                    row[1] += size
-                    content_bytes += size
-                    added += 1
-                pair = (_type_name(type(key)), _type_name(type(value)))
-                if len(kinds) < 16 or pair in kinds:
-                    kinds[pair] = kinds.get(pair, 0) + 1
+                if is_list:
+                    content_bytes += count(entry)
+                    if type(entry) in _RECORD_TYPES and not gc.is_tracked(entry):
+                        for part in entry.values() if type(entry) is not tuple else entry:
+                            content_bytes += count(part)
+                    kind: tuple[str, ...] = (_type_name(type(entry)),)
+                else:
+                    key, value = entry
+                    content_bytes += count(key) + count(value)
+                    kind = (_type_name(type(key)), _type_name(type(value)))
+                if len(kinds) < 16 or kind in kinds:
+                    kinds[kind] = kinds.get(kind, 0) + 1
         except RuntimeError:  # resized by another thread while we counted
             complete = False
-        budget -= pairs
+        budget -= entries
         common = max(kinds.items(), key=lambda item: item[1])[0] if kinds else None
         containers.append(
             {
-                "type": _type_name(type(mapping)),
-                "len": len(mapping),
-                "bytes": _size(mapping),
+                "type": _type_name(type(container)),
+                "len": len(container),
+                "bytes": _size(container),
                 "content_bytes": content_bytes,
-                "holds": f"{common[0]} -> {common[1]}" if common else None,
+                "holds": " -> ".join(common) if common else None,
                 "complete": complete,
             }
         )

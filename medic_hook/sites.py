@@ -9,6 +9,11 @@ loop (no thread of its own) and stops tracing when one runs out; stopping clears
 frees tracemalloc's memory. A host that traces by itself keeps its tracing: the hook reads it and
 never stops it.
 
+A site is named by the innermost frame outside the standard library: an `int` made by
+`random.randrange` and kept in a record is the application line's allocation, the line on-call can
+change (the traceback still shows the whole path). An allocation made entirely in the standard library
+keeps its innermost frame.
+
 Allocations made by the hook itself (any frame in this package, or in tracemalloc) are left out.
 A snapshot copies the trace table and groups it under the GIL, a few µs per live traced allocation
 (docs/performance.md); the memory budget bounds that too (about 50 bytes of tracemalloc's tables per
@@ -18,6 +23,7 @@ trace: 16 MiB is some 300,000 traces).
 from __future__ import annotations
 
 import os
+import sysconfig
 import threading
 import time
 from dataclasses import dataclass
@@ -33,6 +39,9 @@ DEFAULT_MAX_MEMORY = 16 * 2**20
 MAX_MEMORY = 256 * 2**20
 CHECK_EVERY_S = 1.0  # how often the server loop looks at the budgets while tracing
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_STDLIB_DIRS = tuple(
+    {os.path.join(sysconfig.get_paths()[key], "") for key in ("stdlib", "platstdlib")}
+)  # site-packages lies under the platform's stdlib on some layouts: never skipped (see `_site_frame`)
 
 
 @dataclass(slots=True)
@@ -134,6 +143,22 @@ def after_fork_in_child() -> None:
         tracemalloc.stop()
 
 
+def _stdlib(filename: str) -> bool:
+    return (
+        filename.startswith(_STDLIB_DIRS)
+        and "site-packages" not in filename
+        and "dist-packages" not in filename
+    ) or filename.startswith("<frozen ")
+
+
+def _site_frame(traceback: Any) -> Any:
+    """The innermost frame of `traceback` (oldest first) outside the standard library, else the innermost."""
+    for frame in reversed(traceback):
+        if not _stdlib(frame.filename):
+            return frame
+    return traceback[-1]
+
+
 def snapshot(top: int) -> dict[str, Any]:
     """The `top` sites by live bytes allocated since tracing started, each with a short traceback.
 
@@ -157,7 +182,7 @@ def snapshot(top: int) -> dict[str, Any]:
     for stat in statistics:
         if any(f.filename.startswith(own) for f in stat.traceback):
             continue  # the hook's own allocations
-        frame = stat.traceback[-1]
+        frame = _site_frame(stat.traceback)
         total_bytes += stat.size
         total_count += stat.count
         row = sites.get((frame.filename, frame.lineno))

@@ -55,7 +55,8 @@ def test_histogram_counts_a_known_class(server: medic_hook.HookServer) -> None:
 
 
 def test_histogram_referents_add_untracked_objects(server: medic_hook.HookServer) -> None:
-    kept = [b"x" * 100 + str(i).encode() for i in range(20000)]  # bytes are not tracked by gc
+    # bytes are not tracked by gc; in a set (unlike the longest lists and dicts) nor are they counted
+    kept = {b"x" * 100 + str(i).encode() for i in range(20000)}
     with HookClient(server.path) as client:
         plain = {r["type"]: r["count"] for r in client.request("histogram", top=200)["types"]}
         deep = {r["type"]: r["count"] for r in client.request("histogram", top=200, referents=True)["types"]}
@@ -223,3 +224,42 @@ def test_the_socket_disappears_when_the_target_exits(spawn, sock_dir: str) -> No
     proc.stdin.flush()
     assert proc.wait(timeout=10) == 0
     assert not os.path.exists(path)
+
+
+def test_a_list_of_untracked_dicts_shows_as_dicts_and_their_contents(server: medic_hook.HookServer) -> None:
+    """Dicts holding only numbers, strings and None are not tracked by the GC: a history list of such
+    records (the usual Python list leak) shows its dicts and what they hold, singletons left out."""
+    import gc
+
+    history = [{"id": i, "score": i / 7, "tag": None} for i in range(30000)]
+    assert not gc.is_tracked(history[0])
+    with HookClient(server.path) as client:
+        reply = client.request("histogram", top=50)
+    types = {row["type"]: row for row in reply["types"]}
+    assert types["dict"]["count"] >= len(history) and types["float"]["count"] >= len(history)
+    assert types.get("NoneType", {"count": 0})["count"] < 100
+    listed = next(c for c in reply["containers"] if c["type"] == "list" and c["len"] == len(history))
+    assert listed["holds"] == "dict" and listed["complete"] and listed["content_bytes"] > 30000 * 64
+
+
+def test_an_allocation_in_the_standard_library_is_named_by_the_line_that_called_it() -> None:
+    """`random.randrange` makes the int a record keeps: the site is the application's line."""
+    import random
+    import tracemalloc
+
+    from medic_hook import sites
+
+    started = sites.start(frames=4, duration_s=60, max_memory=16 * 2**20)
+    assert started["tracing"]
+    try:
+        rng = random.Random(1)
+        kept = [rng.randrange(2**40, 2**41) for _ in range(20000)]  # the kept ints
+        line = f"{__file__}:{sys._getframe().f_lineno - 1}"
+        rows = sites.snapshot(top=20)["sites"]
+    finally:
+        sites.stop()
+    assert not tracemalloc.is_tracing() and len(kept) == 20000
+    names = [row["site"] for row in rows]
+    assert line in names and not [n for n in names if n.endswith(os.sep + "random.py") or "random.py:" in n]
+    row = next(r for r in rows if r["site"] == line)
+    assert any("random.py" in frame for frame in row["traceback"])  # the path still shows where

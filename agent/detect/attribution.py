@@ -5,7 +5,11 @@ Layers, each from the probes that see it, stacked without double counting:
 - `file_mapped`: `rss_file_bytes + rss_shmem_bytes` (code, mapped model files, shared memory);
 - `jvm_heap`: the resident part of the Java heap: committed (NMT "Java Heap", else `GC.heap_info`),
   but no more than the most the heap has used in this lifetime (committed pages never touched are not
-  resident, and would otherwise absorb growth that is elsewhere);
+  resident, and would otherwise absorb growth that is elsewhere). Pages touched are the young
+  generation's (every allocation burst fills it before a collection empties it: the widest span seen
+  between a bucket's peak of heap used and the heap after GC) plus the old generation's high-water mark
+  (the most the heap after GC has held), and at least the highest peak of heap used seen: so the layer
+  grows as the live set does, not only when a sample happens to catch a full young generation;
 - `jvm_native`: NMT committed minus the Java heap (threads, code cache, GC, metaspace…);
 - `python_objects`: the type histogram's shallow bytes (inside malloc's live bytes when pymalloc is off);
 - `allocator_live`: allocator live bytes minus NMT's malloc (and Python objects, pymalloc off);
@@ -29,7 +33,7 @@ from typing import Any
 
 from agent.detect.suspects import MIN_CONFIDENCE, growth, suspects_for
 from agent.state.histograms import HistogramStore
-from agent.state.store import Store
+from agent.state.store import Aggregate, Store
 
 GRID_POINTS = 48
 INPUTS = (
@@ -38,6 +42,7 @@ INPUTS = (
     "rss_shmem_bytes",
     "jvm_heap_committed_bytes",
     "jvm_heap_used_bytes",
+    "jvm_heap_after_gc_bytes",
     "jvm_nmt_committed_bytes",
     "jvm_nmt_heap_committed_bytes",
     "jvm_nmt_malloc_bytes",
@@ -46,6 +51,7 @@ INPUTS = (
     "allocator_allocated_bytes",
     "allocator_resident_bytes",
 )
+PEAKS = {"jvm_heap_used_peak": "jvm_heap_used_bytes"}  # grid inputs taken as bucket maxima
 TITLES = {
     "file_mapped": "file-backed and shared memory (code, mapped files)",
     "jvm_heap": "Java heap (resident: committed and used)",
@@ -116,6 +122,8 @@ def attribution_for(store: Store, instance: str, since: float, now: float) -> At
     since = _lifetime_start(store, instance, since, now)
     step = max((now - since) / GRID_POINTS, 1.0)
     grid = {metric: _on_grid(store, instance, metric, since, now, step) for metric in INPUTS}
+    for name, metric in PEAKS.items():
+        grid[name] = _on_grid(store, instance, metric, since, now, step, agg="max")
     rss = grid["rss_bytes"]
     result = Attribution(instance, since, now, None, None)
     known = [i for i, v in enumerate(rss) if v is not None]
@@ -167,6 +175,7 @@ def split(
     figures: dict[str, list[float]] = {name: [] for name in TITLES}
     present = {metric for metric, values in grid.items() if any(v is not None for v in values)}
     heap_touched = 0.0  # the most the heap used so far: pages once touched stay resident
+    young_span = floor_high = 0.0  # the young generation's widest fill, the old one's high-water mark
     for i in known:
         value = {metric: values[i] for metric, values in grid.items()}
         rss = value["rss_bytes"] or 0.0
@@ -181,9 +190,13 @@ def split(
 
         take("file_mapped", (value["rss_file_bytes"] or 0.0) + (value["rss_shmem_bytes"] or 0.0))
         heap = value["jvm_nmt_heap_committed_bytes"] or value["jvm_heap_committed_bytes"]
-        used = value["jvm_heap_used_bytes"]
+        used = value.get("jvm_heap_used_peak") or value["jvm_heap_used_bytes"]
         if heap is not None and used is not None:
             heap_touched = max(heap_touched, used)
+            floor = value["jvm_heap_after_gc_bytes"]
+            if floor is not None:
+                young_span, floor_high = max(young_span, used - floor), max(floor_high, floor)
+                heap_touched = max(heap_touched, floor_high + young_span)
             heap = min(heap, heap_touched)
         take("jvm_heap", heap)
         nmt_total, nmt_heap = value["jvm_nmt_committed_bytes"], value["jvm_nmt_heap_committed_bytes"]
@@ -223,17 +236,16 @@ def split(
 
 
 def _on_grid(
-    store: Store, instance: str, metric: str, since: float, now: float, step: float
+    store: Store, instance: str, metric: str, since: float, now: float, step: float, agg: Aggregate = "min"
 ) -> list[float | None]:
-    """Bucket minima of one series on the grid, carried forward over empty buckets."""
+    """Bucket minima (or maxima) of one series on the grid, carried forward over empty buckets."""
     count = max(1, int((now - since) / step + 0.5))
     values: list[float | None] = [None] * count
-    points = store.series(
-        instance, metric, since, now, step=step, agg="min", max_points=count, now=now
-    ).points
+    points = store.series(instance, metric, since, now, step=step, agg=agg, max_points=count, now=now).points
+    pick = min if agg == "min" else max
     for ts, value in points:
         i = min(count - 1, max(0, int((ts - since) / step)))
-        values[i] = value if values[i] is None else min(values[i], value)
+        values[i] = value if values[i] is None else pick(values[i], value)
     last = None
     for i, value in enumerate(values):
         if value is None:

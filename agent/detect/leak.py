@@ -13,7 +13,7 @@ from __future__ import annotations
 from agent.core.units import format_bytes, format_duration
 from agent.detect.context import Context
 from agent.detect.growth import Fit, at_record, time_to_limit, traffic_explains
-from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, RSS, Observation, Severity, State
+from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, PYMALLOC, RSS, Observation, Severity, State
 from agent.detect.params import DetectParams
 
 CLEAR_DECEL = 0.5  # clear only when the recent slope is below half of `decel_ratio` of the window's
@@ -29,7 +29,8 @@ NATIVE_DOMINANCE = 4.0
 def leak_series(ctx: Context) -> list[str]:
     """The series a leak is judged on, most specific first."""
     if ctx.present(ALLOCATED):
-        return [ALLOCATED]
+        # Python's small objects live in pymalloc's arenas, which malloc's figures do not count
+        return [ALLOCATED, RSS] if ctx.present(PYMALLOC) else [ALLOCATED]
     if ctx.present(JVM_HEAP_AFTER_GC):
         return [JVM_HEAP_AFTER_GC, RSS]
     return [RSS]
@@ -132,6 +133,8 @@ def judge_leak(ctx: Context) -> Observation:
         native = fit.metric == RSS and candidates[0] == JVM_HEAP_AFTER_GC
         if fit.metric == JVM_HEAP_AFTER_GC:
             fit, ttoom, native = _outgrown_by_rss(ctx, fit, ttoom)
+        elif fit.metric == ALLOCATED and ctx.present(PYMALLOC):  # objects in pymalloc's arenas
+            fit, ttoom, _ = _outgrown_by_rss(ctx, fit, ttoom)
         return _leak_observation(ctx, fit, ttoom, native=native)
     state: State = "holding" if any(a[1] == "holding" for a in assessed) else "clear"
     risen = [a for a in assessed if a[0].confidence >= ctx.params.confidence_clear]
@@ -155,6 +158,8 @@ def judge_leak(ctx: Context) -> Observation:
 def _outgrown_by_rss(ctx: Context, heap: Fit, ttoom: float | None) -> tuple[Fit, float | None, bool]:
     """A JVM whose live heap grows a little while its RSS grows many times faster leaks outside the
     heap (objects that own native memory are small on the heap): the RSS growth is the leak to report.
+    So does a Python process whose malloc figures grow a little while its small objects fill
+    pymalloc's arenas.
     The heap's fit has already decided that there is a leak; RSS need only be seen rising (the
     clearing bar: its fits often span fewer buckets than the heap's)."""
     p = ctx.params

@@ -8,7 +8,8 @@ allocator and JVM probes will emit; each role takes the first name present:
 
 - memory judged against the limit: `rss_bytes`
 - live bytes (what a leak grows): `allocator_allocated_bytes`, else `jvm_heap_after_gc_bytes`,
-  else `rss_bytes`
+  else `rss_bytes`; a Python target's small objects live in pymalloc's arenas, outside malloc's
+  figures (`pymalloc_allocated_blocks` says pymalloc is there), so its RSS is judged as well
 - allocator pages that hold live objects: `allocator_active_bytes` (jemalloc `stats.active`)
 - allocator memory resident in RAM: `allocator_resident_bytes`, else `rss_bytes`
 - the limit: `InstanceSeries.memory_limit`, else the latest `memory_limit_bytes` or
@@ -31,6 +32,7 @@ ACTIVE = "allocator_active_bytes"
 RESIDENT = "allocator_resident_bytes"
 RETAINED = "allocator_retained_bytes"  # jemalloc: virtual only, not RSS; kept for display, never judged
 JVM_HEAP_AFTER_GC = "jvm_heap_after_gc_bytes"
+PYMALLOC = "pymalloc_allocated_blocks"
 LIMIT_METRICS = ("memory_limit_bytes", "cgroup_memory_limit_bytes")
 START_TIME = "process_start_time_seconds"
 

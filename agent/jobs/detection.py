@@ -23,7 +23,16 @@ from agent.detect import DetectParams, Finding, InstanceSeries, Observation, Tra
 from agent.detect.attribution import explain
 from agent.detect.fleet import judge_fleet, with_priors
 from agent.detect.growth import REQUESTS
-from agent.detect.model import ACTIVE, ALLOCATED, JVM_HEAP_AFTER_GC, LIMIT_METRICS, RESIDENT, RSS, START_TIME
+from agent.detect.model import (
+    ACTIVE,
+    ALLOCATED,
+    JVM_HEAP_AFTER_GC,
+    LIMIT_METRICS,
+    PYMALLOC,
+    RESIDENT,
+    RSS,
+    START_TIME,
+)
 from agent.detect.priors import PriorBook, WorkloadProfile, merge, workload_key
 from agent.detect.slow import INPUT_METRICS as SLOW_METRICS
 from agent.detect.slow import Slo, SlowParams, evaluate_slow, slo_from_settings
@@ -36,7 +45,7 @@ from agent.watch.tracker import Tracker
 log = logging.getLogger("medic.detection")
 
 EXPLAINED_KINDS = ("leak", "oom-risk")
-MEMORY_METRICS = (RSS, ALLOCATED, ACTIVE, RESIDENT, JVM_HEAP_AFTER_GC, *LIMIT_METRICS, *REQUESTS)
+MEMORY_METRICS = (RSS, ALLOCATED, ACTIVE, RESIDENT, JVM_HEAP_AFTER_GC, PYMALLOC, *LIMIT_METRICS, *REQUESTS)
 SUB_BUCKETS = 10  # store reads per detection bucket: min and max of each
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS findings (
