@@ -6,7 +6,8 @@ one `dict` of a few MiB while it holds GiBs; worse, a dict holding only such obj
 either. Two ways in: `referents=True` adds the untracked objects that any tracked one points to (a
 pass over every object's referents: costly), and, cheaply and always, the keys and values of the
 `contents` largest dicts and the items of the `contents` longest lists are counted (up to
-`MAX_CONTENT_ITEMS` items in all), so the cache's `bytes` and `str` show at their real size and the
+`MAX_CONTENT_ITEMS` items in all, within the walk's time budget: `contents_complete` is false when
+that budget cut the count short, a figure not to compare with the others), so the cache's `bytes` and `str` show at their real size and the
 container itself is listed under `containers`. A list's untracked items that are dicts or tuples (a
 history of records made of numbers and strings, the usual Python list leak) are counted with their
 own untracked contents. The largest dicts are looked for among tracked dicts and the dicts they hold
@@ -173,7 +174,7 @@ def type_histogram(
     held = [entry[2] for entry in sorted(largest, reverse=True)]
     held += [entry[2] for entry in sorted(longest, reverse=True)]
     del largest, longest
-    containers, counted = _count_contents(held, counts, seen_untracked if referents else None, deadline)
+    containers, counted, cut = _count_contents(held, counts, seen_untracked if referents else None, deadline)
     del held
     hidden = _leave_out_own(counts)
     rows = sorted(counts.items(), key=lambda item: (-item[1][0], -item[1][1]))
@@ -183,6 +184,7 @@ def type_histogram(
         "distinct_types": len(rows),
         "types": [{"type": _type_name(kind), "count": c, "bytes": b} for kind, (c, b) in rows[:top]],
         "containers": containers,
+        "contents_complete": not cut,  # False: the time budget cut the count short, a partial figure
         "hook_objects": hidden,
         "elapsed_s": round(time.perf_counter() - started, 6),
         "referents": referents,
@@ -205,13 +207,14 @@ def _keep_largest(largest: list[tuple[int, int, Any]], keep: int, mapping: Any) 
 
 def _count_contents(
     held: list[Any], counts: dict[type, list[int]], seen: set[int] | None, deadline: float
-) -> tuple[list[dict[str, Any]], int]:
+) -> tuple[list[dict[str, Any]], int, bool]:
     """Count the untracked keys and values of the dicts in `held`, and the untracked items of its lists
     (with their contents when they are records), into `counts`; one summary per container, and how many
-    objects were added. A container another thread resizes meanwhile is counted as far as it got."""
+    objects were added, and whether the time budget cut the count short. A container another thread
+    resizes meanwhile is counted as far as it got."""
     import gc
 
-    containers, added, budget = [], 0, MAX_CONTENT_ITEMS
+    containers, added, budget, cut = [], 0, MAX_CONTENT_ITEMS, False
 
     def count(item: Any) -> int:
         """Count one untracked object; its bytes (0 when tracked or already counted)."""
@@ -228,7 +231,10 @@ def _count_contents(
         return size
 
     for container in held:
-        if budget <= 0 or time.perf_counter() > deadline:
+        if budget <= 0:
+            break
+        if time.perf_counter() > deadline:
+            cut = True
             break
         is_list = type(container) is list
         content_bytes, entries, complete = 0, 0, True
@@ -236,8 +242,11 @@ def _count_contents(
         try:
             for entry in container if is_list else container.items():
                 entries += 1
-                if entries > budget or (entries % _CHECK_EVERY == 0 and time.perf_counter() > deadline):
-                    complete = False  # counted as far as the walk's item and time budgets allow
+                if entries > budget:
+                    complete = False  # counted as far as the walk's item budget allows
+                    break
+                if entries % _CHECK_EVERY == 0 and time.perf_counter() > deadline:
+                    complete, cut = False, True  # ... and its time budget
                     break
                 if is_list:
                     content_bytes += count(entry)
@@ -265,7 +274,7 @@ def _count_contents(
                 "complete": complete,
             }
         )
-    return containers, added
+    return containers, added, cut
 
 
 def _leave_out_own(counts: dict[type, list[int]]) -> int:

@@ -185,6 +185,8 @@ def snapshot_from_reply(target: ProbeTarget, now: float, reply: dict) -> Snapsho
         "referents": reply.get("referents") is True,
         "containers": containers,
         "sites_tracing": reply.get("sites_tracing") is True,
+        # the hook's budgets cut its count of the largest containers short: a partial figure
+        "partial": reply.get("contents_complete") is False,
     }
     return Snapshot(
         target.instance,

@@ -267,3 +267,20 @@ def test_ranking_never_fails_and_stays_ordered(rows, pids):
     scores = [s.bytes_per_second * s.confidence for s in found]
     assert scores == sorted(scores, reverse=True)
     assert all(0.9 <= s.confidence <= 1 and s.bytes_per_second > 0 for s in found)
+
+
+def test_snapshots_cut_short_by_the_walk_s_budget_are_left_out():
+    """A Python histogram whose count of the largest containers ran out of time counts part of what is
+    there: a false drop that would break the growing type's series. Such snapshots are not judged."""
+    series = []
+    for i in range(10):
+        count = 1000 + 3000 * i
+        full = snap(i, {"dict": (count, 232 * count), "str": (500, 30_000)}, source="python")
+        if i in (6, 8):  # cut short: the list of dicts was not reached
+            full = snap(i, {"dict": (900, 200_000), "str": (500, 30_000)}, source="python")
+            full.meta["partial"] = True
+        series.append(full)
+    assert [s.name for s in rank(series)] == ["dict"]
+    for s in series:
+        s.meta.pop("partial", None)
+    assert [s.name for s in rank(series)] == []  # judged with them, the drops hide the growth

@@ -173,8 +173,9 @@ def _split_excess(
         return (
             "fragmentation",
             None,
-            f"up to {format_bytes(excess)} is free inside the allocator; a trim returns only whole free pages "
-            "(glibc malloc_trim), so try jemalloc via LD_PRELOAD or MALLOC_ARENA_MAX",
+            f"up to {format_bytes(excess)} is free inside the allocator; a purge (glibc malloc_trim) returns "
+            "the whole free pages among it, and what stays is free space inside partly used pages: if it "
+            "comes back, try jemalloc via LD_PRELOAD or MALLOC_ARENA_MAX (per-thread arenas full of holes)",
         )
     act_idx, act_lo, _ = ctx.prep.base(ACTIVE).select(ctx.life, first, end)
     res_metric = RESIDENT if ctx.present(RESIDENT) else RSS

@@ -164,7 +164,9 @@ def growth(xs: list[float], ys: list[float]) -> Growth:
 
 
 def current_lifetime(snapshots: list[Snapshot]) -> list[Snapshot]:
-    """The snapshots of the process that took the last one (a restart resets every series)."""
+    """The snapshots of the process that took the last one (a restart resets every series), less the
+    partial ones (a walk its budget cut short counts only part of what is there: a false drop)."""
+    snapshots = [s for s in snapshots if not s.meta.get("partial")]
     if not snapshots:
         return []
     last = snapshots[-1]

@@ -7,8 +7,15 @@ killed.
   leak together, and `cache_result` keeps a bounded ring;
 - `MODEL_SERVER_C` (C): a large stable heap (`load_weights`, loaded once) with a small leak
   (`intern_token`) beside churn (`decode_batch`);
+- `BATCHES_C` (C, glibc, threads): worker threads handle batches of small parts; one part in 32
+  outlives its batch in a shared pool of fixed size (a random older one is freed), the rest are freed.
+  Concurrency rises one worker a second up to 16: each new worker's arena is left full of holes
+  pinned by the survivors, so RSS grows for a quarter of a minute while the live bytes stay flat
+  (glibc's per-thread arenas: fragmentation, not a leak);
 - `FEATURE_STORE_PY` (Python, in-process hook): a module-global list of dicts that only grows
   (`remember`) beside a dict of in-flight requests that grows and is emptied again;
+- `EMBEDDING_CACHE_PY` (Python): an embedding cache warming under skewed (Zipf) traffic, bounded at
+  `cap` entries (the oldest evicted): memory rises fast, slows as the hit rate climbs, then holds;
 - `ACCOUNTS_JAVA` (JVM): a static HashMap of a custom class that only grows, among request garbage
   (`Object[]` of growing lists, strings, boxed numbers); with `stable` a large heap built once that
   then only makes garbage (many collections, no growth).
@@ -142,6 +149,59 @@ int main(int argc, char **argv) {
 }
 """
 
+BATCHES_C = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define POOL 30000
+static char *pool[POOL];
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned long seed = 88172645463325252UL;
+static unsigned long next_random(unsigned long *s) { *s ^= *s << 13; *s ^= *s >> 7; *s ^= *s << 17; return *s; }
+
+__attribute__((noinline)) static void *handle_batch(void *arg) {
+    unsigned long s = (unsigned long)arg * 2654435761UL + 1;
+    enum { N = 40000 };
+    char **parts = malloc(N * sizeof *parts);
+    for (int i = 0; i < N; i++) {
+        size_t n = 192 + next_random(&s) % 128;
+        parts[i] = malloc(n);
+        memset(parts[i], 1, n);
+    }
+    for (int i = 0; i < N; i++) {
+        if (i % 32 == 0) { /* outlives the batch */
+            pthread_mutex_lock(&lock);
+            unsigned long slot = next_random(&seed) % POOL;
+            free(pool[slot]);
+            pool[slot] = parts[i];
+            pthread_mutex_unlock(&lock);
+        } else {
+            free(parts[i]);
+        }
+    }
+    free(parts);
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    int max_workers = argc > 1 ? atoi(argv[1]) : 16;
+    int ramp_rounds = argc > 2 ? atoi(argv[2]) : 10; /* one more worker every this many rounds */
+    printf("ready %d\n", getpid());
+    fflush(stdout);
+    for (long round = 0;; round++) {
+        int workers = 1 + (int)(round / ramp_rounds);
+        if (workers > max_workers) workers = max_workers;
+        pthread_t threads[64];
+        for (int w = 0; w < workers; w++) pthread_create(&threads[w], NULL, handle_batch, (void *)(round * 64 + w));
+        for (int w = 0; w < workers; w++) pthread_join(threads[w], NULL);
+        usleep(100000);
+    }
+}
+"""
+
 FEATURE_STORE_PY = r'''
 """A feature store: every request's features are remembered in a module-global list (never trimmed),
 while requests in flight are tracked in a dict that is emptied when a batch completes."""
@@ -173,6 +233,29 @@ while True:
         request_id += 1
         remember(request_id, rng)
         track(request_id, rng)
+    time.sleep(0.05)
+'''
+
+EMBEDDING_CACHE_PY = r'''
+"""An embedding cache in front of a model: keys drawn from a Zipf law over a vocabulary, a miss computes
+a 32 KiB vector; at most `cap` vectors are kept (the oldest evicted)."""
+import bisect, itertools, os, random, sys, time
+from collections import OrderedDict
+
+vocabulary, cap, per_tick = (int(a) for a in sys.argv[1:4])
+weights = list(itertools.accumulate(1.0 / (rank + 1) ** 0.8 for rank in range(vocabulary)))
+cache = OrderedDict()
+rng = random.Random(11)
+print("ready", os.getpid(), flush=True)
+while True:
+    for _ in range(per_tick):
+        key = bisect.bisect(weights, rng.random() * weights[-1])
+        if key in cache:
+            cache.move_to_end(key)
+            continue
+        cache[key] = bytes(32768) + key.to_bytes(4, "little")  # computes the vector
+        if len(cache) > cap:
+            cache.popitem(last=False)
     time.sleep(0.05)
 '''
 
@@ -226,7 +309,7 @@ def build_c(out_dir: Path, name: str, source: str) -> str:
     path.write_text(source)
     binary = out_dir / name
     subprocess.run(
-        ["cc", "-g", "-O1", "-fno-omit-frame-pointer", "-o", str(binary), str(path)],
+        ["cc", "-g", "-O1", "-fno-omit-frame-pointer", "-pthread", "-o", str(binary), str(path)],
         check=True,
         capture_output=True,
         timeout=60,
@@ -237,6 +320,12 @@ def build_c(out_dir: Path, name: str, source: str) -> str:
 def write_feature_store(out_dir: Path) -> str:
     script = out_dir / "feature_store.py"
     script.write_text(FEATURE_STORE_PY)
+    return str(script)
+
+
+def write_embedding_cache(out_dir: Path) -> str:
+    script = out_dir / "embedding_cache.py"
+    script.write_text(EMBEDDING_CACHE_PY)
     return str(script)
 
 
