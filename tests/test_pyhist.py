@@ -133,3 +133,12 @@ def test_any_histogram_reply_makes_a_sane_snapshot(reply):
     assert snapshot.total_count >= 0 and snapshot.total_bytes == sum(r.bytes for r in snapshot.rows)
     assert snapshot.kind == "type"
     json.dumps(snapshot.to_dict(), allow_nan=False)  # what the API sends
+
+
+@pytest.mark.parametrize(
+    ("complete", "partial"), [(True, False), (False, True), (None, False), ("no", False)]
+)
+def test_a_count_the_hook_s_time_budget_cut_short_is_marked_partial(complete, partial):
+    reply = {"types": [{"type": "dict", "count": 10, "bytes": 2320}], "contents_complete": complete}
+    snapshot = snapshot_from_reply(ProbeTarget("py0", 1, 1.0), 100.0, reply)
+    assert snapshot.meta["partial"] is partial
