@@ -225,7 +225,7 @@ def test_rss_grown_by_glibc_arenas_full_of_holes_is_fragmentation_purged_first(
     binary = build_c(tmp_path, "batches", BATCHES_C)
     template = f"{sock_dir}/batches.%p.sock"
     env = clean_env(LD_PRELOAD=ensure_shim(), MEDIC_HOOK_SOCKET=template)
-    proc = spawn([binary, "16", "10"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    proc = spawn([binary, "16", "5"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     pid = int(read_ready(proc)[1])
     agent.start(
         {

@@ -9,7 +9,7 @@ killed.
   (`intern_token`) beside churn (`decode_batch`);
 - `BATCHES_C` (C, glibc, threads): worker threads handle batches of small parts; one part in 32
   outlives its batch in a shared pool of fixed size (a random older one is freed), the rest are freed.
-  Concurrency rises one worker a second up to 16: each new worker's arena is left full of holes
+  Concurrency rises one worker every few rounds up to 16: each new worker's arena is left full of holes
   pinned by the survivors, so RSS grows for a quarter of a minute while the live bytes stay flat
   (glibc's per-thread arenas: fragmentation, not a leak);
 - `FEATURE_STORE_PY` (Python, in-process hook): a module-global list of dicts that only grows
