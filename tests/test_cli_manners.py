@@ -30,6 +30,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def captured_url(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Record the URL the CLI would call instead of calling it."""
     seen: list[str] = []
+    build_parser()  # every command module imported first, so none keeps the fake after the test
 
     def fake_get(url: str, path: str, params=None, timeout: float = 5.0):
         seen.append(url)

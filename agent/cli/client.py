@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,6 +21,9 @@ from probes.linux.secrets import read_token
 
 DEFAULT_URL = "http://127.0.0.1:9464"
 DEFAULT_STATE_DIR = "medic-state"
+MAX_REPLY_BYTES = 128 * 2**20  # the largest answer: a 16 MiB evidence item, JSON-escaped
+REPLY_DEADLINE_FACTOR = 3  # a whole answer within this many times the per-read timeout
+replies_received = 0  # JSON objects the agent answered in this process: see `agent.cli.main`
 
 
 def state_dir(explicit: str | None) -> str | None:
@@ -95,10 +99,15 @@ def post_json(url: str, path: str, body: dict[str, Any], token: str, timeout: fl
 
 
 def _request(method: str, url: str, path: str, timeout: float, **kwargs: Any) -> Any:
+    """One request; the answer must be a JSON object read within `MAX_REPLY_BYTES` and a total of
+    `REPLY_DEADLINE_FACTOR * timeout` seconds: whatever else answers at the address (a proxy's
+    page, a server that drips or never stops) is an `ApiError` that says so, never a traceback."""
     import httpx
 
+    global replies_received
     try:
-        response = httpx.request(method, f"{url}{path}", timeout=timeout, **kwargs)
+        with httpx.stream(method, f"{url}{path}", timeout=timeout, **kwargs) as response:
+            raw = _read_bounded(response, url, path, REPLY_DEADLINE_FACTOR * timeout)
     except httpx.TimeoutException:
         raise AgentUnreachable(
             f"the agent at {url} did not answer within {timeout:.0f}s; is it overloaded?"
@@ -109,12 +118,33 @@ def _request(method: str, url: str, path: str, timeout: float, **kwargs: Any) ->
             "or point --url / MEDIC_URL / --state-dir at it"
         ) from None
     try:
-        body = response.json()
-    except ValueError:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
         raise ApiError(
             f"{url}{path} answered {response.status_code} with non-JSON content; is this medic?"
         ) from None
     if response.status_code >= 400:
         message = body.get("error") if isinstance(body, dict) else None
         raise ApiError(f"{message or response.reason_phrase} (HTTP {response.status_code})")
+    if not isinstance(body, dict):
+        raise ApiError(
+            f"{url}{path} answered a JSON {type(body).__name__}, not the object medic's API returns; "
+            "is this medic?"
+        )
+    replies_received += 1
     return body
+
+
+def _read_bounded(response: Any, url: str, path: str, seconds: float) -> bytes:
+    deadline = time.monotonic() + seconds
+    chunks, size = [], 0
+    for chunk in response.iter_bytes():
+        size += len(chunk)
+        if size > MAX_REPLY_BYTES:
+            raise ApiError(f"{url}{path} answered more than {MAX_REPLY_BYTES // 2**20} MiB; is this medic?")
+        if time.monotonic() > deadline:
+            raise AgentUnreachable(
+                f"the agent at {url} was still sending its answer after {seconds:.0f}s; is it overloaded?"
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)

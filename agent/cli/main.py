@@ -13,8 +13,9 @@ import importlib
 import sys
 
 from agent import __version__
+from agent.cli import client
 from agent.cli.options import GLOBAL_OPTIONS, add_global_options, share_global_options
-from agent.core.errors import MedicError
+from agent.core.errors import ApiError, MedicError
 from agent.core.text import echo
 
 # subcommand -> module; the order is the order of `medic --help`
@@ -94,6 +95,18 @@ def main(argv: list[str] | None = None) -> int:
     except MedicError as exc:
         echo(f"medic: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+        if not client.replies_received:
+            raise
+        # the agent answered a JSON object without the fields this command reads: another program
+        # or another version at that address; one line that says so, not a traceback
+        echo(
+            f"medic: error: the agent's answer lacks what `medic {args.command}` reads "
+            f"({type(exc).__name__}: {str(exc)[:200]}); is the address a medic agent of version "
+            f"{__version__} (`medic --version`, GET /healthz)?",
+            file=sys.stderr,
+        )
+        return ApiError.exit_code
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

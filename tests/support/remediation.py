@@ -100,6 +100,7 @@ class HttpRecorder:
 
     def __init__(self) -> None:
         self.answers: dict[str, tuple[int, bytes, float]] = {}
+        self.fallback: tuple[int, bytes, float] = (404, b"{}", 0.0)  # paths without an answer
         self.requests: list[dict] = []
         recorder = self
 
@@ -110,7 +111,7 @@ class HttpRecorder:
                 recorder.requests.append(
                     {"method": self.command, "path": self.path, "body": body, "headers": dict(self.headers)}
                 )
-                status, payload, delay = recorder.answers.get(self.path.split("?")[0], (404, b"{}", 0.0))
+                status, payload, delay = recorder.answers.get(self.path.split("?")[0], recorder.fallback)
                 if delay:
                     time.sleep(delay)
                 try:
