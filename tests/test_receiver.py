@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
+import socket
 import time
 
 import pytest
@@ -22,6 +24,7 @@ from agent.state.eventlog import EventLog
 from agent.state.store import Store
 from agent.watch.tracker import Tracker
 from support.notify import ServedApp
+from support.procs import wait_until
 
 TOKEN = "t" * 32
 SECRET = "receiver-secret-0123456789"
@@ -266,6 +269,27 @@ def test_size_limits(receiver):
     answer = r.post(many)
     assert answer.status_code == 413 and "3 alerts in one payload, at most 2" in answer.json()["error"]
     assert r.telemetry.registry.get_sample_value("medic_receiver_rejected_total", {"reason": "size"}) == 3
+
+
+def test_a_sender_that_hangs_up_mid_body_is_refused_without_a_traceback(receiver, caplog):
+    r = receiver()
+    port = int(r.served.url.rsplit(":", 1)[1])
+    body = json.dumps(PAYLOAD).encode()
+    for sent in (0, 10, len(body) - 1):  # the connection closes before the promised length arrived
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+            conn.sendall(
+                f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {TOKEN}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                + body[:sent]
+            )
+    wait_until(
+        lambda: (
+            r.telemetry.registry.get_sample_value("medic_receiver_rejected_total", {"reason": "json"}) == 3
+        ),
+        10,
+    )
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
+    assert r.post(PAYLOAD).status_code == 200 and len(r.findings()) == 1
 
 
 def test_authentication(receiver):

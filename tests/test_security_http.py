@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import select
 import socket
 import subprocess
 import threading
@@ -208,6 +209,30 @@ def test_headers_must_arrive_in_time(served):
         assert client.get("/healthz").status_code == 200
         time.sleep(0.8)  # longer than the header timeout: an idle keep-alive connection is fine
         assert client.get("/healthz").status_code == 200
+
+
+def test_a_body_that_trickles_in_is_cut_off_with_408(served):
+    s = served(header_timeout=0.5)
+    auth = f"Authorization: Bearer {TOKEN}"
+    conn = s.connect(request_head("/api/v1/pause", s.port, "Content-Length: 1000", auth))
+    started = time.monotonic()
+    while time.monotonic() - started < 5:  # a byte at a time, never the promised 1000, until it answers
+        if select.select([conn], [], [], 0.05)[0]:
+            break
+        conn.sendall(b" ")
+    status, body, closed = read_response(conn)
+    conn.close()
+    assert status == 408 and closed and "did not arrive in time" in json.loads(body)["error"]
+    assert time.monotonic() - started < 3
+    with httpx.Client(base_url=f"http://127.0.0.1:{s.port}", timeout=5) as client:  # slow handlers are fine
+        paused = client.post(
+            "/api/v1/pause",
+            json={"duration": "1h", "reason": "a test"},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
+        assert paused.status_code == 200, paused.text
+        time.sleep(1.2)  # past twice the header timeout on the same keep-alive connection
+        assert client.post("/api/v1/resume", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
 
 
 def test_connections_beyond_the_cap_are_refused(served):

@@ -24,6 +24,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 from agent.api.guard import MAX_JSON_DEPTH, json_too_deep
 from agent.notify.external import ExternalAlert, open_external_finding, resolve_external_finding
@@ -46,11 +47,18 @@ async def read_limited(request: Request, limit: int) -> bytes:
                 f"the body has {int(length)} bytes, more than the {limit} allowed (notify.receiver.max_body)",
             )
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise InboundError(413, f"the body exceeds the {limit} bytes allowed (notify.receiver.max_body)")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise InboundError(
+                    413, f"the body exceeds the {limit} bytes allowed (notify.receiver.max_body)"
+                )
+            chunks.append(chunk)
+    except ClientDisconnect:  # a sender that gave up or was cut off: its payload is refused, not a bug
+        raise InboundError(
+            400, f"the client closed the connection after {size} bytes, before the whole JSON payload"
+        ) from None
     return b"".join(chunks)
 
 

@@ -5,7 +5,8 @@ uvicorn times out idle keep-alive connections but not a request whose headers ne
 used to hold a file descriptor each until the agent ran out (EMFILE), and then its probes could not
 open /proc and reported the instances down. `guarded_protocol` closes a connection whose request
 headers are not complete `header_timeout` after it opened (or after its previous response), and
-refuses connections beyond `max_connections` with a 503 and an immediate close. The cap is kept
+one whose request body is still arriving another `header_timeout` later (408: a body sent a byte at a
+time would hold its connection for ever, and a few hundred of them the whole cap), and refuses connections beyond `max_connections` with a 503 and an immediate close. The cap is kept
 below the process's RLIMIT_NOFILE, leaving `FD_RESERVE` descriptors for the store, probes and
 children (`connection_budget`): with the default cap of 256, LimitNOFILE=4096 is ample.
 """
@@ -28,6 +29,11 @@ MAX_HEADER_BYTES = 16 * 1024
 REFUSED = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
     b'content-length: 67\r\n\r\n{"error": "too many open connections to this agent; retry shortly"}'
+)
+
+BODY_TIMEOUT = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    b'content-length: 52\r\n\r\n{"error": "the request body did not arrive in time"}'
 )
 
 
@@ -68,6 +74,7 @@ def guarded_protocol(header_timeout: float, max_connections: int) -> type[H11Pro
             super().__init__(*args, **kwargs)
             self._header_timer: asyncio.TimerHandle | None = None
             self._refused = False
+            self._body_grace = False  # the request being read got its second header_timeout
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             if len(self.connections) >= max_connections:
@@ -94,6 +101,7 @@ def guarded_protocol(header_timeout: float, max_connections: int) -> type[H11Pro
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
+            self._body_grace = False
             if not self.transport.is_closing():
                 self._arm_header_timer()  # the next request's headers get the same time
 
@@ -111,7 +119,21 @@ def guarded_protocol(header_timeout: float, max_connections: int) -> type[H11Pro
             if self.transport.is_closing():
                 return
             if self.cycle is not None and not self.cycle.response_complete:
-                return  # a request is being served: its headers arrived in time
+                if not self.cycle.more_body:
+                    return  # the whole request arrived in time: it is being served
+                if not self._body_grace:  # its headers arrived in time: the body gets as long again
+                    self._body_grace = True
+                    self._arm_header_timer()
+                    return
+                timeouts.warn(
+                    "closed a connection from %s: its request body was not complete within %gs",
+                    self.client[0] if self.client else "?",
+                    2 * header_timeout,
+                )
+                if not self.cycle.response_started:
+                    self.transport.write(BODY_TIMEOUT)
+                self.transport.close()
+                return
             timeouts.warn(
                 "closed a connection from %s: no complete request headers within %gs",
                 self.client[0] if self.client else "?",

@@ -40,7 +40,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 class HttpSection(Strict):
     """The API server's limits against slow or greedy clients (agent/api/server.py, agent/api/guard.py)."""
 
-    header_timeout: Annotated[Duration, within(0.1, 300)] = 10.0  # request headers must arrive by then
+    header_timeout: Annotated[Duration, within(0.1, 300)] = 10.0  # headers by then, the body as long again
     keep_alive: Annotated[Duration, within(1, 300)] = 5.0  # an idle keep-alive connection is closed after
     max_connections: int = Field(256, ge=8, le=65536)  # open connections; more are refused with 503
     max_body: Annotated[int, Field(ge=1024, le=2**30), BeforeValidator(parse_size)] = 64 * 1024
