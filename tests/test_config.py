@@ -176,3 +176,79 @@ def test_any_text_gives_a_config_or_a_config_error(text):
         parse_config(text)
     except ConfigError:
         pass
+
+
+LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{name}: &{name} [{', '.join([f'*{prev}'] * 9)}]\n" for prev, name in zip("abcdefgh", "bcdefghi")
+)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (LAUGHS + "instances: *i\n", "expand to more than 100000 values"),  # a billion laughs
+        ("instances: &a [*a]\n", "refer to themselves"),
+        ("agent: &a {probes: *a}\n", "refer to themselves"),
+        ("instances: " + "[" * 20000 + "]" * 20000 + "\n", "nests too deep"),
+        ("instances: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n", "nests too deep"),
+    ],
+)
+def test_yaml_bombs_are_config_errors_at_once(text, expected):
+    with pytest.raises(ConfigError, match=expected):
+        parse_config(text)
+
+
+def test_a_few_shared_anchors_still_work():
+    config = parse_config(
+        "instances:\n"
+        + "".join(
+            f"  - {{name: s{i}, match: {{pid: {i + 1}}}, labels: &l{i} {{fleet: ranker}}}}\n"
+            for i in range(3)
+        )
+        + "  - {name: s9, match: {pid: 9}, labels: *l0}\n"
+    )
+    assert config.instances[-1].labels == {"fleet": "ranker"}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "huge"])
+def test_a_config_that_is_not_a_small_regular_file_is_refused_without_reading_it(tmp_path, kind, capsys):
+    import os
+
+    if kind == "fifo":  # no writer: opening it for reading used to block the start for ever
+        path = tmp_path / "medic.yaml"
+        os.mkfifo(path)
+    elif kind == "device":  # never ends
+        path = Path("/dev/zero")
+    else:
+        path = tmp_path / "medic.yaml"
+        with path.open("w") as out:
+            out.write("# padding\n" * (500_000))
+    assert main(["config", "check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert {"fifo": "not a regular file", "device": "not a regular file", "huge": "larger than 4 MiB"}[
+        kind
+    ] in err
+
+
+@st.composite
+def aliased_yaml(draw) -> str:
+    """Anchored lists and maps that alias earlier ones (and at times themselves), mounted somewhere."""
+    lines = []
+    for index in range(draw(st.integers(1, 8))):
+        refs = [f"*n{draw(st.integers(0, index))}" for _ in range(draw(st.integers(0, 12)))]
+        items = refs + draw(st.lists(st.sampled_from(["1", "x", "5s", "{}", "[]"]), max_size=3))
+        if draw(st.booleans()):
+            lines.append(f"k{index}: &n{index} [{', '.join(items)}]")
+        else:
+            lines.append(f"k{index}: &n{index} {{{', '.join(f'f{i}: {v}' for i, v in enumerate(items))}}}")
+    key = draw(st.sampled_from(["instances", "agent", "detect", "notify", "x"]))
+    return "\n".join(lines) + f"\n{key}: *n{draw(st.integers(0, len(lines) - 1))}\n"
+
+
+@settings(max_examples=200, deadline=None)
+@given(aliased_yaml())
+def test_any_aliases_give_a_config_or_a_config_error_quickly(text):
+    try:
+        parse_config(text)
+    except ConfigError as exc:
+        assert "\n" not in str(exc) or all(line.startswith("<config>") for line in str(exc).splitlines())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,20 +25,41 @@ from pydantic import ValidationError
 from agent.config.model import Config
 from agent.core.errors import ConfigError
 
+MAX_CONFIG_BYTES = 4 * 2**20  # a config is kilobytes; more is a wrong path (a log, a device)
+MAX_CONFIG_NODES = 100_000  # values once YAML aliases are expanded: a billion laughs stops here
+
 
 def load_config(path: str | Path) -> Config:
-    """Read and validate a YAML config file; `ConfigError` lists every problem, one line each."""
+    """Read and validate a YAML config file; `ConfigError` lists every problem, one line each.
+
+    Only a regular file (or a symlink to one) of at most `MAX_CONFIG_BYTES` is read: a FIFO would
+    block the agent's start for ever and a device would never end."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except PermissionError:
         raise ConfigError(f"{path}: permission denied: make it readable by the user running medic") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory, expected a YAML file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise ConfigError(f"{path}: is a directory, expected a YAML file")
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"{path}: is not a regular file (a FIFO, socket or device); give a YAML file")
+        with os.fdopen(fd, "rb", closefd=False) as stream:
+            raw = stream.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                f"{path}: larger than {MAX_CONFIG_BYTES // 2**20} MiB: is this the config file?"
+            )
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from None
+    finally:
+        os.close(fd)
     return parse_config(text, source=str(path))
 
 
@@ -95,7 +117,9 @@ def expand_env(data: Any, environ: Mapping[str, str] | None = None, source: str 
 def parse_config(text: str, source: str = "<config>", environ: Mapping[str, str] | None = None) -> Config:
     """Parse YAML text, expand `${ENV}` references in its values, and validate it."""
     try:
-        data = yaml.safe_load(text)
+        data = _load_yaml(text, source)
+    except RecursionError:
+        raise ConfigError(f"{source}: the YAML nests too deep to be a config") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
@@ -105,7 +129,59 @@ def parse_config(text: str, source: str = "<config>", environ: Mapping[str, str]
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
-    return validate_config(expand_env(data, environ, source), source)
+    try:
+        return validate_config(expand_env(data, environ, source), source)
+    except RecursionError:
+        raise ConfigError(f"{source}: the YAML nests too deep to be a config") from None
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    """`yaml.safe_load`, refusing a document whose aliases expand to more than `MAX_CONFIG_NODES`
+    values, or refer to themselves, before anything walks the expanded tree."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node) > MAX_CONFIG_NODES:
+            raise ConfigError(
+                f"{source}: the YAML's anchors and aliases expand to more than {MAX_CONFIG_NODES} values "
+                "(or refer to themselves); write the values out"
+            )
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many nodes the tree has once every alias is copied out; above the bound on a cycle."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        children = _children(node)
+        if done:
+            open_nodes.discard(key)
+            sizes[key] = min(1 + sum(sizes[id(c)] for c in children), MAX_CONFIG_NODES + 1)
+            continue
+        if key in sizes:
+            continue
+        if key in open_nodes:  # an alias inside its own anchor: infinite once expanded
+            return MAX_CONFIG_NODES + 1
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in children if id(child) not in sizes)
+    return sizes[id(root)]
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 def validate_config(data: dict[str, Any], source: str = "<config>") -> Config:
