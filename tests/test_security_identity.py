@@ -7,6 +7,7 @@ pid namespace.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -341,6 +342,38 @@ def test_agent_reports_a_reused_pidfile_pid_gone_and_never_signals_it(agent, spa
     assert not [e for e in agent.events(kind="instance_restarted") if e["instance"] == "served"]
     assert agent.instance("served")["status"] == "down", restart.stdout + restart.stderr
     assert untouched(victim, log), log.read_text()
+
+
+@pytest.mark.slow
+def test_a_pidfile_replaced_by_a_fifo_or_a_symlink_leaves_the_agent_running_and_shows_nothing(
+    agent, spawn, tmp_path
+):
+    target = sleeper(spawn, unique("pidfiled"))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o777)
+    run_dir.chmod(0o1777)  # the target's own directory: it may put anything at its pidfile's name
+    pidfile = run_dir / "served.pid"
+    pidfile.write_text(f"{target.pid}\n")
+    secret = tmp_path / "root-only"
+    secret.write_text("ROOT-ONLY-SECRET-0123\n")
+    secret.chmod(0o600)
+    agent.start({"agent": FAST, "instances": [{"name": "served", "match": {"pidfile": str(pidfile)}}]})
+    wait_until(lambda: agent.instance("served")["status"] == "up", 10)
+
+    def down_because(text: str):
+        return [e for e in agent.events(kind="instance_down") if text in e["message"]]
+
+    pidfile.unlink()
+    os.mkfifo(pidfile)  # no writer: an open for reading would block the tracker for ever
+    wait_until(lambda: down_because("not a regular file"), 10)
+    assert agent.get("/healthz")["status"] == "ok"
+    pidfile.unlink()
+    pidfile.write_text(f"{target.pid}\n")
+    wait_until(lambda: agent.instance("served")["status"] == "up", 10)
+    pidfile.unlink()
+    pidfile.symlink_to(secret)  # its first line would be shown as "does not hold a pid: ..."
+    wait_until(lambda: down_because("is a symlink"), 10)
+    assert "ROOT-ONLY-SECRET" not in json.dumps([agent.instance("served"), agent.events()])
 
 
 # ----------------------------------------------------------------------------- managed children

@@ -11,9 +11,12 @@ from pathlib import Path
 
 import psutil
 
-from agent.core.errors import ProbeError
+from agent.core.errors import ProbeError, UnsafePath
 from agent.core.records import ProcessIdentity
+from probes.linux.fstrust import open_regular_file
 from probes.linux.procfs import read_stat, start_time
+
+MAX_PIDFILE_BYTES = 4096  # a pid and a newline; a pidfile this long is something else
 
 
 def by_pid(pid: int) -> ProcessIdentity | None:
@@ -28,11 +31,19 @@ def by_pid(pid: int) -> ProcessIdentity | None:
 
 
 def by_pidfile(path: Path) -> tuple[ProcessIdentity | None, str | None]:
-    """The identity of the pid written in `path`, or None with the reason why not."""
+    """The identity of the pid written in `path`, or None with the reason why not.
+
+    The target may write its pidfile, so the file is opened as one it controls: a symlink there is
+    not followed (it could point at a root-only file whose first line would then be shown as "not a
+    pid"), and a FIFO, device or file over `MAX_PIDFILE_BYTES` is refused before it can block or
+    flood the tracker."""
     try:
-        text = path.read_text(encoding="ascii", errors="replace").strip()
+        with open_regular_file(path, MAX_PIDFILE_BYTES) as handle:
+            text = handle.read(MAX_PIDFILE_BYTES).decode("ascii", errors="replace").strip()
     except FileNotFoundError:
         return None, f"pidfile {path} does not exist (yet)"
+    except UnsafePath as exc:
+        return None, f"pidfile refused: {exc}"
     except OSError as exc:
         return None, f"cannot read pidfile {path}: {exc.strerror}"
     if not text.isdigit() or int(text) <= 0:
