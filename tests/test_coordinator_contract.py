@@ -452,6 +452,26 @@ def test_local_lock_held_too_long_is_unavailable_not_a_restart(tmp_path):
     c.close()
 
 
+def test_a_local_coordinator_overwritten_while_in_use_is_unavailable_for_every_call(tmp_path):
+    c = LocalCoordinator(tmp_path / "coord.db", timeout=0.3)
+    assert c.acquire(slot("serving-1"), allow).granted
+    with open(tmp_path / "coord.db", "r+b") as damaged:  # another program, a bad restore, a disk error
+        damaged.write(b"garbage!" * 4096)
+    calls = [
+        lambda: c.acquire(slot("serving-2"), allow),
+        lambda: c.restarts(0.0),
+        lambda: c.publish("agent-a", [], 30.0),
+        c.fleet,
+        lambda: c.campaign("agent-a", 30.0),
+        c.fleet_pause,
+        lambda: c.get_profiles(["workload"]),
+    ]
+    for call in calls:
+        with pytest.raises(CoordinatorUnavailable, match="damaged or not medic's"):
+            call()
+    c.close()
+
+
 def test_local_unwritable_path_says_what_to_fix(tmp_path):
     target = tmp_path / "file"
     target.write_text("")

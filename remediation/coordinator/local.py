@@ -126,6 +126,11 @@ class LocalCoordinator(Coordinator):
                     f"{self.describe()}: cannot {what}: {exc} after {time.monotonic() - started:.1f}s "
                     "(another agent holds the lock too long); no restart until it answers"
                 ) from None
+            except sqlite3.Error as exc:  # e.g. "file is not a database": overwritten or damaged
+                raise CoordinatorUnavailable(
+                    f"{self.describe()}: cannot {what}: {exc}: the file is damaged or not medic's; move it "
+                    "aside and restart the agents that share it"
+                ) from None
             try:
                 result = fn(self._db, self.clock())
             except sqlite3.Error as exc:
