@@ -16,7 +16,6 @@ import httpx
 from agent.core.errors import ProbeError
 
 MAX_BODY = 64 * 2**20  # a /metrics page larger than this is refused, not read into memory
-_CHUNK = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +55,7 @@ def fetch(
         ) as response:
             chunks: list[bytes] = []
             size = 0
-            for chunk in response.iter_bytes(_CHUNK):
+            for chunk in response.iter_bytes():  # as each read returns, so a drip meets the deadline
                 size += len(chunk)
                 if size > max_body:
                     raise ProbeError(

@@ -138,6 +138,7 @@ def test_counter_reset_between_scrapes_counts_from_zero():
         ("/garbage", {}, r"line 1: expected a metric name.*is this URL a /metrics endpoint"),
         ("/observed", {}, r"line 1: expected a metric name"),  # JSON
         ("/hang", {"timeout": 0.5}, r"did not answer within 0.5s .*latency.prometheus.timeout"),
+        ("/drip", {"timeout": 0.5}, r"did not answer within 0.5s .*latency.prometheus.timeout"),
         ("/close", {}, r"closed the connection without a complete answer"),
         ("/metrics", {"histogram": "nope_seconds"}, r"no histogram 'nope_seconds'.*request_latency_seconds"),
         ("/metrics", {"histogram": "requests"}, r"requests is a counter, not a histogram"),

@@ -9,7 +9,7 @@ the mode's latency (`?ms=N` forces N ms, `?fail=1` answers 500), observes the ti
 took in `request_latency_seconds{route="/work"}` and counts `requests_total` and
 `request_errors_total`. `/metrics` serves the exposition (OpenMetrics when asked for), `/observed`
 the raw latencies in order (for checking quantiles), `/stats` how many `/work` requests started and the
-most ever in progress at once, `/garbage`, `/hang` and `/close` misbehave
+most ever in progress at once, `/garbage`, `/hang`, `/drip` and `/close` misbehave
 the ways a broken target does. `--load R` sends R requests a second to itself over HTTP.
 
 Modes: `healthy` (base latency ± 20 %), `degrading` (base + growth × seconds since start),
@@ -100,6 +100,17 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(200, b"<!DOCTYPE html><html><body>Welcome to nginx!</body></html>\n", "text/html")
         elif url.path == "/hang":
             time.sleep(60)
+        elif url.path == "/drip":  # a 200 whose body comes a byte every 0.1 s, for ever (a slowloris page)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()
+            try:
+                for _ in range(600):
+                    self.wfile.write(b"#")
+                    self.wfile.flush()
+                    time.sleep(0.1)
+            except OSError:
+                pass
         elif url.path == "/close":
             self.connection.shutdown(socket.SHUT_RDWR)
             self.close_connection = True
