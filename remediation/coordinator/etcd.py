@@ -32,6 +32,7 @@ make stale is never too generous.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import threading
@@ -518,6 +519,30 @@ class EtcdCoordinator(Coordinator):
 
     def get_profiles(self, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
         return etcd_profiles.get_profiles(self.gateway, self.base, keys)
+
+
+def _shape_checked(method: Callable[..., Any]) -> Callable[..., Any]:
+    """`method`, with an answer it cannot read (a field missing, null or of another type: something
+    other than etcd 3.4+ answers there) turned into a `CoordinatorError`: no restart, and why."""
+
+    @functools.wraps(method)
+    def checked(self: EtcdCoordinator, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+            raise CoordinatorError(
+                f"etcd answered {method.__name__} in a shape medic cannot read ({type(exc).__name__}: "
+                f"{str(exc)[:200]}); is {self.describe()} an etcd 3.4+ client URL? No restart until it is"
+            ) from None
+
+    return checked
+
+
+for _name in (
+    "restarts", "acquire", "renew", "release", "publish", "fleet", "leader", "campaign", "resign",
+    "write_grants", "grants", "fleet_pause", "set_fleet_pause", "put_profile", "get_profiles",
+):  # fmt: skip
+    setattr(EtcdCoordinator, _name, _shape_checked(getattr(EtcdCoordinator, _name)))
 
 
 def _created_at(key: str, revision: int) -> dict:
