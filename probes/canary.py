@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from agent.core.errors import ProbeError
+from agent.core.errors import ProbeError, UnsafePath
 from agent.core.records import ProbeResult, ProbeTarget, Sample
 from probes.base import Schedule
 from probes.latency import latency_settings
+from probes.linux.fstrust import read_regular_file
 
 MAX_BODY_FILE = 16 * 2**20
 SETTING = "latency.canary.url"
@@ -52,15 +53,13 @@ def read_body(spec: Mapping[str, Any]) -> bytes | None:
     if not path:
         return None
     try:
-        with open(Path(path), "rb") as handle:
-            body = handle.read(MAX_BODY_FILE + 1)
+        return read_regular_file(Path(path), MAX_BODY_FILE)  # a FIFO there would hold the canary for ever
+    except UnsafePath as exc:
+        raise ProbeError(f"canary body_file refused: {exc}; check latency.canary.body_file") from None
     except OSError as exc:
         raise ProbeError(
             f"cannot read the canary body_file {path}: {exc.strerror}; check latency.canary.body_file"
         ) from None
-    if len(body) > MAX_BODY_FILE:
-        raise ProbeError(f"canary body_file {path} is larger than {MAX_BODY_FILE // 2**20} MiB")
-    return body
 
 
 def send_canary(client, spec: Mapping[str, Any]) -> CanaryOutcome:

@@ -225,9 +225,29 @@ def test_a_config_that_is_not_a_small_regular_file_is_refused_without_reading_it
             out.write("# padding\n" * (500_000))
     assert main(["config", "check", str(path)]) == 2
     err = capsys.readouterr().err
-    assert {"fifo": "not a regular file", "device": "not a regular file", "huge": "larger than 4 MiB"}[
+    assert {"fifo": "not a regular file", "device": "not a regular file", "huge": "holds more than"}[
         kind
     ] in err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_secret_and_canary_body_files_that_are_fifos_or_devices_are_refused_at_once(tmp_path, kind):
+    """A FIFO (no writer) would block the agent's start or the canary's thread for ever; a device never ends."""
+    import os
+
+    from agent.core.errors import ProbeError
+    from agent.notify.config import read_secret_file
+    from probes.canary import read_body
+
+    path = tmp_path / "file"
+    if kind == "fifo":
+        os.mkfifo(path, 0o600)
+    else:
+        path = Path("/dev/zero")
+    with pytest.raises(ConfigError, match="not a regular file"):
+        read_secret_file(path, "notify.receiver.secret_file")
+    with pytest.raises(ProbeError, match=r"not a regular file.*latency\.canary\.body_file"):
+        read_body({"body_file": str(path)})
 
 
 @st.composite

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,8 @@ import yaml
 from pydantic import ValidationError
 
 from agent.config.model import Config
-from agent.core.errors import ConfigError
+from agent.core.errors import ConfigError, UnsafePath
+from probes.linux.fstrust import read_regular_file
 
 MAX_CONFIG_BYTES = 4 * 2**20  # a config is kilobytes; more is a wrong path (a log, a device)
 MAX_CONFIG_NODES = 100_000  # values once YAML aliases are expanded: a billion laughs stops here
@@ -36,30 +36,17 @@ def load_config(path: str | Path) -> Config:
     block the agent's start for ever and a device would never end."""
     path = Path(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        text = read_regular_file(path, MAX_CONFIG_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except PermissionError:
         raise ConfigError(f"{path}: permission denied: make it readable by the user running medic") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise ConfigError(f"{path}: is a directory, expected a YAML file")
-        if not stat.S_ISREG(info.st_mode):
-            raise ConfigError(f"{path}: is not a regular file (a FIFO, socket or device); give a YAML file")
-        with os.fdopen(fd, "rb", closefd=False) as stream:
-            raw = stream.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise ConfigError(
-                f"{path}: larger than {MAX_CONFIG_BYTES // 2**20} MiB: is this the config file?"
-            )
-        text = raw.decode("utf-8")
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, expected a YAML file") from None
+    except UnsafePath as exc:
+        raise ConfigError(f"{exc}; give a YAML file of at most {MAX_CONFIG_BYTES // 2**20} MiB") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from None
-    finally:
-        os.close(fd)
     return parse_config(text, source=str(path))
 
 
