@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -159,6 +160,16 @@ def test_unreachable_and_slow_targets_are_retryable(hook_server):
         sink.send(NOTE, 1, T0)
     assert info.value.retryable
     down.close()
+    sink.close()
+
+
+def test_a_receiver_that_drips_its_answer_is_retried_after_the_deadline_not_waited_for(hook_server):
+    server = hook_server(mode="drip", slow_for=30.0)  # each byte well within the read timeout
+    [sink] = sinks_for({"type": "slack", "url": server.url, "timeout": "200ms"})
+    started = time.monotonic()
+    with pytest.raises(DeliveryError, match=r"did not answer within 0\.2s") as info:
+        sink.send(NOTE, 1, T0)
+    assert info.value.retryable and time.monotonic() - started < 3
     sink.close()
 
 

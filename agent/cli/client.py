@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from agent.core.bounded import AnswerTooLarge, AnswerTooSlow, read_bounded
 from agent.core.errors import AgentUnreachable, ApiError, UsageError
 from probes.linux.fstrust import read_private_file
 from probes.linux.secrets import read_token
@@ -107,7 +107,15 @@ def _request(method: str, url: str, path: str, timeout: float, **kwargs: Any) ->
     global replies_received
     try:
         with httpx.stream(method, f"{url}{path}", timeout=timeout, **kwargs) as response:
-            raw = _read_bounded(response, url, path, REPLY_DEADLINE_FACTOR * timeout)
+            raw = read_bounded(response.iter_bytes(), MAX_REPLY_BYTES, REPLY_DEADLINE_FACTOR * timeout)
+    except AnswerTooLarge:
+        raise ApiError(
+            f"{url}{path} answered more than {MAX_REPLY_BYTES // 2**20} MiB; is this medic?"
+        ) from None
+    except AnswerTooSlow as exc:
+        raise AgentUnreachable(
+            f"the agent at {url} was still sending its answer after {exc.args[0]:.0f}s; is it overloaded?"
+        ) from None
     except httpx.TimeoutException:
         raise AgentUnreachable(
             f"the agent at {url} did not answer within {timeout:.0f}s; is it overloaded?"
@@ -133,18 +141,3 @@ def _request(method: str, url: str, path: str, timeout: float, **kwargs: Any) ->
         )
     replies_received += 1
     return body
-
-
-def _read_bounded(response: Any, url: str, path: str, seconds: float) -> bytes:
-    deadline = time.monotonic() + seconds
-    chunks, size = [], 0
-    for chunk in response.iter_bytes():
-        size += len(chunk)
-        if size > MAX_REPLY_BYTES:
-            raise ApiError(f"{url}{path} answered more than {MAX_REPLY_BYTES // 2**20} MiB; is this medic?")
-        if time.monotonic() > deadline:
-            raise AgentUnreachable(
-                f"the agent at {url} was still sending its answer after {seconds:.0f}s; is it overloaded?"
-            )
-        chunks.append(chunk)
-    return b"".join(chunks)

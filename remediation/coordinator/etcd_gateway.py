@@ -24,12 +24,12 @@ import base64
 import json
 import ssl
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
+from agent.core.bounded import AnswerTooLarge, AnswerTooSlow, read_bounded
 from remediation.coordinator.etcd_security import EtcdSecurity
 from remediation.errors import CoordinatorError, CoordinatorUnavailable
 
@@ -40,10 +40,6 @@ AUTH_NOT_ENABLED = "authentication is not enabled"
 GATEWAY_CN_REFUSAL = "CommonName of client sending a request against gateway"
 MAX_REPLY_BYTES = 32 * 2**20  # a range over medic's prefix is kilobytes; more is not etcd's answer
 REPLY_DEADLINE_FACTOR = 3  # a whole answer within this many `timeout`s
-
-
-class _TooLarge(Exception):
-    """An answer past `MAX_REPLY_BYTES`: that endpoint counts as unreachable."""
 
 
 def b64(text: str) -> str:
@@ -148,11 +144,14 @@ class EtcdGateway:
             url = f"{self.endpoints[index]}/v3/{path}"
             try:
                 with self._client.stream("POST", url, content=json.dumps(body)) as streamed:
-                    response = httpx.Response(streamed.status_code, content=self._read_bounded(streamed))
-            except httpx.TimeoutException:
+                    raw = read_bounded(
+                        streamed.iter_bytes(), MAX_REPLY_BYTES, REPLY_DEADLINE_FACTOR * self.timeout
+                    )
+                    response = httpx.Response(streamed.status_code, content=raw)
+            except (httpx.TimeoutException, AnswerTooSlow):
                 problems.append(f"{self.endpoints[index]}: no answer within {self.timeout:g}s")
                 continue
-            except _TooLarge:
+            except AnswerTooLarge:
                 problems.append(f"{self.endpoints[index]}: answered more than {MAX_REPLY_BYTES >> 20} MiB")
                 continue
             except httpx.HTTPError as exc:
@@ -164,20 +163,6 @@ class EtcdGateway:
             f"etcd unreachable ({'; '.join(problems)}); no restart until it answers: check "
             "remediation.coordinator.etcd.endpoints and that etcd is up"
         )
-
-    def _read_bounded(self, response: httpx.Response) -> bytes:
-        """The body, read as each network read returns: at most `MAX_REPLY_BYTES`, all of it within
-        `REPLY_DEADLINE_FACTOR` timeouts (httpx's timeout is per read: a drip would never end)."""
-        deadline = time.monotonic() + REPLY_DEADLINE_FACTOR * self.timeout
-        chunks, size = [], 0
-        for chunk in response.iter_bytes():
-            size += len(chunk)
-            if size > MAX_REPLY_BYTES:
-                raise _TooLarge
-            if time.monotonic() > deadline:
-                raise httpx.ReadTimeout("total deadline passed")
-            chunks.append(chunk)
-        return b"".join(chunks)
 
     def _transport_problem(self, exc: httpx.HTTPError) -> str:
         """What failed, and for a TLS failure which setting to look at."""

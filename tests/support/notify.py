@@ -37,7 +37,8 @@ class Received:
 
 @dataclass
 class HookServer:
-    """An HTTP target on 127.0.0.1 that records POSTs. `mode`: ok | error (500) | reject (400) | slow.
+    """An HTTP target on 127.0.0.1 that records POSTs. `mode`: ok | error (500) | reject (400) | slow
+    | drip (a 500 whose body comes a byte every 0.05 s for `slow_for` seconds).
     `answers`: (status, headers) to give first, one per request, before `mode` applies."""
 
     port: int = 0
@@ -61,6 +62,17 @@ class HookServer:
                 hook.attempts.append(time.time())
                 if hook.mode == "slow":
                     time.sleep(hook.slow_for)
+                if hook.mode == "drip":
+                    try:
+                        self.send_response(500)
+                        self.end_headers()
+                        for _ in range(int(hook.slow_for / 0.05)):
+                            self.wfile.write(b".")
+                            self.wfile.flush()
+                            time.sleep(0.05)
+                    except OSError:
+                        pass
+                    return
                 code, headers = (
                     hook.answers.pop(0)
                     if hook.answers

@@ -17,6 +17,7 @@ from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from agent import __version__
+from agent.core.bounded import AnswerTooLarge, AnswerTooSlow, read_bounded
 from agent.notify.model import Notification
 
 if TYPE_CHECKING:
@@ -36,6 +37,15 @@ class DeliveryError(Exception):
         super().__init__(detail)
         self.retryable = retryable
         self.retry_after = retry_after
+
+
+MAX_ANSWER_BYTES = 2**20  # a receiver's answer is an acknowledgement: a short JSON or text
+ANSWER_DEADLINE_FACTOR = 3  # the whole answer within this many `timeout`s
+_BODY_HEADERS = {
+    "content-encoding",
+    "content-length",
+    "transfer-encoding",
+}  # of the body as sent, not as read
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,10 +96,21 @@ class HttpSink:
         import httpx
 
         headers = {"Content-Type": "application/json", **request.headers}
-        try:
-            response = self.client.post(request.url, content=request.body, headers=headers)
-        except httpx.TimeoutException:
+        try:  # the answer within a bound and a total deadline: a dripping receiver would hold the outbox
+            with self.client.stream("POST", request.url, content=request.body, headers=headers) as streamed:
+                raw = read_bounded(
+                    streamed.iter_bytes(), MAX_ANSWER_BYTES, ANSWER_DEADLINE_FACTOR * self.spec.timeout
+                )
+                kept = [(k, v) for k, v in streamed.headers.items() if k.lower() not in _BODY_HEADERS]
+                response = httpx.Response(
+                    streamed.status_code, headers=kept, content=raw, request=streamed.request
+                )
+        except (httpx.TimeoutException, AnswerTooSlow):
             raise DeliveryError(f"{request.url} did not answer within {self.spec.timeout:g}s", True) from None
+        except AnswerTooLarge:
+            raise DeliveryError(
+                f"{request.url} answered more than {MAX_ANSWER_BYTES >> 20} MiB", True
+            ) from None
         except httpx.HTTPError as exc:
             raise DeliveryError(f"cannot reach {request.url}: {type(exc).__name__}: {exc}", True) from None
         check(response)
