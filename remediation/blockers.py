@@ -14,11 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agent.core.bounded import bounded_request
 from remediation.model import Decision, FleetEntry, InstanceView, RestartRecord
 from remediation.text import at, span
 from remediation.windows import Windows
 
 STAGE = "blocker"
+MAX_ANSWER_BYTES = 16 * 2**20  # /api/v1/alerts of a large Prometheus; more is not its answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +129,10 @@ class PrometheusAlerts:
         import httpx  # loaded by the first alert blocker: an agent without one does not carry it
 
         try:
-            response = httpx.get(self.url, timeout=self.timeout, trust_env=False)
+            response = bounded_request(
+                httpx, "GET", self.url, max_bytes=MAX_ANSWER_BYTES, seconds=3 * self.timeout,
+                timeout=self.timeout, trust_env=False,
+            )  # fmt: skip
             alerts = parse_alerts(response.json())
         except httpx.TimeoutException:
             return Decision.block(

@@ -19,12 +19,14 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from agent.core.bounded import bounded_request
 from agent.core.records import ProcessIdentity
 from probes.linux.procfs import same_process
 from remediation.actuators.base import Locator, fill
 from remediation.model import Decision, InstanceView, RemediationRequest
 
 STAGE = "verify"
+MAX_ANSWER_BYTES = 2**20  # a health endpoint answers a few bytes
 # warmup_gate(the new process's view, deadline as unix time) -> ok when it may take traffic
 WarmupGate = Callable[[InstanceView, float], Decision]
 
@@ -122,8 +124,9 @@ class Verifier:
         last = "no answer yet"
         while time.monotonic() < deadline and not stop.is_set():
             try:
-                response = httpx.get(
-                    url, timeout=max(0.1, min(5.0, deadline - time.monotonic())), trust_env=False
+                wait = max(0.1, min(5.0, deadline - time.monotonic()))
+                response = bounded_request(
+                    httpx, "GET", url, max_bytes=MAX_ANSWER_BYTES, seconds=wait, timeout=wait, trust_env=False
                 )
                 if 200 <= response.status_code < 300:
                     return Decision.allow(STAGE, f"GET {url} answered {response.status_code}")

@@ -26,7 +26,7 @@ from remediation.drain import Drain
 from remediation.model import Decision, InstanceView, RemediationRequest
 from remediation.verify import Verifier
 from support.procs import PYTHON, free_port, wait_until
-from support.remediation import HttpRecorder
+from support.remediation import HttpRecorder, dripping_server
 
 SUPERVISOR = """
 import os, subprocess, sys, time
@@ -244,6 +244,14 @@ def test_http_error_or_hang_is_a_failure(status, delay, code):
             InstanceView("s", 1, 1.0), REQUEST, 5
         )
         assert not decision.ok and decision.code == code
+
+
+def test_an_actuator_endpoint_that_drips_its_answer_is_a_timeout_not_a_held_restart():
+    with dripping_server() as url:
+        started = time.monotonic()
+        decision = HttpActuator(url + "/restart", timeout=0.3).restart(InstanceView("s", 1, 1.0), REQUEST, 5)
+        assert not decision.ok and decision.code == "timeout"
+        assert time.monotonic() - started < 2.5
 
 
 def test_http_unreachable_is_a_failure():

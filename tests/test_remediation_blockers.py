@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -17,7 +19,7 @@ from remediation.blockers import (
 from remediation.model import FleetEntry, InstanceView, RestartRecord
 from remediation.windows import TimeWindow, Windows
 from support.procs import free_port
-from support.remediation import HttpRecorder, silent_server
+from support.remediation import HttpRecorder, dripping_server, silent_server
 
 T0 = 1_700_000_000.0  # 22:13 UTC
 TARGET = InstanceView("s1", 10, T0 - 7200, labels={"fleet": "ranker"})
@@ -107,6 +109,11 @@ def test_prometheus_that_cannot_be_asked_holds_the_restart():
     with silent_server() as url:
         decision = PrometheusAlerts(url, timeout=0.3).check(ctx())
         assert not decision.ok and "did not answer within 0.3s" in decision.reason
+    with dripping_server() as url:  # a byte now and then: held, within a bounded time
+        started = time.monotonic()
+        decision = PrometheusAlerts(url, timeout=0.3).check(ctx())
+        assert not decision.ok and "did not answer within 0.3s" in decision.reason
+        assert time.monotonic() - started < 2.5
     with HttpRecorder() as server:
         server.respond("/api/v1/alerts", 200, b"<html>not prometheus</html>")
         assert "unexpected" in PrometheusAlerts(server.url).check(ctx()).reason

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Any
 
 
 class AnswerTooLarge(Exception):
@@ -31,3 +32,27 @@ def read_bounded(chunks: Iterable[bytes], max_bytes: int, seconds: float) -> byt
             raise AnswerTooSlow(seconds)
         parts.append(chunk)
     return b"".join(parts)
+
+
+BODY_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})  # of the body as sent
+
+
+def bounded_request(
+    client: Any, method: str, url: str, *, max_bytes: int, seconds: float, **kwargs: Any
+) -> Any:
+    """`client.request(method, url, **kwargs)` (an `httpx.Client`, or the `httpx` module) with the
+    answer read by `read_bounded`. Past `max_bytes` it raises `httpx.RemoteProtocolError`, after
+    `seconds` `httpx.ReadTimeout`: what callers already handle as a broken or silent server."""
+    import httpx
+
+    with client.stream(method, url, **kwargs) as streamed:
+        try:
+            raw = read_bounded(streamed.iter_bytes(), max_bytes, seconds)
+        except AnswerTooSlow:
+            raise httpx.ReadTimeout(f"still answering after {seconds:g}s", request=streamed.request) from None
+        except AnswerTooLarge:
+            raise httpx.RemoteProtocolError(
+                f"answered more than {max_bytes} bytes", request=streamed.request
+            ) from None
+        headers = [(k, v) for k, v in streamed.headers.items() if k.lower() not in BODY_HEADERS]
+        return httpx.Response(streamed.status_code, headers=headers, content=raw, request=streamed.request)

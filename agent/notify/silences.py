@@ -28,8 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agent.core.bounded import bounded_request
 from agent.notify.model import rfc3339
-from agent.notify.sinks.base import DeliveryError, check
+from agent.notify.sinks.base import ANSWER_DEADLINE_FACTOR, MAX_ANSWER_BYTES, DeliveryError, check
 from agent.state.store import Store
 
 if TYPE_CHECKING:
@@ -301,9 +302,12 @@ def _send_to(
 
     url = f"{base}{path}"
     try:
-        response = target.client.request(
+        response = bounded_request(
+            target.client,
             method,
             url,
+            max_bytes=MAX_ANSWER_BYTES,
+            seconds=ANSWER_DEADLINE_FACTOR * (target.client.timeout.read or 10.0),
             params=params,
             content=None if body is None else json.dumps(body).encode(),
             headers={"Content-Type": "application/json"} if body is not None else None,

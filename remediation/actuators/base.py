@@ -15,10 +15,12 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+from agent.core.bounded import bounded_request
 from agent.core.records import ProcessIdentity
 from remediation.model import Decision, InstanceView, RemediationRequest
 
 STAGE = "act"
+MAX_ANSWER_BYTES = 2**20  # an actuator endpoint acknowledges; OUTPUT_LIMIT of it is kept
 OUTPUT_LIMIT = 8192  # bytes of command output kept in the ledger (the tail)
 
 # locate(instance name) -> the instance's current process, or None; the runtime's tracker provides it
@@ -111,9 +113,10 @@ def call_url(
     import httpx  # loaded by the first HTTP actuator or hook: an agent without one does not carry it
 
     try:
-        response = httpx.request(
-            method, url, json=json_body, headers=dict(headers or {}), timeout=timeout, trust_env=False
-        )
+        response = bounded_request(
+            httpx, method, url, max_bytes=MAX_ANSWER_BYTES, seconds=3 * timeout,
+            json=json_body, headers=dict(headers or {}), timeout=timeout, trust_env=False,
+        )  # fmt: skip
     except httpx.TimeoutException:
         return Decision.block(stage, "timeout", f"{method} {url}: no answer within {timeout:g}s")
     except httpx.HTTPError as exc:

@@ -158,6 +158,42 @@ def silent_server() -> Iterator[str]:
         sock.close()
 
 
+@contextmanager
+def dripping_server(pause: float = 0.05) -> Iterator[str]:
+    """A TCP server that answers every request 200, then a body byte every `pause` s for ever: a
+    slowloris endpoint that each read timeout alone never catches."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n[")
+                while not stop.wait(pause):
+                    conn.sendall(b" ")
+            except OSError:
+                pass
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
 # ----------------------------------------------------------------------------- etcd with TLS and auth
 OPENSSL = shutil.which("openssl")
 _EXTENSIONS = """

@@ -17,7 +17,7 @@ from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from agent import __version__
-from agent.core.bounded import AnswerTooLarge, AnswerTooSlow, read_bounded
+from agent.core.bounded import bounded_request
 from agent.notify.model import Notification
 
 if TYPE_CHECKING:
@@ -97,20 +97,17 @@ class HttpSink:
 
         headers = {"Content-Type": "application/json", **request.headers}
         try:  # the answer within a bound and a total deadline: a dripping receiver would hold the outbox
-            with self.client.stream("POST", request.url, content=request.body, headers=headers) as streamed:
-                raw = read_bounded(
-                    streamed.iter_bytes(), MAX_ANSWER_BYTES, ANSWER_DEADLINE_FACTOR * self.spec.timeout
-                )
-                kept = [(k, v) for k, v in streamed.headers.items() if k.lower() not in _BODY_HEADERS]
-                response = httpx.Response(
-                    streamed.status_code, headers=kept, content=raw, request=streamed.request
-                )
-        except (httpx.TimeoutException, AnswerTooSlow):
+            response = bounded_request(
+                self.client,
+                "POST",
+                request.url,
+                max_bytes=MAX_ANSWER_BYTES,
+                seconds=ANSWER_DEADLINE_FACTOR * self.spec.timeout,
+                content=request.body,
+                headers=headers,
+            )
+        except httpx.TimeoutException:
             raise DeliveryError(f"{request.url} did not answer within {self.spec.timeout:g}s", True) from None
-        except AnswerTooLarge:
-            raise DeliveryError(
-                f"{request.url} answered more than {MAX_ANSWER_BYTES >> 20} MiB", True
-            ) from None
         except httpx.HTTPError as exc:
             raise DeliveryError(f"cannot reach {request.url}: {type(exc).__name__}: {exc}", True) from None
         check(response)
