@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Literal, NoReturn
 
 from agent.core.errors import ProbeError, UnsafePath
-from probes.linux.fstrust import open_owned_file
+from probes.linux.fstrust import open_owned_file, read_regular_file
 from probes.linux.maps import Mapping, parse_maps_line
 
 MAX_PROFILE_BYTES = 512 * 2**20  # larger dumps are refused rather than read into memory
@@ -110,7 +110,9 @@ def read_heap_profile(path: str | Path, owners: Collection[int] | None = None) -
                 f"{path}: {size} bytes is larger than the {MAX_PROFILE_BYTES >> 20} MiB medic reads; "
                 "raise lg_prof_sample (jemalloc) or profile fewer allocations"
             )
-        data = path.read_bytes()
+        data = read_regular_file(path, MAX_PROFILE_BYTES)  # a FIFO or a device is refused, not waited on
+    except UnsafePath as exc:
+        raise HeapProfileError(f"cannot read heap profile: {exc}") from None
     except OSError as exc:
         raise HeapProfileError(f"cannot read heap profile {path}: {exc.strerror or exc}") from None
     return parse_heap_profile(data, str(path))

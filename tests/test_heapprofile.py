@@ -274,3 +274,18 @@ def test_maps_lines():
     assert parse_maps_line("garbage") is None
     with_space = parse_maps_line("1000-2000 r-xp 0 08:01 7   /opt/my app/lib.so (deleted)")
     assert with_space is not None and with_space.path == "/opt/my app/lib.so (deleted)"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_profile_path_that_is_a_fifo_or_a_device_is_refused_without_waiting(tmp_path, kind):
+    import os
+
+    from native_hooks.heapprofile import HeapProfileError, read_heap_profile
+
+    path = tmp_path / "jeprof.1.0.heap"
+    if kind == "fifo":
+        os.mkfifo(path)  # no writer: reading it would wait for ever
+    else:
+        path = Path("/dev/zero")
+    with pytest.raises(HeapProfileError, match="not a regular file"):
+        read_heap_profile(path)
