@@ -219,6 +219,13 @@ def test_managed_command_mode_exit_status_and_signal_forwarding(tmp_path):
         timeout=30,
     )
     assert done.returncode == 3, done.stderr.decode()
+    never = subprocess.run(  # a command that cannot start: 127 as a shell says it, never a success
+        [*base, "--state-dir", str(tmp_path / "c"), "--", str(tmp_path / "no-such-program")],
+        env=env,
+        capture_output=True,
+        timeout=30,
+    )
+    assert never.returncode == 127 and "cannot start" in never.stderr.decode()
 
     proc = subprocess.Popen(
         [*base, "--state-dir", str(tmp_path / "b"), "--", *workload_argv("stable", "--size", "4Mi")],

@@ -187,7 +187,7 @@ class Tracker:
             managed.exit_code, managed.ended = 127, True
             managed.next_launch_at = now + managed.backoff
             managed.backoff = min(managed.backoff * 2, 300.0)
-            state.status, state.status_reason = "exited", why
+            state.status, state.status_reason, state.exit_code = "exited", why, 127  # as a shell says it
             self.events.emit(
                 "instance_launch_failed",
                 f"{why}; check the command and its path",
