@@ -31,7 +31,7 @@ from remediation.engine import Engine, EngineHooks
 from remediation.errors import NotShared
 from remediation.model import Decision, InstanceView, RemediationRequest
 from support.agent_runner import AgentRunner
-from support.http_guard import World, admin
+from support.http_guard import World, admin, read_response
 from support.procs import wait_until, workload_argv
 from support.remediation import NEEDS_ETCD, etcd_server
 
@@ -403,9 +403,9 @@ def test_a_lone_agent_refuses_a_fleet_pause_and_refuses_it_unauthenticated_befor
             "Content-Length: 50000\r\n\r\n"
         )
         conn.sendall(head.encode() + b'{"scope": "fleet", "reason": "')
-        answer = conn.recv(65536)
-    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
-    assert b"admin token" in answer
+        status, body, _ = read_response(conn)
+    assert status == 401, body[:200]
+    assert b"admin token" in body
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ import uvicorn
 from agent.api.guard import allowed_hosts, host_allowed, is_loopback, json_too_deep
 from agent.api.server import connection_budget, server_config
 from support.agent_runner import AgentRunner
-from support.http_guard import TOKEN, World, admin
+from support.http_guard import TOKEN, World, admin, read_response
 from support.procs import wait_until
 
 IDENTITY = "token:" + hashlib.sha256(TOKEN.encode()).hexdigest()[:8]
@@ -69,26 +69,6 @@ def served(world):
     yield serve
     for s in made:
         s.close()
-
-
-def read_response(conn: socket.socket) -> tuple[int, bytes, bool]:
-    """(status, body, closed): reads until the server closes the connection or 5 s pass."""
-    data = b""
-    closed = False
-    try:
-        while True:
-            chunk = conn.recv(65536)
-            if not chunk:
-                closed = True
-                break
-            data += chunk
-    except TimeoutError:
-        pass
-    except ConnectionResetError:
-        closed = True
-    head, _, body = data.partition(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1]) if head else 0
-    return status, body, closed
 
 
 def request_head(path: str, port: int, *headers: str) -> bytes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -78,3 +79,23 @@ class World:
 
 def admin() -> dict[str, str]:
     return {"Authorization": f"Bearer {TOKEN}"}
+
+
+def read_response(conn: socket.socket) -> tuple[int, bytes, bool]:
+    """(status, body, closed): reads until the server closes the connection or 5 s pass."""
+    data = b""
+    closed = False
+    try:
+        while True:
+            chunk = conn.recv(65536)
+            if not chunk:
+                closed = True
+                break
+            data += chunk
+    except TimeoutError:
+        pass
+    except ConnectionResetError:
+        closed = True
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1]) if head else 0
+    return status, body, closed
