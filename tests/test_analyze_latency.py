@@ -276,3 +276,111 @@ def test_a_recording_of_a_real_degrading_server(spawn, tmp_path, capsys):
     [slow] = findings(run_json(capsys, str(path), "--slo", "250ms"))["real"]
     assert slow["kind"] == "slow" and set(slow["at_open"]["evidence"]["fired"]) <= {"slo", "trend"}
     assert slow["first_fired"] > T0 + 12 * 30  # not before its p99 grew past 250 ms
+
+
+def _columns_of(metrics: dict) -> object:
+    """An ImportResult holding `metrics` (metric → points) of instance "a", as a reader leaves it."""
+    from agent.series.records import ImportResult
+
+    result = ImportResult()
+    for metric, points in metrics.items():
+        times, values = result.column("a", metric)
+        times.extend(ts for ts, _ in points)
+        values.extend(v for _, v in points)
+        result.points += len(points)
+    return result
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.integers(0, 40),  # scrape number: repeats and gaps make bounds scraped at other times
+            st.lists(
+                st.one_of(
+                    st.integers(0, 500).map(float),
+                    st.floats(0, 1e6),
+                    st.sampled_from([0.0, 1e-300, 1e300]),  # the readers keep only finite numbers
+                ),
+                min_size=6,
+                max_size=6,
+            ),
+        ),
+        max_size=40,
+    ),
+    bounds=st.lists(
+        st.sampled_from(["0", "0.01", "0.1", "0.25", "1", "10", "+Inf", "-0"]), min_size=1, max_size=6
+    ),
+    aligned=st.booleans(),
+    quantile=st.sampled_from([None, "latency_p50_seconds", P99, "latency_p999_seconds"]),
+    rss_first=st.booleans(),
+)
+def test_quantiles_from_the_reader_columns_equal_those_from_points(
+    rows, bounds, aligned, quantile, rss_first
+):
+    """The columnar path (C kernel when the bounds share increasing scrape times, else the points
+    aligned by time) makes the same quantile points as `quantiles_from_buckets`, and leaves the
+    same span of data and the same first series (restarts are inferred from it)."""
+    from agent.series.buckets import quantiles_from_buckets, quantiles_from_columns
+
+    if aligned:  # every bound at each of the same increasing times, as a Prometheus export has it
+        rows = [(k, counts) for k, (_, counts) in enumerate(rows)]
+    metrics: dict = {"rss_bytes": [(T0, 1e9), (T0 + 15 * 41, 1e9)]} if rss_first else {}
+    for k, counts in rows:
+        for bound, count in zip(bounds, counts, strict=False):
+            metrics.setdefault(f'lat_seconds_bucket{{le="{bound}"}}', []).append((T0 + 15 * k, count))
+    if not metrics:
+        return
+    wanted = None if quantile is None else [quantile]
+    [expected] = _columns_of(metrics).instances()
+    used = quantiles_from_buckets([expected], wanted)
+    result = _columns_of(metrics)
+    assert quantiles_from_columns(result, wanted) == used
+    [got] = result.instances()
+    for metric in ("latency_p50_seconds", P99, "latency_p90_seconds", "latency_p999_seconds"):
+        assert got.series.get(metric) == expected.series.get(metric)
+    assert (got.first_ts(), got.last_ts()) == (expected.first_ts(), expected.last_ts())
+    first = next(iter(expected.series), None)
+    assert list(got.series)[:1] == list(expected.series)[:1]
+    if first is not None:
+        assert got.series[first] == expected.series[first]
+
+
+def test_a_prometheus_export_is_read_one_series_at_a_time_with_the_same_result(tmp_path):
+    """The streaming reader and the whole-document reader give the same series, labels and
+    problems; a document broken after its series still says where."""
+    from agent.series.prometheus import read_prometheus_doc, stream_prometheus
+    from agent.series.records import ImportResult
+
+    doc = {
+        "status": "success",
+        "data": {
+            "resultType": "matrix",
+            "result": [
+                {
+                    "metric": {"__name__": "rss_bytes", "instance": "a"},
+                    "values": [[T0, "1"], [T0 + 15, "NaN"]],
+                },
+                {"metric": {"__name__": "rss_bytes"}, "values": [[T0, "1"]]},  # no instance label
+                {"metric": {"__name__": "rss_bytes", "instance": "b"}, "values": [[T0, "x"], [T0 + 15, "2"]]},
+                {"metric": {"__name__": "rss_bytes", "instance": "a"}, "values": [[T0 + 30, 3]]},
+            ],
+        },
+        "warnings": ["partial"],
+    }
+    for text in (json.dumps(doc), json.dumps(doc, indent=2)):
+        streamed, whole = ImportResult(), ImportResult()
+        assert stream_prometheus(text, "f", streamed, False, None)
+        read_prometheus_doc(json.loads(text), "f", whole, False, None)
+        assert (streamed.series, streamed.labels, streamed.problems, streamed.points) == (
+            whole.series, whole.labels, whole.problems, whole.points
+        )  # fmt: skip
+    broken = json.dumps(doc)[:-1]
+    assert not stream_prometheus(broken, "f", ImportResult(), False, None)
+    path = tmp_path / "broken.json"
+    path.write_text(broken)
+    with pytest.raises(Exception, match="not valid JSON"):
+        read_files([path])
+    erred = json.dumps(doc).replace('"warnings"', '"status": "error", "warnings"')
+    with pytest.raises(Exception, match="status 'error'"):
+        stream_prometheus(erred, "f", ImportResult(), False, None)

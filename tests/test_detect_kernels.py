@@ -53,3 +53,19 @@ def test_equal_times_fail_as_in_python():
         kernels.slope_median([1.0, 1.0, 2.0], [1.0, 2.0, 3.0])
     with pytest.raises(ZeroDivisionError):
         trend._pair_slopes([1.0, 1.0, 2.0], [1.0, 2.0, 3.0])
+
+
+def test_bucket_quantiles_refuses_what_is_not_k_columns_of_doubles():
+    from array import array
+
+    bounds = array("d", [0.1, float("inf")]).tobytes()
+    with pytest.raises(TypeError):
+        kernels.bucket_quantiles(bounds, [1.0, 2.0], 0.99)
+    with pytest.raises(ValueError):
+        kernels.bucket_quantiles(bounds, array("d", [1.0, 2.0, 3.0]).tobytes(), 0.99)
+    with pytest.raises(TypeError):
+        kernels.bucket_quantiles(bounds, b"")
+    counts = array("d", [0, 5, 5, 0, 10, 20]).tobytes()  # le=0.1: 0, 5, 5; +Inf: 0, 10, 20
+    got = array("d")
+    got.frombytes(kernels.bucket_quantiles(bounds, counts, 0.5))
+    assert list(got) == [0.1, 0.1]  # the top of the first bucket, then a rank in +Inf

@@ -111,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     from agent.core.units import parse_duration, parse_size
     from agent.detect import DetectParams
     from agent.detect.fleet import analyze_fleet
+    from agent.detect.latency_rules import QUANTILE_METRICS
+    from agent.series.buckets import quantiles_from_columns
     from agent.series.reader import collector_paused, read_files
 
     spans: dict[str, float] = {}
@@ -156,6 +158,9 @@ def run(args: argparse.Namespace) -> int:
                 else ""
             )
         )
+    # histogram buckets in the input: the interval quantile the slow detector judges (the SLO's),
+    # made from the reader's arrays and the buckets dropped before any point tuple is made
+    quantiles_from_columns(result, wanted=[QUANTILE_METRICS[args.slo_quantile if args.slo else 0.99]])
     instances = result.instances(memory_limit=limit)
     missing_limit = _apply_limit_metric(instances, args.limit_metric) if limit is None else []
     with collector_paused():
@@ -253,12 +258,9 @@ def _judge_latency(instances: list, analyses: list, fleet_of: Any, args: argpars
     """The slow detector over the latency series of the input, with the same fleets as memory."""
     from agent.core.errors import UsageError
     from agent.core.units import parse_duration
-    from agent.detect.latency_rules import QUANTILE_METRICS, Slo
+    from agent.detect.latency_rules import Slo
     from agent.detect.slow_replay import analyze_slow
-    from agent.series.buckets import quantiles_from_buckets
 
-    # histogram buckets in the input: the interval quantile the slow detector judges (the SLO's)
-    quantiles_from_buckets(instances, wanted=[QUANTILE_METRICS[args.slo_quantile if args.slo else 0.99]])
     slo = None
     if args.slo is not None:
         threshold = parse_duration(args.slo)

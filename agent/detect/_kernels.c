@@ -552,11 +552,122 @@ release:
     return result;
 }
 
+/* bucket_quantiles(bounds, counts, q) -> bytes of doubles: agent.series.buckets' interval quantile,
+ * PromQL's histogram_quantile of the bucket deltas between consecutive scrapes
+ * (agent.core.quantiles.bucket_quantile, the same operations in the same order). `bounds` are the
+ * k distinct upper bounds in ascending order, `counts` the k cumulative count columns one after
+ * another (bound-major, n scrapes each): bytes of doubles (array("d").tobytes()). One result per
+ * interval (n - 1), NaN where histogram_quantile gives no number. A count that is not finite at
+ * either end leaves its bound out of that interval; a counter that went down counts from zero. */
+static PyObject *bucket_quantiles(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "bucket_quantiles: bounds, counts (bytes of doubles) and q");
+        return NULL;
+    }
+    double q = PyFloat_AsDouble(args[2]);
+    if (q == -1.0 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t k, total;
+    double *bounds = get_doubles(args[0], &k);
+    if (!bounds)
+        return NULL;
+    double *counts = get_doubles(args[1], &total);
+    if (!counts) {
+        PyMem_Free(bounds);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    double *out = NULL, *b = NULL, *c = NULL;
+    if (k < 1 || total % k) {
+        PyErr_SetString(PyExc_ValueError, "bucket_quantiles: counts are not k columns of one length");
+        goto release;
+    }
+    Py_ssize_t n = total / k, intervals = n > 1 ? n - 1 : 0;
+    out = PyMem_Malloc(sizeof(double) * (size_t)(intervals + 1));
+    b = PyMem_Malloc(sizeof(double) * (size_t)k);
+    c = PyMem_Malloc(sizeof(double) * (size_t)k);
+    if (!out || !b || !c) {
+        PyErr_NoMemory();
+        goto release;
+    }
+    for (Py_ssize_t i = 0; i < intervals; i++) {
+        Py_ssize_t m = 0;
+        for (Py_ssize_t j = 0; j < k; j++) {
+            double start = counts[j * n + i], end = counts[j * n + i + 1];
+            if (!(isfinite(start) && isfinite(end)))
+                continue;
+            b[m] = bounds[j];
+            c[m++] = end >= start ? end - start : end;
+        }
+        double value = NAN;
+        if (isnan(q)) {
+            value = NAN;
+        } else if (q < 0) {
+            value = -INFINITY;
+        } else if (q > 1) {
+            value = INFINITY;
+        } else if (m >= 2 && b[m - 1] == INFINITY) {
+            double previous = c[0];
+            for (Py_ssize_t j = 1; j < m; j++) { /* float noise smoothed out */
+                double current = c[j];
+                if (current != previous && current != 0 && fabs(current - previous) / fabs(current) <= 1e-12)
+                    c[j] = previous;
+                else
+                    previous = current;
+            }
+            double highest = c[0];
+            for (Py_ssize_t j = 1; j < m; j++) { /* then made monotonic */
+                if (c[j] < highest)
+                    c[j] = highest;
+                else
+                    highest = c[j];
+            }
+            double all = c[m - 1];
+            if (all > 0) {
+                double rank = q * all;
+                Py_ssize_t index = m - 1;
+                for (Py_ssize_t j = 0; j < m - 1; j++) {
+                    if (c[j] >= rank) {
+                        index = j;
+                        break;
+                    }
+                }
+                if (index == m - 1) {
+                    value = b[m - 2];
+                } else if (index == 0 && b[0] <= 0) {
+                    value = b[0];
+                } else {
+                    double start = index > 0 ? b[index - 1] : 0.0, below = index > 0 ? c[index - 1] : 0.0;
+                    double in_bucket = c[index] - below;
+                    if (in_bucket != 0) {
+                        volatile double share = (rank - below) / in_bucket; /* no fused multiply-add */
+                        volatile double width = (b[index] - start) * share;
+                        value = start + width;
+                    }
+                }
+            }
+        }
+        out[i] = isfinite(value) ? value : NAN;
+    }
+    result = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)(sizeof(double) * (size_t)intervals));
+release:
+    PyMem_Free(bounds);
+    PyMem_Free(counts);
+    PyMem_Free(out);
+    PyMem_Free(b);
+    PyMem_Free(c);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"slope_median", (PyCFunction)(void (*)(void))slope_median, METH_FASTCALL,
      "slope_median(xs, ys) -> the median pairwise slope, or None for inputs that are not lists of floats"},
     {"slow_screen", (PyCFunction)(void (*)(void))slow_screen, METH_FASTCALL,
      "slow_screen(ticks, judged, points, starts, restarts, numbers) -> (levels, flags) as bytes of doubles"},
+    {"bucket_quantiles", (PyCFunction)(void (*)(void))bucket_quantiles, METH_FASTCALL,
+     "bucket_quantiles(bounds, counts, q) -> bytes of doubles: each interval's histogram_quantile"},
     {"mk_score", mk_score, METH_O, "mk_score(ys) -> Mann-Kendall S, or None for input that is not a list of floats"},
     {NULL, NULL, 0, NULL},
 };

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from itertools import compress
 from operator import itemgetter
 from typing import Any
@@ -80,34 +81,84 @@ def read_prometheus_doc(doc: Any, source: str, result: ImportResult, strict: boo
     if not isinstance(entries, list):
         raise SeriesFormatError(f"{source}: 'data.result' must be a list of series")
     for number, entry in enumerate(entries, 1):
-        where = f"series #{number}"
-        if not isinstance(entry, dict) or not isinstance(entry.get("metric"), dict):
-            result.add_problem(
-                Problem(source, None, f"{where}: expected {{'metric': {{labels}}, 'values': [...]}}"), strict
-            )
-            continue
-        labels = entry["metric"]
-        instance = _instance_of(labels, label)
-        metric = _metric_of(labels)
-        if instance is None or metric is None:
-            what = (
-                f"the label {label!r}"
-                if label
-                else "an instance label (instance, pod, name, job) or __name__"
-            )
-            result.add_problem(
-                Problem(
-                    source,
-                    None,
-                    f"{where} ({_short(labels)}) lacks {what}; use --label NAME to pick the label that names the instance",
-                ),
-                strict,
-            )
-            continue
-        result.remember_labels(instance, labels)
-        _add_values(
-            entry.get("values"), instance, metric, f"{where} ({instance}, {metric})", source, result, strict
+        _read_entry(number, entry, source, result, strict, label)
+
+
+def _read_entry(
+    number: int, entry: Any, source: str, result: ImportResult, strict: bool, label: str | None
+) -> None:
+    """One series of `data.result` into `result`."""
+    where = f"series #{number}"
+    if not isinstance(entry, dict) or not isinstance(entry.get("metric"), dict):
+        result.add_problem(
+            Problem(source, None, f"{where}: expected {{'metric': {{labels}}, 'values': [...]}}"), strict
         )
+        return
+    labels = entry["metric"]
+    instance = _instance_of(labels, label)
+    metric = _metric_of(labels)
+    if instance is None or metric is None:
+        what = f"the label {label!r}" if label else "an instance label (instance, pod, name, job) or __name__"
+        result.add_problem(
+            Problem(
+                source,
+                None,
+                f"{where} ({_short(labels)}) lacks {what}; use --label NAME to pick the label that names the instance",
+            ),
+            strict,
+        )
+        return
+    result.remember_labels(instance, labels)
+    _add_values(
+        entry.get("values"), instance, metric, f"{where} ({instance}, {metric})", source, result, strict
+    )
+
+
+# the opening of an export as Prometheus writes it, up to the first series of `data.result`
+_EXPORT_HEAD = re.compile(
+    r'\s*\{\s*"status"\s*:\s*"success"\s*,\s*"data"\s*:\s*\{\s*"resultType"\s*:\s*"matrix"\s*,'
+    r'\s*"result"\s*:\s*\[\s*'
+)
+_BETWEEN = re.compile(r"\s*([,\]])\s*")
+_DECODER = json.JSONDecoder()
+
+
+def stream_prometheus(text: str, source: str, result: ImportResult, strict: bool, label: str | None) -> bool:
+    """Read an export that opens as Prometheus writes it one series at a time, each series'
+    decoded values dropped once its arrays are filled (the whole document decoded at once is
+    five times the file's size in objects); False, with nothing added, when the text is not
+    such an export or is broken somewhere (then the whole-document reader says where)."""
+    head = _EXPORT_HEAD.match(text)
+    if head is None:
+        return False
+    read = ImportResult()
+    position, number = head.end(), 0
+    if text.startswith("]", position):
+        close = position
+    else:
+        while True:
+            try:
+                entry, position = _DECODER.raw_decode(text, position)
+            except (ValueError, RecursionError):
+                return False
+            number += 1
+            _read_entry(number, entry, source, read, strict, label)
+            between = _BETWEEN.match(text, position)
+            if between is None:
+                return False
+            if between[1] == "]":
+                close = between.start(1)
+                break
+            position = between.end()
+    # the rest of the document, after the series, parsed with them left out: it must be valid
+    # JSON and not name another `result` (the last one would win)
+    rest = whole_document('{"status": "success", "data": {"resultType": "matrix", "result": [' + text[close:])
+    data = rest.get("data") if isinstance(rest, dict) else None
+    if not isinstance(data, dict) or data.get("result") != []:
+        return False
+    read_prometheus_doc(rest, source, result, strict, label)  # its status and resultType
+    result.merge(read)
+    return True
 
 
 def _add_values(

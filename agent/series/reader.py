@@ -30,6 +30,7 @@ from agent.series.prometheus import (
     looks_like_prometheus,
     read_prometheus,
     read_prometheus_doc,
+    stream_prometheus,
     whole_document,
 )
 from agent.series.records import ImportResult, Problem
@@ -59,6 +60,7 @@ def read_files(
         for path, size in zip(paths, sizes, strict=True):
             text = _read_text(path)
             read_text(text, str(path), result, strict=strict, label=label)
+            del text  # before the next file is read
             done += size
             if progress is not None:
                 progress(done, total)
@@ -91,6 +93,8 @@ def read_text(
     head = text.lstrip()[:1]
     if not head:
         result.add_problem(Problem(source, None, "the file is empty"), strict)
+        return result
+    if head == "{" and stream_prometheus(text, source, result, strict, label):
         return result
     doc = whole_document(text) if head == "{" else None
     if isinstance(doc, dict) and "data" in doc:

@@ -67,6 +67,23 @@ class ImportResult:
             found = metrics[metric] = (array("d"), array("d"))
         return found
 
+    def merge(self, other: ImportResult) -> None:
+        """Add what another result read after what this one holds (its arrays are taken, not copied)."""
+        for instance, metrics in other.columns.items():
+            mine = self.columns.setdefault(instance, {})
+            for metric, (times, values) in metrics.items():
+                if metric in mine:
+                    mine[metric][0].extend(times)
+                    mine[metric][1].extend(values)
+                else:
+                    mine[metric] = (times, values)
+        for instance, labels in other.labels.items():
+            self.remember_labels(instance, labels)
+        for problem in other.problems:
+            self.add_problem(problem, strict=False)
+        self.problem_count += other.problem_count - len(other.problems)
+        self.points += other.points
+
     @property
     def series(self) -> dict[str, dict[str, Points]]:
         """Points per metric per instance, in the order read."""
@@ -80,7 +97,7 @@ class ImportResult:
         out = []
         for name in sorted(self.columns):
             metrics = {
-                metric: _sorted(times, values) for metric, (times, values) in self.columns[name].items()
+                metric: sorted_points(times, values) for metric, (times, values) in self.columns[name].items()
             }
             out.append(InstanceSeries(name, metrics, memory_limit=memory_limit))
         return out
@@ -99,7 +116,7 @@ def parse_number(raw: Any, name: str) -> tuple[float, str | None]:
     return value, None
 
 
-def _sorted(times: array, values: array) -> Points:
+def sorted_points(times: array, values: array) -> Points:
     """The points of one series in time order (a stable sort keeps equal times as read)."""
     points = list(zip(times, values))
     if all(map(le, times[:-1], times[1:])):
