@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -159,6 +160,29 @@ def test_files_gzip_and_errors_name_the_file(tmp_path):
     binary.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(SeriesFormatError, match="not UTF-8"):
         read_files([binary])
+
+
+def test_a_gzip_bomb_a_fifo_and_a_device_are_refused_without_filling_memory_or_blocking(
+    tmp_path, monkeypatch
+):
+    from agent.series import reader
+
+    monkeypatch.setattr(reader, "MAX_INPUT_BYTES", 2**20)
+    bomb = tmp_path / "bomb.jsonl.gz"
+    bomb.write_bytes(gzip.compress(b" " * (64 * 2**20)))  # 64 KiB on disk, 64 MiB inflated
+    with pytest.raises(SeriesFormatError, match=r"bomb\.jsonl\.gz: more than 1 MiB of series"):
+        read_files([bomb])
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # nobody writes it: a plain read would wait for ever
+    with pytest.raises(SeriesFormatError, match="not a regular file"):
+        read_files([fifo])
+    with pytest.raises(SeriesFormatError, match="not a regular file"):
+        read_files(["/dev/zero"])
+    members = tmp_path / "two.jsonl.gz"  # gzip members one after the other, as `cat a.gz b.gz` makes
+    members.write_bytes(
+        gzip.compress((_line(1, "a") + "\n").encode()) + gzip.compress((_line(1, "b") + "\n").encode())
+    )
+    assert sorted(read_files([members]).series) == ["a", "b"]
 
 
 def test_an_empty_file_is_a_problem_not_a_crash():
