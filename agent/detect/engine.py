@@ -79,13 +79,19 @@ def _quiet(ctx: Context) -> bool:
     processes. Every condition is one that firing needs (leak or oom-risk): a fragmentation
     input is absent, and no fit grows with the confidence firing needs (the raw Mann-Kendall
     test first, the corrected one only if that passes) towards a limit it would reach within
-    the horizon, unless the fit is a wider scale and the lifetime has run a whole period."""
+    the horizon, unless the fit is a wider scale and the lifetime has run a whole period.
+    With no limit known nothing reaches it: only the wider scales of a settled lifetime can fire
+    (the fits are still made, as every judgement makes them: the long scale's cache fills at the
+    same ticks)."""
     if _frag_inputs(ctx):
         return False
     p = ctx.params
     settled = ctx.tick - ctx.lifetime_start >= ctx.prep.settle(ctx.life)
+    unlimited = ctx.limit is None
     for metric in {RSS, *leak_series(ctx)}:
         for fit in ctx.fits(metric):
+            if unlimited and (not settled or fit.scale == "window"):
+                continue  # no time to a limit, and no settled wider scale
             if fit.confidence < p.confidence or fit.trend.slope <= 0:
                 continue
             strong = fit.trend.confidence >= p.confidence

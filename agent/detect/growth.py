@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import repeat
-from operator import mul, sub
+from operator import add, mul, sub
 from typing import Any
 
 from agent.detect.params import DetectParams
@@ -60,6 +61,7 @@ class Fit:
     _trend: Trend | None = None
     wave: float = 0.0  # the cycle scale: half the swing of the fitted daily sine (0 elsewhere)
     floors: list[float] | None = None  # the lower envelope before any profile was removed
+    _make_trend: Callable[[], Trend] | None = None  # a scale's own trend, made on first use
 
     @property
     def rising(self) -> bool:
@@ -92,6 +94,9 @@ class Fit:
     @property
     def trend(self) -> Trend:
         if self._trend is None:
+            if self._make_trend is not None:
+                self._trend = self._make_trend()
+                return self._trend
             self.confidence  # noqa: B018 - computes z
             self._trend = trend(self.xs, self.ys, self.steps, self._z or 0.0)
         return self._trend
@@ -180,8 +185,8 @@ def _fit(prep: Prepared, metric: str, life: int, tick: float, scale: str, part: 
         env, span = prep.long(metric), params.long_window * part
     width = env.width
     end = math.floor(tick / width + 1e-9)
-    first = max(math.ceil((prep.starts[life] + prep.warmup(life)) / width - 1e-9), end - round(span / width))
-    idx, lo, _ = env.select(life, first, end)
+    first = max(_warm_bucket(prep, life, width), end - round(span / width))
+    idx, lo = env.floors(life, first, end)
     if len(idx) < params.min_buckets:
         return None
     if scale != "window" and (idx[-1] - idx[0] + 1) * width <= params.window:
@@ -192,19 +197,32 @@ def _fit(prep: Prepared, metric: str, life: int, tick: float, scale: str, part: 
     ys = lo
     if seasonal:
         table = profile.values
-        if profile.relative:  # a workload's prior: fractions of this fit's own level
-            level = median(lo)
-            table = tuple(v * level for v in table)
         size = len(table)
         n, start = len(idx), idx[0] % size
-        if idx[-1] - idx[0] == n - 1:  # no gap: the profile's values from `start` on, wrapping round
-            ys = list(map(sub, lo, (table * (n // size + 2))[start : start + n]))
+        if idx[-1] - idx[0] != n - 1:
+            part = [table[b % size] for b in idx]
+        elif start + n <= size:  # no gap: the profile's values from `start` on, wrapping round
+            part = table[start : start + n]
         else:
-            ys = [y - table[b % size] for b, y in zip(idx, lo, strict=True)]
+            part = (table * (n // size + 2))[start : start + n]
         offset = table[idx[-1] % size]
+        if profile.relative:  # a workload's prior: fractions of this fit's own level
+            level = median(lo)
+            part = list(map(mul, part, repeat(level, n)))
+            offset = offset * level
+        ys = list(map(sub, lo, part))
     fit = Fit(metric, scale, width, idx, ys, offset, seasonal, profile is not None, STEP_FLOOR * abs(lo[-1]))
     fit.floors = lo
     return fit
+
+
+def _warm_bucket(prep: Prepared, life: int, width: float) -> int:
+    """The first bucket of `width` after lifetime `life`'s warm-up (the same at every tick)."""
+    key = ("warm", life, width)
+    found = prep.cache.get(key)
+    if found is None:
+        found = prep.cache[key] = math.ceil((prep.starts[life] + prep.warmup(life)) / width - 1e-9)
+    return found  # type: ignore[return-value]
 
 
 def _daily_fit(prep: Prepared, metric: str, life: int, tick: float) -> Fit | None:
@@ -250,12 +268,31 @@ def _daily_fit(prep: Prepared, metric: str, life: int, tick: float) -> Fit | Non
     centre = median(ordered)
     s = (m - bisect_right(ordered, 0.0)) - bisect_left(ordered, 0.0)
     z = (s - math.copysign(1, s)) / math.sqrt(m) if s else 0.0
+    fit = Fit(metric, "daily", width, idx, lo, 0.0, False, True, floor)
+    fit._rising, fit._steps, fit._z = centre > 0 and z > 0, steps, z
+    # most judgements read only the confidence: the trend is made when one needs it
+    fit._make_trend = lambda: _daily_trend(params, idx, width, lo, steps, diffs, centre, z)
+    return fit
+
+
+def _daily_trend(
+    params: DetectParams,
+    idx: list[int],
+    width: float,
+    lo: list[float],
+    steps: Steps,
+    diffs: list[float],
+    centre: float,
+    z: float,
+) -> Trend:
+    """The daily fit's trend from its day-over-day differences (sign test z `z`, median `centre`)."""
+    m = len(diffs)
     dev = _detrended(diffs)  # a leak that began within the day makes the differences a ramp
     energy = sum(map(mul, dev, dev))
     rho = min(max(sum(map(mul, dev[1:], dev[:-1])) / energy if energy > 0 else 0.0, 0.0), MAX_RHO)
     z_eff = z / math.sqrt((1 + rho) / (1 - rho))
     third = max(1, m // 3)
-    trend_ = Trend(
+    return Trend(
         n=m,
         span=(idx[-1] - idx[0]) * width,
         slope=centre / params.season,
@@ -268,9 +305,6 @@ def _daily_fit(prep: Prepared, metric: str, life: int, tick: float) -> Fit | Non
         steps=steps.count,
         level=median(lo[-4:]),
     )
-    fit = Fit(metric, "daily", width, idx, lo, 0.0, False, True, floor)
-    fit._rising, fit._steps, fit._z, fit._trend = centre > 0 and z > 0, steps, z, trend_
-    return fit
 
 
 @lru_cache(maxsize=64)
@@ -452,11 +486,13 @@ def _cycle_fit(prep: Prepared, metric: str, life: int, tick: float) -> Fit | Non
             return None
     omega = 2 * math.pi * width / params.season
     centre = (idx[0] + idx[-1]) / 2
-    rows = [(1.0, b - centre, math.sin(omega * b), math.cos(omega * b)) for b in idx]
-    coef = _least_squares(rows, clean)
+    sines = [math.sin(omega * b) for b in idx]
+    cosines = [math.cos(omega * b) for b in idx]
+    columns = [[1.0] * len(idx), [b - centre for b in idx], sines, cosines]
+    coef = _least_squares(columns, clean)
     if coef is None:
         return None
-    wave = [coef[2] * r[2] + coef[3] * r[3] for r in rows]
+    wave = list(map(add, map(mul, repeat(coef[2]), sines), map(mul, repeat(coef[3]), cosines)))
     swing = math.hypot(coef[2], coef[3])
     coverage = (idx[-1] - idx[0] + 1) * width
     if coverage < CYCLE_COVERAGE * params.season and coef[1] * (idx[-1] - idx[0]) <= CYCLE_GROWTH * swing:
@@ -476,18 +512,21 @@ def _level_jump(values: list[float], floor: float) -> int | None:
         return None
     diffs = list(map(sub, values[1:], values[:-1]))
     centre = median(diffs)
-    spread = 1.4826 * median([abs(d - centre) for d in diffs])
-    at = max(range(len(diffs)), key=lambda i: abs(diffs[i] - centre))
-    size = abs(diffs[at] - centre)
+    offsets = list(map(abs, map(sub, diffs, repeat(centre, len(diffs)))))
+    spread = 1.4826 * median(offsets)
+    size = max(offsets)
+    at = offsets.index(size)  # the first of the largest, as max with a key picks
     return at + 1 if size > floor and size > STEP_SIGMAS * spread else None
 
 
-def _least_squares(rows: list[tuple[float, ...]], ys: list[float]) -> list[float] | None:
+def _least_squares(columns: list[list[float]], ys: list[float]) -> list[float] | None:
     """Ordinary least squares by the normal equations (four columns: Gaussian elimination with
     partial pivoting); None when the columns are (nearly) dependent."""
-    k = len(rows[0])
-    a = [[sum(r[i] * r[j] for r in rows) for j in range(k)] + [sum(r[i] * y for r, y in zip(rows, ys, strict=True))]
-         for i in range(k)]  # fmt: skip
+    k = len(columns)
+    a = [[0.0] * k + [sum(map(mul, columns[i], ys))] for i in range(k)]
+    for i in range(k):
+        for j in range(i, k):  # the products commute exactly: the matrix is symmetric
+            a[i][j] = a[j][i] = sum(map(mul, columns[i], columns[j]))
     for col in range(k):
         pivot = max(range(col, k), key=lambda r: abs(a[r][col]))
         if abs(a[pivot][col]) < 1e-9 * max(1.0, abs(a[col][col])):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 from agent.detect.envelope import Bucketed, Envelope, bucketize, build_envelope, infer_restarts
@@ -128,7 +129,16 @@ class Prepared:
         """Every bucket of every lifetime, in time order (the daily cycle spans lifetimes)."""
         key = (metric, env.width)
         flat = self._flat.get(key)
-        if flat is None:
+        if flat is not None:
+            return flat
+        lives = [idx for idx in env.idx if idx]
+        if all(prev[-1] < nxt[0] for prev, nxt in pairwise(lives)):
+            # the lifetimes' buckets follow each other: their concatenation is in order already
+            flat = self._flat[key] = (
+                [b for idx in env.idx for b in idx],
+                [low for lo in env.lo for low in lo],
+            )
+        else:
             pairs = sorted(
                 (b, low)
                 for idx, lo in zip(env.idx, env.lo, strict=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import repeat
 from operator import add, itemgetter, mul, sub, truediv
@@ -95,7 +95,15 @@ class Steps:
     clean: list[float]
     count: int
     noise: float  # robust sigma of one point, from bucket-to-bucket changes
-    rise: float  # median of the last third minus median of the first third
+    # made on first use (the daily and cycle scales never ask); a cache, not part of the value
+    _rise: float | None = field(default=None, compare=False)
+
+    @property
+    def rise(self) -> float:
+        """Median of the last third minus median of the first third."""
+        if self._rise is None:
+            self._rise = thirds_rise(self.clean)
+        return self._rise
 
     @property
     def risen(self) -> bool:
@@ -134,8 +142,7 @@ def remove_steps(ys: list[float], floor: float, raw_rise: float | None = None) -
                 if i in jumps:
                     shift += diffs[i] - typical
                 clean[i + 1] = ys[i + 1] - shift
-    rise = raw_rise if raw_rise is not None and clean is ys else thirds_rise(clean)
-    return Steps(clean, count, spread / math.sqrt(2.0), rise)
+    return Steps(clean, count, spread / math.sqrt(2.0), raw_rise if clean is ys else None)
 
 
 def _is_step(ys: list[float], diffs: list[float], i: int, candidates: list[int], limit: float) -> bool:
@@ -232,7 +239,11 @@ def trend(xs: list[float], ys: list[float], steps: Steps, z: float) -> Trend:
     clean = steps.clean
     slope = slope_median(xs, clean)
     x_mid, y_mid = _median_sorted(xs), median(clean)
-    residuals = [y - y_mid - slope * (x - x_mid) for x, y in zip(xs, clean, strict=True)]
+    residuals = list(
+        map(
+            sub, map(sub, clean, repeat(y_mid, n)), map(mul, repeat(slope, n), map(sub, xs, repeat(x_mid, n)))
+        )
+    )
     noise = 1.4826 * median(list(map(abs, residuals)))
     energy = sum(map(mul, residuals, residuals))
     rho = sum(map(mul, residuals[1:], residuals[:-1])) / energy if energy > 0 else 0.0
