@@ -99,6 +99,7 @@ NASTY_BODIES = [
     b'{"reason": 1e999}',
     b'{"ids": [99999999999999999999999]}',
     b'{"ids": [-1, 0]}',
+    b'{"\\n": null, "\\u2028x": 1}',  # keys the validation error names: still one line
     b'{"reason": "\\u0000\\u001b", "duration": "99999999999w"}',
     b'{"duration": "1e308s", "reason": "xyz"}',
     b'{"reason": "' + b"x" * 60_000 + b'"}',

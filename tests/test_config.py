@@ -235,17 +235,17 @@ def test_secret_and_canary_body_files_that_are_fifos_or_devices_are_refused_at_o
     """A FIFO (no writer) would block the agent's start or the canary's thread for ever; a device never ends."""
     import os
 
-    from agent.core.errors import ProbeError
-    from agent.notify.config import read_secret_file
+    from agent.core.errors import ProbeError, UnsafePath
     from probes.canary import read_body
+    from probes.linux.secrets import read_token
 
     path = tmp_path / "file"
     if kind == "fifo":
         os.mkfifo(path, 0o600)
     else:
         path = Path("/dev/zero")
-    with pytest.raises(ConfigError, match="not a regular file"):
-        read_secret_file(path, "notify.receiver.secret_file")
+    with pytest.raises(UnsafePath, match="not a regular file"):
+        read_token(path, "notify.receiver.secret_file")
     with pytest.raises(ProbeError, match=r"not a regular file.*latency\.canary\.body_file"):
         read_body({"body_file": str(path)})
 

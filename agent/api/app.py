@@ -6,6 +6,7 @@ that SQLite reads run in the server's thread pool, off the event loop.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -95,6 +96,17 @@ def parse_time(value: str | None, now: float, default_ago: float) -> float:
     return when
 
 
+def _field_name(part: object) -> str:
+    """A field of a validation error as the client sent it, quoted when it is not a plain name: a key
+    of the request's body may hold a newline or anything else, and the error is one line."""
+    text = str(part)
+    return (
+        text
+        if text.isascii() and text.isprintable() and text.strip() == text and text
+        else json.dumps(text)[:80]
+    )
+
+
 def create_app(ctx: ApiContext) -> FastAPI:
     # no Swagger UI or ReDoc: they load from a CDN; the schema stays at /openapi.json
     app = FastAPI(title="sidecar-medic", version=__version__, docs_url=None, redoc_url=None)
@@ -106,7 +118,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = [
-            f"{'.'.join(str(p) for p in err.get('loc', ()) if p not in ('query', 'body', 'path'))}: {err.get('msg')}"
+            f"{'.'.join(_field_name(p) for p in err.get('loc', ()) if p not in ('query', 'body', 'path'))}: "
+            f"{err.get('msg')}"
             for err in exc.errors()
         ]
         return JSONResponse({"error": "; ".join(problems)[:2000]}, status_code=400)
