@@ -2,11 +2,15 @@
 
     python -m benchmarks.footprint                     # 50 workloads, 60 s, scraped every second
     python -m benchmarks.footprint --processes 10 --seconds 20 --json
+    python -m benchmarks.footprint --reader-cost       # the bounded reader cache against SQLite's default
 
 Starts N `agent.demo.workload stable` processes and a real agent watching them by pid at a 1 s
 interval; while it runs, it is scraped once a second the way Prometheus does (OpenMetrics, gzip) and
 its instance list is read the way the dashboard does. The agent's RSS (VmRSS) is sampled once a
 second after a warm-up. Target: ≤ 64 MiB at 50 instances (docs/performance.md).
+
+With `--reader-cost`, it prints instead what a detection-sized read costs a reader connection with
+its page cache bounded (`agent.state.store.READER_CACHE_KIB`) and with SQLite's 2 MiB default.
 
 Then, to tell what to lazy-import when it is over, it prints what each layer of imports adds to a
 fresh interpreter's RSS, in the order the agent imports them.
@@ -116,6 +120,32 @@ def measure_agent(procs: list[subprocess.Popen], seconds: float, warmup: float) 
     }
 
 
+def reader_cost(instances: int = 50, hours: float = 3.0, passes: int = 5) -> dict[str, float]:
+    """CPU ms of one detection-sized pass (every instance's rss series over `hours`, raw samples at
+    1 s) through one reader connection: with the store's bounded cache and with SQLite's default."""
+    from agent.core.records import Sample
+    from agent.state.store import READER_CACHE_KIB, Store
+
+    store = Store(Path(tempfile.mkdtemp(prefix="medic-reader-")) / "state")
+    now = 1_800_000_000.0
+    points = int(hours * 3600)
+    for i in range(instances):
+        store.add_samples(Sample(f"w{i}", "rss_bytes", now - points + t, float(t)) for t in range(points))
+        store.flush()
+    result: dict[str, float] = {}
+    for label, kib in (("bounded", READER_CACHE_KIB), ("sqlite_default", 2000)):
+        store.query(f"PRAGMA cache_size=-{kib}")  # the calling thread's reader
+        costs = []
+        for _ in range(passes):
+            began = time.process_time()
+            for i in range(instances):
+                store.series(f"w{i}", "rss_bytes", now - hours * 3600, now, now=now)
+            costs.append((time.process_time() - began) * 1000)
+        result[f"{label}_ms"] = statistics.median(costs[1:])  # the first pass warms the cache
+    store.close()
+    return {"instances": instances, "hours": hours, "cache_kib": READER_CACHE_KIB, **result}
+
+
 def import_layers() -> tuple[list[tuple[str, float]], list[str]]:
     """(layer, MiB it adds) for each layer of LAYERS in a fresh interpreter, and which of
     NOT_AT_START they loaded after all (none, unless a module imports them at module level again)."""
@@ -142,7 +172,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", default="60s", help="how long to sample the agent (default 60s)")
     parser.add_argument("--warmup", default="10s", help="start-up not sampled (default 10s)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument(
+        "--reader-cost",
+        action="store_true",
+        help="only the CPU cost of detection reads, bounded cache vs default",
+    )
     args = parser.parse_args(argv)
+    if args.reader_cost:
+        cost = reader_cost()
+        print(
+            json.dumps(cost, indent=2)
+            if args.json
+            else f"{cost['instances']} instances x {cost['hours']:.0f} h of 1 s samples, one pass (CPU):\n"
+            f"  reader cache {cost['cache_kib']} KiB: {cost['bounded_ms']:.0f} ms; "
+            f"SQLite's default 2000 KiB: {cost['sqlite_default_ms']:.0f} ms"
+        )
+        return 0
     procs = start_workloads(args.processes)
     try:
         agent = measure_agent(procs, parse_duration(args.seconds), parse_duration(args.warmup))

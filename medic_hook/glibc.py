@@ -1,4 +1,4 @@
-"""glibc malloc through ctypes (`mallinfo2`, `malloc_trim`, `malloc_info`) and a parser for
+"""glibc malloc through ctypes (`mallinfo2`, `malloc_trim`, `mallopt`, `malloc_info`) and a parser for
 `malloc_info`'s XML.
 
 `mallinfo2` (glibc >= 2.33) sums all arenas; it walks the free lists, so it costs more when the heap
@@ -42,6 +42,8 @@ class GlibcMalloc:
         libc.mallinfo2.argtypes = []
         libc.malloc_trim.argtypes = [ctypes.c_size_t]
         libc.malloc_trim.restype = ctypes.c_int
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        libc.mallopt.restype = ctypes.c_int
         libc.open_memstream.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]
         libc.open_memstream.restype = ctypes.c_void_p  # FILE *
         libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
@@ -64,6 +66,10 @@ class GlibcMalloc:
     def trim(self, pad: int = 0) -> bool:
         """`malloc_trim(pad)` on every arena; True when some memory was released."""
         return bool(self._libc.malloc_trim(pad))
+
+    def mallopt(self, param: int, value: int) -> bool:
+        """`mallopt(param, value)` (the `M_*` constants of malloc.h); False when glibc refused it."""
+        return bool(self._libc.mallopt(param, value))
 
     def info_xml(self) -> str:
         """`malloc_info(0, ...)` captured through an in-memory stream."""

@@ -1,8 +1,12 @@
-"""glibc malloc through ctypes (`mallinfo2`, `malloc_trim`, `malloc_info`) and a parser for `malloc_info`'s
-XML: `medic_hook`'s, re-exported (the bindings run inside targets, so they live in the hook's package).
+"""glibc malloc through ctypes (`mallinfo2`, `malloc_trim`, `mallopt`, `malloc_info`) and a parser for
+`malloc_info`'s XML: `medic_hook`'s, re-exported (the bindings run inside targets, so they live in the
+hook's package); and the allocator settings of the agent's own process.
 """
 
 from __future__ import annotations
+
+import logging
+import os
 
 from medic_hook.glibc import (
     MALLINFO2_FIELDS,
@@ -16,8 +20,28 @@ from medic_hook.glibc import (
 )
 from medic_hook.glibc import require_glibc as require
 
+log = logging.getLogger(__name__)
+
+# malloc.h's mallopt parameters
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
+# a block this large or larger gets its own mapping, returned to the kernel when freed, and free space
+# above this much at the top of the heap is trimmed
+AGENT_RETURN_THRESHOLD = 128 * 1024
+# each setting, with the environment variable through which an operator sets it instead
+AGENT_SETTINGS = (
+    (M_ARENA_MAX, 1, "MALLOC_ARENA_MAX"),
+    (M_MMAP_THRESHOLD, AGENT_RETURN_THRESHOLD, "MALLOC_MMAP_THRESHOLD_"),
+    (M_TRIM_THRESHOLD, AGENT_RETURN_THRESHOLD, "MALLOC_TRIM_THRESHOLD_"),
+)
+
 __all__ = [
+    "AGENT_SETTINGS",
     "MALLINFO2_FIELDS",
+    "M_ARENA_MAX",
+    "M_MMAP_THRESHOLD",
+    "M_TRIM_THRESHOLD",
     "PAGE",
     "FreeBucket",
     "GlibcMalloc",
@@ -26,4 +50,25 @@ __all__ = [
     "MallocInfo",
     "parse_malloc_info",
     "require",
+    "tune_agent_allocator",
 ]
+
+
+def tune_agent_allocator() -> bool:
+    """Keep the agent's own C heap small over a long run; called first thing in `medic run`, before any
+    thread starts. One arena: the agent's threads mostly hold the GIL, so a per-thread arena (up to 8
+    per core, each keeping its own free pages) buys no parallelism. A fixed 128 KiB mmap threshold:
+    glibc would otherwise raise it after each freed large block, so the per-tick buffers (a `/metrics`
+    page and its gzip, a probe tick's reads, a flush's batch) would stay in the heap as its high-water
+    mark. A setting an operator gave through glibc's environment variable is left as given. On another
+    libc (musl) or a glibc without `mallinfo2`, nothing is changed. True when the settings were applied."""
+    glibc = GlibcMalloc.find()
+    if glibc is None:
+        log.debug("not glibc (or glibc older than 2.33): the allocator keeps its defaults")
+        return False
+    for param, value, variable in AGENT_SETTINGS:
+        if variable in os.environ:
+            continue
+        if not glibc.mallopt(param, value):
+            log.debug("glibc refused mallopt(%d, %d)", param, value)
+    return True

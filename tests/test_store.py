@@ -10,7 +10,7 @@ import pytest
 
 from agent.core.errors import StoreError
 from agent.core.records import Event, Sample
-from agent.state.store import Store
+from agent.state.store import READER_CACHE_KIB, Store
 
 T0 = 1_800_000_000.0  # a fixed "now" so buckets are deterministic
 
@@ -160,3 +160,24 @@ def test_concurrent_writers_and_readers(tmp_path):
     assert not errors
     for i in range(4):
         assert len(store.series(f"w{i}", "m", T0 - 1, T0 + 300, now=T0 + 300).points) == 200
+
+
+def test_readers_of_ended_threads_are_closed_and_their_cache_is_bounded(tmp_path):
+    # the API's worker threads end after a while idle and new ones start: each new thread's reader
+    # must not leave the ended threads' connections (and their page caches) open behind it
+    store = Store(tmp_path)
+    fill(store, 3)
+    caches: list[int] = []
+
+    def read() -> None:
+        store.query("SELECT COUNT(*) FROM samples")
+        caches.append(store.query("PRAGMA cache_size")[0][0])
+
+    for _ in range(20):
+        thread = threading.Thread(target=read)
+        thread.start()
+        thread.join()
+    assert store.reader_count() <= 1
+    assert set(caches) == {-READER_CACHE_KIB}
+    store.close()
+    assert store.reader_count() == 0

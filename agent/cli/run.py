@@ -193,6 +193,9 @@ def demo_banner(listen: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from native_hooks.glibc import tune_agent_allocator
+
+    tune_agent_allocator()  # before the imports below fill the heap and before any thread starts
     import asyncio
 
     from agent.runtime import Agent

@@ -33,6 +33,10 @@ from probes.linux.fstrust import ensure_private_dir, ensure_private_file
 
 log = logging.getLogger("medic.store")
 SCHEMA_VERSION = 1
+# each thread's reader connection keeps at most this page cache (SQLite's default is 2 MiB per
+# connection, and the agent's worker threads each hold one): what a detection pass reads again is
+# the recent rows of the instances it judges, and the OS page cache holds the rest of the file
+READER_CACHE_KIB = 512
 ROLLUP_SECONDS = 60
 # samples kept in memory while the database cannot be written (disk full): the oldest go beyond this
 MAX_BUFFERED = 200_000
@@ -104,7 +108,9 @@ class Store:
         self.write_error: str | None = None  # the last failed flush, until one succeeds
         self._series_ids: dict[tuple[str, str], int] = {}
         self._local = threading.local()
-        self._readers: list[sqlite3.Connection] = []
+        # each thread's reader, with its thread: a thread that ended (anyio's API workers end after
+        # 10 s idle, and the next request starts a new one) has its connection closed
+        self._readers: list[tuple[threading.Thread, sqlite3.Connection]] = []
         try:
             if self.dir.exists() and not self.dir.is_symlink() and not self.dir.is_dir():
                 raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(self.dir))
@@ -132,10 +138,27 @@ class Store:
         if db is None:
             db = self._connect()
             db.execute("PRAGMA query_only=1")
+            db.execute(f"PRAGMA cache_size=-{READER_CACHE_KIB}")
             self._local.db = db
             with self._lock:
-                self._readers.append(db)
+                self._close_ended_readers()
+                self._readers.append((threading.current_thread(), db))
         return db
+
+    def _close_ended_readers(self) -> None:
+        """Close the readers of threads that ended (under the writer lock): only their thread used them."""
+        alive: list[tuple[threading.Thread, sqlite3.Connection]] = []
+        for thread, db in self._readers:
+            if thread.is_alive():
+                alive.append((thread, db))
+            else:
+                db.close()
+        self._readers = alive
+
+    def reader_count(self) -> int:
+        """Open reader connections: one per live thread that has read."""
+        with self._lock:
+            return len(self._readers)
 
     def _check_version(self) -> None:
         row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
@@ -175,7 +198,7 @@ class Store:
             self.flush()
         finally:
             with self._lock:
-                for db in self._readers:
+                for _, db in self._readers:
                     db.close()
                 self._readers.clear()
                 self._db.close()
