@@ -4,19 +4,27 @@ error when it cannot be reached.
 The address and the token come from the flags, then the environment, then the agent's state
 directory (`--state-dir` or MEDIC_STATE_DIR: `agent.json` says where it listens, `admin.token` holds
 the token). Both files are read as secrets: `agent.json` decides where the token is sent.
+
+The admin token goes to a loopback address only when the socket listening there belongs to root,
+to the CLI's user or to the owner of the agent's state directory or token file (`/proc/net/tcp`
+says who): while the agent is down, any local user could bind its port and collect the token. A
+non-loopback address is not checked here; TLS (`https://`) and the network are the operator's there.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from agent.core.bounded import AnswerTooLarge, AnswerTooSlow, read_bounded
-from agent.core.errors import AgentUnreachable, ApiError, UsageError
+from agent.core.errors import AgentUnreachable, ApiError, ProbeError, UnsafePath, UsageError
 from probes.linux.fstrust import read_private_file
+from probes.linux.procfs import read_tcp_listeners
 from probes.linux.secrets import read_token
 
 DEFAULT_URL = "http://127.0.0.1:9464"
@@ -24,6 +32,7 @@ DEFAULT_STATE_DIR = "medic-state"
 MAX_REPLY_BYTES = 128 * 2**20  # the largest answer: a 16 MiB evidence item, JSON-escaped
 REPLY_DEADLINE_FACTOR = 3  # a whole answer within this many times the per-read timeout
 replies_received = 0  # JSON objects the agent answered in this process: see `agent.cli.main`
+agent_owners: set[int] = set()  # owners of the state dir and token file this process read
 
 
 def state_dir(explicit: str | None) -> str | None:
@@ -37,6 +46,8 @@ def agent_url(explicit: str | None, state: str | None = None) -> str:
     url = explicit or os.environ.get("MEDIC_URL")
     source = "--url" if explicit else "MEDIC_URL"
     directory = state_dir(state)
+    if directory:
+        _note_owner(Path(directory))
     if not url and directory:
         url, source = _url_from_state(Path(directory) / "agent.json"), f"{directory}/agent.json"
     return check_url(url or DEFAULT_URL, source)
@@ -77,15 +88,85 @@ def admin_token(token_file: str | None, state: str | None = None) -> str:
         return os.environ["MEDIC_TOKEN"].strip()
     default = Path(state_dir(state) or DEFAULT_STATE_DIR) / "admin.token"
     if token_file:
+        _note_owner(Path(token_file))
         return read_token(Path(token_file), "--token-file")
     candidates = [("MEDIC_TOKEN_FILE", os.environ.get("MEDIC_TOKEN_FILE")), ("the token file", str(default))]
     for where, candidate in candidates:
         if candidate and Path(candidate).exists():  # the implicit places may hold none
-            return read_token(Path(candidate), where)
+            token = read_token(Path(candidate), where)
+            _note_owner(Path(candidate))
+            return token
     raise UsageError(
         "this command needs the agent's admin token: pass --state-dir (the agent's state_dir), "
         "--token-file (its admin.token or agent.token_file), or set MEDIC_TOKEN"
     )
+
+
+def _note_owner(path: Path) -> None:
+    """Remember who owns the agent's state dir or token file: the agent's user may listen for it."""
+    try:
+        agent_owners.add(os.stat(path).st_uid)
+    except OSError:
+        pass  # a missing file is refused by whoever reads it
+
+
+def _loopback_host(host: str) -> bool:
+    """Whether `host` (a literal or a name) is this machine's loopback, where any local user may listen."""
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        if host == "localhost" or host.endswith(".localhost"):
+            return True
+        try:
+            infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        except (OSError, UnicodeError):
+            return False  # the request itself says it cannot reach the name
+        return any(_loopback_host(str(info[4][0])) for info in infos)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def _may_receive(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether a socket bound to `address` answers a connection to loopback (loopback or wildcard)."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        address = address.ipv4_mapped
+    return address.is_loopback or address.is_unspecified
+
+
+def check_token_recipient(url: str) -> None:
+    """Refuse (`UnsafePath`) to send the admin token to a loopback `url` unless every socket that
+    listens there belongs to root, the CLI's user or the agent's (state dir or token file owner);
+    nothing listening is an unreachable agent. Unverifiable (no /proc/net/tcp) is refused too."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if not _loopback_host(host):
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    where = f"{host}:{port}"
+    allowed = {0, os.geteuid(), *agent_owners}
+    try:
+        listeners = [
+            sock for sock in read_tcp_listeners() if sock.port == port and _may_receive(sock.address)
+        ]
+    except (OSError, ProbeError) as exc:
+        raise UnsafePath(
+            f"cannot tell who listens at {where} ({exc}), so the admin token is not sent: "
+            "medic sends it to a loopback address only when /proc/net/tcp shows the agent's user listening"
+        ) from None
+    if not listeners:
+        raise AgentUnreachable(
+            f"nothing listens at {where}; start the agent with `medic run`, "
+            "or point --url / MEDIC_URL / --state-dir at it"
+        )
+    strangers = sorted({sock.uid for sock in listeners} - allowed)
+    if strangers:
+        expected = ", ".join(f"uid {uid}" for uid in sorted(allowed))
+        raise UnsafePath(
+            f"the socket listening at {where} belongs to uid {strangers[0]}, not to the agent's user "
+            f"({expected}), so the admin token is not sent: is the agent down or on another port? "
+            f"check `ss -ltnpe 'sport = :{port}'` and the url in the state dir's agent.json"
+        )
 
 
 def get_json(url: str, path: str, params: dict[str, Any] | None = None, timeout: float = 5.0) -> Any:
@@ -93,6 +174,8 @@ def get_json(url: str, path: str, params: dict[str, Any] | None = None, timeout:
 
 
 def post_json(url: str, path: str, body: dict[str, Any], token: str, timeout: float = 30.0) -> Any:
+    """POST with the admin token, to a loopback listener only when it is the agent's user's."""
+    check_token_recipient(url)
     return _request(
         "POST", url, path, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=timeout
     )

@@ -10,7 +10,7 @@ each class to an exit code in one place (`agent.cli.main`).
     ├── ApiError               the agent answered with an error (exit 4)
     ├── StoreError             the state database cannot be opened or written
     ├── SeriesFormatError      a recorded series file (`medic analyze`) is malformed (exit 2)
-    ├── UnsafePath             a file or directory another user could control: refused (exit 2)
+    ├── UnsafePath             a file, directory or listener another user could control: refused (exit 2)
     └── ProbeError             a probe could not read a figure
         ├── TargetGone         the process vanished (or its pid was reused)
         ├── ProbeAccessDenied  the agent lacks permission to read it
