@@ -12,7 +12,7 @@ from __future__ import annotations
 import gzip
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
@@ -158,6 +158,12 @@ class Telemetry:
             buckets=_PROBE_BUCKETS,
             registry=self.registry,
         )
+        self.job_skipped_runs = Counter(
+            "medic_job_skipped_runs_total",
+            "Scheduled runs of a job skipped because its previous run was still going (a slow dependency).",
+            labelnames=["job"],
+            registry=self.registry,
+        )
         build = InfoMetricFamily("medic_build", "medic's version.")
         build.add_metric([], {"version": __version__})
         self.registry.register(_Static([build]))
@@ -165,6 +171,9 @@ class Telemetry:
     def watch_findings(self, detection) -> None:
         """Export the open findings of `detection` (an `agent.jobs.detection.Detection`)."""
         self.registry.register(FindingCollector(detection))
+
+    def count_skipped_run(self, job: str) -> None:
+        self.job_skipped_runs.labels(job).inc()
 
     def observe_probe(self, probe: str, seconds: float, ok: bool) -> None:
         self.probe_duration.labels(probe).observe(seconds)

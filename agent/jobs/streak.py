@@ -2,10 +2,14 @@
 
 The history and peers jobs read an outside source (Prometheus, the coordinator) on a schedule; a
 source that stays down must not fill the event log with one `*_unavailable` per try, and the first
-read that works after it (or at all) is worth one `*_loaded`.
+read that works after it (or at all) is worth one `*_loaded`. Likewise a job whose run outlasts its
+interval makes the scheduler skip its next runs: said once per streak too (`SkippedRuns`).
 """
 
 from __future__ import annotations
+
+import logging
+from collections.abc import Callable
 
 
 class FailureStreak:
@@ -30,3 +34,34 @@ class FailureStreak:
         ends = self._failing is not False
         self._failing = False
         return ends
+
+
+class SkippedRuns:
+    """Scheduled runs skipped because the job's previous run was still going (a call to a slow
+    coordinator, waiting out its timeout): each counted through `count`, said once per streak at
+    INFO and then at DEBUG, and the streak's end said with how many were skipped."""
+
+    def __init__(self, count: Callable[[str], None], logger: logging.Logger) -> None:
+        self._count = count
+        self._log = logger
+        self._streaks: dict[str, int] = {}  # job -> runs skipped since it last ran
+
+    def skipped(self, job: str) -> None:
+        self._count(job)
+        skipped = self._streaks.get(job, 0) + 1
+        self._streaks[job] = skipped
+        if skipped == 1:
+            self._log.info(
+                "job %s is still running at its next tick: its runs are skipped until it ends "
+                "(counted in medic_job_skipped_runs_total)",
+                job,
+            )
+        else:
+            self._log.debug(
+                "job %s: run skipped (%d in a row); the previous one is still going", job, skipped
+            )
+
+    def ran(self, job: str) -> None:
+        skipped = self._streaks.pop(job, 0)
+        if skipped:
+            self._log.info("job %s ran again after %d skipped run(s)", job, skipped)
