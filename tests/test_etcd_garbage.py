@@ -163,3 +163,60 @@ def test_an_endless_etcd_answer_stops_at_the_bound(monkeypatch):
         with pytest.raises(CoordinatorUnavailable, match="answered more than 1 MiB"):
             c.fleet()
         c.close()
+
+
+class _Detection:
+    """The little of the detection job the peers job reads: priors and one workload key."""
+
+    def __init__(self) -> None:
+        from agent.detect.priors import PriorBook
+
+        self.priors = PriorBook()
+
+    def workload_keys(self) -> list[str]:
+        return ["workload"]
+
+    def shared_profiles(self) -> dict:
+        return {}
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.kinds: list[str] = []
+
+    def emit(self, kind: str, message: str, **fields) -> None:
+        self.kinds.append(kind)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [{}, {"header": {}}, {"responses": None}, {"responses": []}, {"responses": "x"}, {"responses": [{}]}, []],
+)
+def test_the_peers_job_reads_a_junk_answer_as_peers_unavailable(fake_etcd, answer):
+    """Not "0 of 1 workloads loaded": an answer that cannot be read is no answer."""
+    from agent.jobs.peers import PeersJob
+
+    fake_etcd.fallback = (200, json.dumps(answer).encode(), 0.0)
+    c = EtcdCoordinator([fake_etcd.url], timeout=TIMEOUT)
+    events = _Events()
+    try:
+        PeersJob(c, _Detection(), events, "agent-a").tick(now=1_800_000_000.0)  # type: ignore[arg-type]
+    finally:
+        c.close()
+    assert "peers_unavailable" in events.kinds and "priors_loaded" not in events.kinds, events.kinds
+
+
+def test_an_etcd_answer_with_empty_ranges_is_no_profiles_yet(fake_etcd):
+    """etcd's own answer for a key nobody put: one range answer without kvs, read as none found."""
+    fake_etcd.fallback = (
+        200,
+        json.dumps(
+            {"header": {}, "succeeded": True, "responses": [{"response_range": {"header": {}}}]}
+        ).encode(),
+        0.0,
+    )
+    c = EtcdCoordinator([fake_etcd.url], timeout=TIMEOUT)
+    try:
+        assert c.get_profiles(["workload"]) == {}
+    finally:
+        c.close()

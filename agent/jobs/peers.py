@@ -9,7 +9,8 @@ learned profiles (`Detection.shared_profiles`) when they changed, and again befo
 (`ttl`, 12 h) runs out, at most once per `publish_every` (1 h). So the load on the coordinator is a
 few requests per agent per hour, whatever the size of the fleet.
 
-It fails closed and quiet: an unreachable coordinator means no peer priors (any it gave before
+It fails closed and quiet: an unreachable coordinator, or an answer it cannot read (a `CoordinatorError`,
+never "0 profiles"), means no peer priors (any it gave before
 are dropped), said once in a `peers_unavailable` event until a read works again; never a raise.
 """
 

@@ -45,7 +45,9 @@ def put_profile(
 
 
 def get_profiles(gateway: EtcdGateway, base: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """One txn with a range request per key (at most `MAX_PROFILE_READ`)."""
+    """One txn with a range request per key (at most `MAX_PROFILE_READ`); an answer without one
+    range answer per key is not etcd's (`ValueError`/`KeyError`: a `CoordinatorError` to the caller),
+    never "no profiles"."""
     wanted = list(dict.fromkeys(keys))[:MAX_PROFILE_READ]
     for key in wanted:
         check_profile_key(key)
@@ -53,9 +55,12 @@ def get_profiles(gateway: EtcdGateway, base: str, keys: Sequence[str]) -> dict[s
         return {}
     ops = [{"request_range": {"key": b64(base + PROFILES + key)}} for key in wanted]
     data = gateway.call("kv/txn", {"compare": [], "success": ops, "failure": []})
+    responses = data["responses"]  # etcd answers one per range, kvs or not: missing is not "none"
+    if not isinstance(responses, list) or len(responses) != len(ops):
+        raise ValueError(f"{len(ops)} range answers expected, got {str(responses)[:80]!r}")
     out: dict[str, dict[str, Any]] = {}
-    for response in data.get("responses", []):
-        for kv in (response.get("response_range") or {}).get("kvs", []):
+    for response in responses:
+        for kv in response["response_range"].get("kvs", []):
             found = EtcdGateway._kv(kv)
             doc = profile_doc(found["value"])
             key = found["key"][len(base + PROFILES) :]
