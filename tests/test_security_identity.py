@@ -170,7 +170,7 @@ def kinds(store: Store) -> list[tuple[str, str]]:
 def test_signal_if_same_refuses_another_start_time_or_program(spawn):
     proc = spawn([PYTHON, "-c", "import signal, time; signal.signal(signal.SIGUSR1, signal.SIG_IGN); "
                   "time.sleep(60)"])  # fmt: skip
-    wait_until(lambda: psutil.Process(proc.pid).cmdline()[-1].endswith("time.sleep(60)"), 5)
+    wait_until(lambda: (psutil.Process(proc.pid).cmdline() or [""])[-1].endswith("time.sleep(60)"), 5)
     real = process_identity(proc.pid)
     verdict = signal_if_same(Expected(proc.pid, real.start_time - 5.0), signal.SIGTERM)
     assert verdict.reason == "pid-reused" and "another process" in verdict.message
