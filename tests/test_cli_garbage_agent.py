@@ -6,11 +6,8 @@ exit code 3 or 4: never a traceback, never unbounded memory, never a hang.
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,7 +15,7 @@ from hypothesis import strategies as st
 
 from agent.cli import client
 from agent.cli.main import main
-from support.remediation import HttpRecorder
+from support.remediation import HttpRecorder, dripping_server
 
 COMMANDS = [
     ["status"],
@@ -126,50 +123,16 @@ def test_an_answer_of_the_wrong_shape_names_the_version(fake_agent, capsys, monk
     assert code == 4 and "medic agent of version" in err and err.count("\n") == 1
 
 
-@contextmanager
-def streaming_server(chunk: bytes, pause: float) -> Iterator[str]:
-    """A fake agent (raw loopback socket) that answers 200 with a body that never ends: `chunk` every `pause` s."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
-
-    def serve() -> None:
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                try:
-                    conn.recv(65536)
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n[")
-                    while not stop.is_set():
-                        conn.sendall(chunk)
-                        if pause:
-                            time.sleep(pause)
-                except OSError:
-                    pass
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join(5)
-        listener.close()
-
-
 def test_an_endless_answer_stops_at_the_reply_bound(capsys, monkeypatch):
     monkeypatch.setattr(client, "MAX_REPLY_BYTES", 4 * 2**20)
-    with streaming_server(b'{"name": "x"},' * 4096, 0.0) as url:
+    with dripping_server(0.0, b'{"name": "x"},' * 4096) as url:
         code, err = run_cli(url, ["status"], capsys, monkeypatch)
     assert code == 4 and "answered more than 4 MiB" in err
 
 
 def test_a_dripping_answer_stops_at_the_deadline(capsys, monkeypatch):
     monkeypatch.setattr(client, "REPLY_DEADLINE_FACTOR", 0.2)  # 1 s for the 5 s read timeout of status
-    with streaming_server(b" ", 0.1) as url:
+    with dripping_server(0.1, b" ") as url:
         started = time.monotonic()
         code, err = run_cli(url, ["status"], capsys, monkeypatch)
     assert code == 3 and "still sending its answer" in err

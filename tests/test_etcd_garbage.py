@@ -6,11 +6,8 @@ as such: it answers any JSON, deep JSON, endless or dripping bodies): every call
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,7 +18,7 @@ from remediation.coordinator.base import SlotRequest
 from remediation.coordinator.etcd import EtcdCoordinator
 from remediation.errors import CoordinatorError, CoordinatorUnavailable
 from remediation.model import Decision, FleetEntry
-from support.remediation import HttpRecorder
+from support.remediation import HttpRecorder, dripping_server
 
 TIMEOUT = 0.5
 
@@ -110,44 +107,8 @@ def test_deep_json_is_a_coordinator_error(fake_etcd):
     c.close()
 
 
-@contextmanager
-def endless_etcd(chunk: bytes, pause: float) -> Iterator[str]:
-    """Not etcd: a raw loopback socket answering 200 with a body that never ends."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
-
-    def serve(conn: socket.socket) -> None:
-        with conn:
-            try:
-                conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n[")
-                while not stop.is_set():
-                    conn.sendall(chunk)
-                    time.sleep(pause)
-            except OSError:
-                pass
-
-    def accept() -> None:
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join(5)
-        listener.close()
-
-
 def test_a_dripping_etcd_is_unavailable_after_the_total_deadline():
-    with endless_etcd(b" ", 0.05) as url:
+    with dripping_server(0.05, b" ") as url:
         c = EtcdCoordinator([url], timeout=TIMEOUT)
         started = time.monotonic()
         with pytest.raises(CoordinatorUnavailable, match=r"no answer within 0\.5s"):
@@ -158,7 +119,7 @@ def test_a_dripping_etcd_is_unavailable_after_the_total_deadline():
 
 def test_an_endless_etcd_answer_stops_at_the_bound(monkeypatch):
     monkeypatch.setattr(etcd_gateway, "MAX_REPLY_BYTES", 2**20)
-    with endless_etcd(b"0," * 32768, 0.0) as url:
+    with dripping_server(0.0, b"0," * 32768) as url:
         c = EtcdCoordinator([url], timeout=TIMEOUT)
         with pytest.raises(CoordinatorUnavailable, match="answered more than 1 MiB"):
             c.fleet()

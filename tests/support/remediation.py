@@ -159,9 +159,10 @@ def silent_server() -> Iterator[str]:
 
 
 @contextmanager
-def dripping_server(pause: float = 0.05) -> Iterator[str]:
-    """A TCP server that answers every request 200, then a body byte every `pause` s for ever: a
-    slowloris endpoint that each read timeout alone never catches."""
+def dripping_server(pause: float = 0.05, chunk: bytes = b" ") -> Iterator[str]:
+    """A TCP server that answers every request 200, then a JSON body that never ends: `chunk` every
+    `pause` s (a slowloris endpoint that each read timeout alone never catches), or as fast as the
+    socket takes it with `pause` 0 (an endless answer)."""
     listener = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
 
@@ -170,8 +171,8 @@ def dripping_server(pause: float = 0.05) -> Iterator[str]:
             try:
                 conn.recv(65536)
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n[")
-                while not stop.wait(pause):
-                    conn.sendall(b" ")
+                while not (stop.wait(pause) if pause else stop.is_set()):
+                    conn.sendall(chunk)
             except OSError:
                 pass
 
