@@ -52,7 +52,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("uvicorn", ("uvicorn",)),
     ("prometheus_client", ("prometheus_client",)),
     ("apscheduler", ("apscheduler.schedulers.asyncio",)),
-    ("psutil", ("psutil",)),
     ("agent.config.model", ("agent.config.model",)),
     ("remediation.engine", ("remediation.engine",)),
     ("agent.jobs.remediation", ("agent.jobs.remediation",)),
@@ -66,8 +65,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("local coordinator", ("remediation.coordinator.local",)),
     ("anyio worker threads", ("anyio._backends._asyncio",)),
 )
-# imported by the agent only when something configured needs them (a sink, an HTTP actuator, etcd)
-NOT_AT_START = ("httpx", "pydantic.v1")
+# imported by the agent only when something configured needs them (a sink, an HTTP actuator, etcd,
+# a `match.cmdline`, listening on every address)
+NOT_AT_START = ("httpx", "pydantic.v1", "psutil")
 _LAYER_SCRIPT = """
 import importlib, json, re, sys
 def rss():

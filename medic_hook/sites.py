@@ -22,6 +22,7 @@ trace: 16 MiB is some 300,000 traces).
 
 from __future__ import annotations
 
+import functools
 import os
 import sysconfig
 import threading
@@ -39,9 +40,14 @@ DEFAULT_MAX_MEMORY = 16 * 2**20
 MAX_MEMORY = 256 * 2**20
 CHECK_EVERY_S = 1.0  # how often the server loop looks at the budgets while tracing
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-_STDLIB_DIRS = tuple(
-    {os.path.join(sysconfig.get_paths()[key], "") for key in ("stdlib", "platstdlib")}
-)  # site-packages lies under the platform's stdlib on some layouts: never skipped (see `_site_frame`)
+
+
+@functools.cache
+def _stdlib_dirs() -> tuple[str, ...]:
+    """The stdlib's directories, asked of sysconfig on first use: its build variables (120 KiB) stay
+    out of a process that imports this module and never traces. Site-packages lies under the
+    platform's stdlib on some layouts: never skipped (see `_site_frame`)."""
+    return tuple({os.path.join(sysconfig.get_paths()[key], "") for key in ("stdlib", "platstdlib")})
 
 
 @dataclass(slots=True)
@@ -145,7 +151,7 @@ def after_fork_in_child() -> None:
 
 def _stdlib(filename: str) -> bool:
     return (
-        filename.startswith(_STDLIB_DIRS)
+        filename.startswith(_stdlib_dirs())
         and "site-packages" not in filename
         and "dist-packages" not in filename
     ) or filename.startswith("<frozen ")

@@ -106,7 +106,7 @@ class Store:
         self._buffer_lock = threading.Lock()
         self.dropped = 0  # samples given up after the buffer filled while writes failed
         self.write_error: str | None = None  # the last failed flush, until one succeeds
-        self._series_ids: dict[tuple[str, str], int] = {}
+        self._series_ids: dict[str, dict[str, int]] = {}  # instance → metric → id: no pair tuple per series
         self._local = threading.local()
         # each thread's reader, with its thread: a thread that ended (anyio's API workers end after
         # 10 s idle, and the next request starts a new one) has its connection closed
@@ -260,12 +260,15 @@ class Store:
                 self.dropped += excess
 
     def _series_id(self, instance: str, metric: str) -> int:
-        key = (instance, metric)
-        sid = self._series_ids.get(key)
+        ids = self._series_ids.get(instance)
+        if ids is None:
+            ids = self._series_ids[instance] = {}
+        sid = ids.get(metric)
         if sid is None:
+            key = (instance, metric)
             self._db.execute("INSERT OR IGNORE INTO series (instance, metric) VALUES (?, ?)", key)
             sid = self._db.execute("SELECT id FROM series WHERE instance=? AND metric=?", key).fetchone()[0]
-            self._series_ids[key] = sid
+            ids[metric] = sid
         return sid
 
     def metrics(self, instance: str) -> list[str]:

@@ -60,7 +60,9 @@ class Collector:
         self.keepalive = keepalive
         self.grace = grace
         self._unavailable_since: dict[tuple[str, str], float] = {}  # (instance, probe) -> first miss
-        self._stored: dict[tuple[str, str], tuple[float, float]] = {}  # (instance, metric) → (value, ts)
+        # instance → metric → (value, ts); nested rather than keyed by pairs: a pair tuple per series
+        # cost as much as the value it keys
+        self._stored: dict[str, dict[str, tuple[float, float]]] = {}
         tracker.forget_hooks.extend(probe.forget for probe in probes)
         tracker.forget_hooks.append(self._forget_stored)
         events.subscribe(self._on_event)
@@ -102,16 +104,17 @@ class Collector:
 
     def _worth_storing(self, sample: Sample) -> bool:
         """Store a value when it changed, or when the last stored one is older than `keepalive`."""
-        key = (sample.instance, sample.metric)
-        last = self._stored.get(key)
+        stored = self._stored.get(sample.instance)
+        if stored is None:
+            stored = self._stored[sample.instance] = {}
+        last = stored.get(sample.metric)
         if last is not None and last[0] == sample.value and sample.ts - last[1] < self.keepalive:
             return False
-        self._stored[key] = (sample.value, sample.ts)
+        stored[sample.metric] = (sample.value, sample.ts)
         return True
 
     def _forget_stored(self, target: ProbeTarget) -> None:
-        for key in [k for k in self._stored if k[0] == target.instance]:
-            del self._stored[key]
+        self._stored.pop(target.instance, None)
         for key in [k for k in self._unavailable_since if k[0] == target.instance]:
             del self._unavailable_since[key]
 

@@ -13,9 +13,9 @@ from agent.state.identities import AdoptedProcess
 Status = Literal["up", "down", "waiting", "exited"]
 
 
-@dataclass
+@dataclass(slots=True)
 class ProbeHealth:
-    """How one probe fares on one instance: the last outcome and counters."""
+    """How one probe fares on one instance: the last outcome and counters (slotted: one per instance and probe)."""
 
     ok: bool = True
     errors_total: int = 0
@@ -26,7 +26,7 @@ class ProbeHealth:
     retry_at: float = 0.0  # when to try an unavailable probe again
 
 
-@dataclass
+@dataclass(slots=True)
 class InstanceState:
     name: str
     spec: InstanceSpec
