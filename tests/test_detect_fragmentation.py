@@ -136,6 +136,19 @@ def test_a_heap_that_grows_a_little_under_a_native_leak_does_not_hide_it_outside
     assert "outside the Java heap" in leak.summary
 
 
+def test_a_heap_growing_in_collection_sized_jumps_is_not_outgrown_by_its_own_smooth_rss():
+    """The heap after GC of a HashMap leak rises in jumps, one per old-generation collection, while
+    RSS grows smoothly as the pages are touched: the same growth, in the heap, not outside it."""
+    every = 1800  # an old-generation collection every 30 min finds 25 MiB more live
+    heap = [(t, v + 1200 * MiB * every / DAY * ((t - T0) // every)) for t, v in _flat(120 * MiB, 3, every=30)]
+    s = _instance(
+        days=3, rss_bytes=_flat(300 * MiB, 3, grow_per_day=1200 * MiB), jvm_heap_after_gc_bytes=heap
+    )
+    leak = next(f for f in analyze_instance(s, PARAMS).findings if f.kind == "leak")
+    assert leak.verdict == "leak" and not leak.evidence["outside_java_heap"], leak.summary
+    assert "outside the Java heap" not in leak.summary
+
+
 def test_fragmentation_there_before_a_leak_is_reported_beside_it_with_the_dominant_one():
     """Resident far above live from the start, and then the live bytes leak: both explanations hold, and
     each finding says which holds more memory and by how much."""

@@ -73,7 +73,9 @@ def test_evidence_of_a_jemalloc_leak_names_the_leaking_function(agent, spawn, tm
     assert {"finding", "heap_profile.sites", "heap_profile.heap", "smaps_rollup", "series"} <= set(items)
 
     finding = json.loads(Path(items["finding"]["path"]).read_text())
-    assert finding["id"] == action["finding_id"] and finding["kind"] == "leak"
+    # the restart acts on the memory finding whose deadline comes first: the leak, or the OOM risk
+    # the same growth opens when it is already near the limit; either names what grows
+    assert finding["id"] == action["finding_id"] and finding["kind"] in ("leak", "oom-risk")
     assert finding["summary"] and "verdict" in finding and finding["attribution"]
     assert finding["suspects"][0]["name"] == "leak_records"
 

@@ -130,7 +130,7 @@ def judge_leak(ctx: Context) -> Observation:
     firing = [a for a in assessed if a[1] == "firing"]
     if firing:
         fit, _, ttoom, _ = max(firing, key=lambda a: a[0].trend.span)
-        native = fit.metric == RSS and candidates[0] == JVM_HEAP_AFTER_GC
+        native = fit.metric == RSS and candidates[0] == JVM_HEAP_AFTER_GC and _outgrows_heap(ctx, fit)
         if fit.metric == JVM_HEAP_AFTER_GC:
             fit, ttoom, native = _outgrown_by_rss(ctx, fit, ttoom)
         elif fit.metric == ALLOCATED and ctx.present(PYMALLOC):  # objects in pymalloc's arenas
@@ -163,16 +163,34 @@ def _outgrown_by_rss(ctx: Context, heap: Fit, ttoom: float | None) -> tuple[Fit,
     The heap's fit has already decided that there is a leak; RSS need only be seen rising (the
     clearing bar: its fits often span fewer buckets than the heap's)."""
     p = ctx.params
+    heap_rate = max(heap.trend.slope, _envelope_rate(heap), 0.0)
     rising = [
         fit
         for fit in ctx.fits(RSS)
-        if fit.trend.confidence >= p.confidence_clear
-        and fit.trend.slope > NATIVE_DOMINANCE * max(heap.trend.slope, 0.0)
+        if fit.trend.confidence >= p.confidence_clear and fit.trend.slope > NATIVE_DOMINANCE * heap_rate
     ]
     if not rising:
         return heap, ttoom, False
     fit = max(rising, key=lambda f: f.trend.span)
     return fit, time_to_limit(ctx.limit, ctx.peak, fit.trend.slope), True
+
+
+def _outgrows_heap(ctx: Context, rss: Fit) -> bool:
+    """RSS fired while the heap after GC did not: outside the heap only when the heap's own growth,
+    steps and all, is a fraction of it (a heap with too few samples yet, or one that rose in jumps,
+    grows with its RSS); a heap not seen at all cannot tell."""
+    rates = [max(f.trend.slope, _envelope_rate(f)) for f in ctx.fits(JVM_HEAP_AFTER_GC)]
+    return bool(rates) and rss.trend.slope > NATIVE_DOMINANCE * max(*rates, 0.0)
+
+
+def _envelope_rate(fit: Fit) -> float:
+    """The fit's rise per second from its first to its last floor, steps and all: a heap after GC
+    grows in collection-sized jumps that the trend removes as steps, and compared with that stepless
+    slope the smoothly growing RSS of the same heap looked many times faster."""
+    floors = fit.floors if fit.floors is not None else fit.ys
+    if len(floors) < 2 or fit.idx[-1] <= fit.idx[0]:
+        return 0.0
+    return (floors[-1] - floors[0]) / ((fit.idx[-1] - fit.idx[0]) * fit.width)
 
 
 def _leak_observation(ctx: Context, fit: Fit, ttoom: float | None, native: bool) -> Observation:
