@@ -257,7 +257,7 @@ static double *get_doubles(PyObject *obj, Py_ssize_t *n)
     Py_ssize_t len;
     if (!PyBytes_Check(obj) || PyBytes_AsStringAndSize(obj, &raw, &len) < 0 || len % (Py_ssize_t)sizeof(double)) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "slow_screen: expected bytes of doubles");
+            PyErr_SetString(PyExc_TypeError, "_kernels: expected bytes of doubles (array('d').tobytes())");
         return NULL;
     }
     *n = len / (Py_ssize_t)sizeof(double);
