@@ -188,6 +188,9 @@ def test_ctrl_c_and_sigterm_stop_both_servers(lab, signum):
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
+        # as from a terminal: a suite started in the background by a shell without job control
+        # passes SIGINT on ignored, and medic, like any program, then keeps it ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         wait_until(lambda: len(servers_running(lab)) == 2, timeout=30)
@@ -230,6 +233,9 @@ def test_a_candidate_that_dies_while_measured_exits_3(lab):
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
+        # as from a terminal: a suite started in the background by a shell without job control
+        # passes SIGINT on ignored, and medic, like any program, then keeps it ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         wait_until(lambda: len(servers_running(lab)) == 2, timeout=30)
