@@ -161,29 +161,13 @@ def test_a_candidate_that_crashes_at_start_exits_3_and_shows_its_output(lab, tmp
     assert servers_running(lab) == []
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_and_sigterm_stop_both_servers(lab, signum):
-    proc = subprocess.Popen(
-        [
-            PYTHON,
-            "-m",
-            "agent.cli.main",
-            "guardrail",
-            "--baseline",
-            server(lab),
-            "--candidate",
-            server(lab, "--behaviour", "leak"),
-            "--requests",
-            str(lab / "requests"),
-            "--duration",
-            "60s",
-            "--warmup",
-            "0s",
-            "--rate",
-            RATE,
-            "--ready-url",
-            "/healthz",
-        ],
+def start_guardrail(lab: Path, candidate: str, *extra: str) -> subprocess.Popen:
+    """A minute-long `medic guardrail` against a candidate of the given behaviour, to stop mid-run."""
+    argv = [PYTHON, "-m", "agent.cli.main", "guardrail", *extra, "--baseline", server(lab)]
+    argv += ["--candidate", server(lab, "--behaviour", candidate), "--requests", str(lab / "requests")]
+    argv += ["--duration", "60s", "--warmup", "0s", "--rate", RATE, "--ready-url", "/healthz"]
+    return subprocess.Popen(
+        argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -192,6 +176,11 @@ def test_ctrl_c_and_sigterm_stop_both_servers(lab, signum):
         # passes SIGINT on ignored, and medic, like any program, then keeps it ignored
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_and_sigterm_stop_both_servers(lab, signum):
+    proc = start_guardrail(lab, "leak")
     try:
         wait_until(lambda: len(servers_running(lab)) == 2, timeout=30)
         time.sleep(2)
@@ -207,36 +196,7 @@ def test_ctrl_c_and_sigterm_stop_both_servers(lab, signum):
 
 
 def test_a_candidate_that_dies_while_measured_exits_3(lab):
-    proc = subprocess.Popen(
-        [
-            PYTHON,
-            "-m",
-            "agent.cli.main",
-            "guardrail",
-            "-q",
-            "--baseline",
-            server(lab),
-            "--candidate",
-            server(lab, "--behaviour", "slower"),
-            "--requests",
-            str(lab / "requests"),
-            "--duration",
-            "60s",
-            "--warmup",
-            "0s",
-            "--rate",
-            RATE,
-            "--ready-url",
-            "/healthz",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        # as from a terminal: a suite started in the background by a shell without job control
-        # passes SIGINT on ignored, and medic, like any program, then keeps it ignored
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    proc = start_guardrail(lab, "slower", "-q")
     try:
         wait_until(lambda: len(servers_running(lab)) == 2, timeout=30)
         time.sleep(2)
