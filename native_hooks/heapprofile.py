@@ -22,8 +22,9 @@ from functools import partial
 from pathlib import Path
 from typing import Literal, NoReturn
 
+from agent.core.bounded import read_regular_file
 from agent.core.errors import ProbeError, UnsafePath
-from probes.linux.fstrust import open_owned_file, read_regular_file
+from probes.linux.fstrust import open_owned_file
 from probes.linux.maps import Mapping, parse_maps_line
 
 MAX_PROFILE_BYTES = 512 * 2**20  # larger dumps are refused rather than read into memory

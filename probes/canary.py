@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from agent.core.bounded import read_regular_file
 from agent.core.errors import ProbeError, UnsafePath
 from agent.core.records import ProbeResult, ProbeTarget, Sample
 from probes.base import Schedule
 from probes.latency import latency_settings
-from probes.linux.fstrust import read_regular_file
 
 MAX_BODY_FILE = 16 * 2**20
 SETTING = "latency.canary.url"

@@ -22,8 +22,8 @@ import yaml
 from pydantic import ValidationError
 
 from agent.config.model import Config
+from agent.core.bounded import read_regular_file
 from agent.core.errors import ConfigError, UnsafePath
-from probes.linux.fstrust import read_regular_file
 
 MAX_CONFIG_BYTES = 4 * 2**20  # a config is kilobytes; more is a wrong path (a log, a device)
 MAX_CONFIG_NODES = 100_000  # values once YAML aliases are expanded: a billion laughs stops here

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import gc
 import gzip
-import os
-import stat
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from agent.core.errors import SeriesFormatError
+from agent.core.bounded import read_regular_file
+from agent.core.errors import SeriesFormatError, UnsafePath
 from agent.series.jsonl import read_jsonl
 from agent.series.prometheus import (
     looks_like_prometheus,
@@ -139,11 +138,10 @@ def _read_text(path: Path, max_bytes: int | None = None) -> str:
     block, and more than `max_bytes` (compressed or not) is refused instead of filling memory."""
     max_bytes = MAX_INPUT_BYTES if max_bytes is None else max_bytes
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as file:
-            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
-                raise SeriesFormatError(f"{path}: not a regular file (a FIFO, socket or device); give a file")
-            raw = file.read(max_bytes + 1)
+        try:
+            raw = read_regular_file(path, max_bytes)
+        except UnsafePath as exc:
+            raise SeriesFormatError(str(exc)) from None
         if raw[:2] == b"\x1f\x8b":
             raw = _gunzip(raw, max_bytes + 1)
         if len(raw) > max_bytes:

@@ -336,30 +336,6 @@ def open_regular_file(path: str | os.PathLike[str], max_bytes: int | None = None
         raise
 
 
-def read_regular_file(path: str | os.PathLike[str], max_bytes: int) -> bytes:
-    """The contents of a file the config names (symlinks followed: a Kubernetes ConfigMap or Secret
-    is one), refused with `UnsafePath` before anything blocks when it is a FIFO, socket or device,
-    and when it holds more than `max_bytes`. OSError as `open` raises it."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
-        if not stat.S_ISREG(info.st_mode):
-            raise UnsafePath(f"{path} is not a regular file (a FIFO, socket or device): not read")
-        data = b""
-        while len(data) <= max_bytes:
-            chunk = os.read(fd, max_bytes + 1 - len(data))
-            if not chunk:
-                break
-            data += chunk
-        if len(data) > max_bytes:
-            raise UnsafePath(f"{path} holds more than {max_bytes} bytes: not read")
-        return data
-    finally:
-        os.close(fd)
-
-
 def trusted_program(program: str | os.PathLike[str]) -> Path | None:
     """The resolved path of a helper program medic may run: `program` itself when it holds a `/`,
     else the first one on PATH. None when there is none (or it is not executable); `UnsafePath` when
