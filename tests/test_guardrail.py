@@ -356,3 +356,32 @@ def test_an_unwritable_report_path_is_refused_before_anything_starts(capsys, tmp
         str(tmp_path / "no" / "such" / "dir.html"),
     )
     assert code == 2 and "--report" in stderr
+
+
+def _stalled_candidate(start: float, seconds: float, rng: random.Random) -> BuildSeries:
+    """RSS that grows 2 MiB a request-second, live bytes flat, while a busy machine stalls the server
+    three times (4, 5 and 3 s with no request answered and nothing growing): a staircase on the wall
+    clock, whose flat last steps read as growth levelling off."""
+    stalls = ((8.0, 4.0), (20.0, 5.0), (26.0, 3.0))
+    build = BuildSeries("candidate")
+    work = 0.0
+    for i in range(int(seconds / 0.25) + 1):
+        t, x = start + i * 0.25, i * 0.25
+        if i and not any(a <= x < a + length for a, length in stalls):
+            work += 0.25
+        build.add("rss_bytes", t, 200 * MiB + 2 * MiB * work + rng.gauss(0, 0.3 * MiB))
+        build.add("allocator_allocated_bytes", t, 60 * MiB + rng.gauss(0, 0.05 * MiB))
+        build.add("cpu_seconds_total", t, 0.001 * work * 20)
+        build.answered.append((t, int(work * 20)))
+    return build
+
+
+def test_a_build_stalled_by_a_busy_machine_is_judged_on_the_requests_clock():
+    m = _measurement()
+    m.builds = (m.builds[0], _stalled_candidate(m.start, m.end - m.start, random.Random(3)))
+    verdicts = {v.name: v for v in judge_all(m, Thresholds(), resamples=200)}
+    assert verdicts["fragmentation"].failed, verdicts["fragmentation"].summary
+    assert not verdicts["leak"].failed
+    rss = verdicts["fragmentation"].evidence["candidate_rss"]
+    # bytes per wall-clock second: it grew in 18 of the 30 s
+    assert 0.9 * MiB < rss["slope_bytes_per_second"] < 1.6 * MiB

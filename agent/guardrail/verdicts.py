@@ -17,11 +17,19 @@ The compressed scale: the detector is given the measurement as one process lifet
 with its main window D/2, its long window D, a "season" of D/3 (growth must set a record in the
 last third, not only drift), no warm-up (the run's warm-up phase is not in the series), and a
 trend confidence of 0.995. It judges once, at the end, as `medic analyze` would at that tick.
+
+The detector reads each build's samples on the requests' clock: a sample's time is where the
+build's answered requests had reached, the run's D seconds spread evenly over them. A build grows
+with the work it does, so when a busy machine stalls the server, the load or the sampler for a
+few seconds (no request answered), its memory holds flat on the wall clock and those flat
+stretches would read as growth that levels off; on the requests' clock they take no time. The
+rates the verdicts print and compare are still bytes per wall-clock second.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
@@ -128,6 +136,27 @@ class Growth:
         }
 
 
+def on_requests_clock(
+    build: BuildSeries, points: list[tuple[float, float]], start: float, end: float
+) -> list[tuple[float, float]]:
+    """`points` within [start, end] with their times moved to the build's requests' clock (see the
+    module doc); a stall's samples become one point, its lowest. Unchanged when too few requests
+    were answered in the run to make a clock of them."""
+    answered = [(t, n) for t, n in build.answered if start <= t <= end]
+    if len(answered) < MIN_POINTS or answered[-1][1] - answered[0][1] < MIN_POINTS:
+        return [p for p in points if start <= p[0] <= end]
+    times = [t for t, _ in answered]
+    first, total = answered[0][1], answered[-1][1] - answered[0][1]
+    moved: dict[float, float] = {}
+    for t, v in points:
+        if not start <= t <= end:
+            continue
+        i = min(bisect_left(times, t), len(times) - 1)
+        at = start + (end - start) * (answered[i][1] - first) / total
+        moved[at] = min(v, moved.get(at, v))
+    return sorted(moved.items())
+
+
 def judge_series(points: dict[str, list[tuple[float, float]]], start: float, end: float) -> list[Observation]:
     """The detector's observations on `points` (unix ts), rebased onto its grid at the end of the run."""
     duration = end - start
@@ -145,7 +174,8 @@ def growth(build: BuildSeries, metric: str, start: float, end: float) -> Growth 
     points = build.points(metric)
     if len([p for p in points if start <= p[0] <= end]) < MIN_POINTS:
         return None
-    leak = next(o for o in judge_series({metric: points}, start, end) if o.kind == "leak")
+    work = on_requests_clock(build, points, start, end)
+    leak = next(o for o in judge_series({metric: work}, start, end) if o.kind == "leak")
     envelope = lower_envelope(points, start, end, 24)
     slope = theil_sen(envelope)
     confidence = leak.evidence.get("confidence")
@@ -234,7 +264,13 @@ def judge_fragmentation(m: Measurement, t: Thresholds, leak: Verdict) -> Verdict
     flat = not live.firing or live.slope < FLAT_SHARE * rss.slope
     grows, excess = _grows_more(rss, base_rss, t)
     observed = judge_series(
-        {k: cand_b.points(k) for k in (RSS, ALLOCATED, RESIDENT) if cand_b.points(k)}, m.start, m.end
+        {
+            k: on_requests_clock(cand_b, cand_b.points(k), m.start, m.end)
+            for k in (RSS, ALLOCATED, RESIDENT)
+            if cand_b.points(k)
+        },
+        m.start,
+        m.end,
     )
     frag = next((o for o in observed if o.kind == "fragmentation"), None)
     if frag is not None:
