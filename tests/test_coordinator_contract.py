@@ -472,6 +472,22 @@ def test_a_local_coordinator_overwritten_while_in_use_is_unavailable_for_every_c
     c.close()
 
 
+def test_a_local_coordinator_damaged_at_start_is_unavailable_until_it_opens(tmp_path):
+    path = tmp_path / "coord.db"
+    path.write_bytes(b"garbage!" * 4096)
+    path.chmod(0o600)
+    c = LocalCoordinator(path, timeout=0.3, reopen_interval=1.0)  # the agent starts, remediation held
+    for _ in range(2):  # the second within the reopen interval: the same answer, no new attempt
+        with pytest.raises(CoordinatorUnavailable, match=r"damaged or not medic's.*move it aside"):
+            c.acquire(slot("serving-1"), allow)
+    path.rename(tmp_path / "coord.db.damaged")
+    with pytest.raises(CoordinatorUnavailable, match="damaged"):
+        c.fleet()  # not tried again before the interval
+    time.sleep(1.1)
+    assert c.acquire(slot("serving-1"), allow).granted
+    c.close()
+
+
 def test_local_unwritable_path_says_what_to_fix(tmp_path):
     target = tmp_path / "file"
     target.write_text("")

@@ -449,3 +449,30 @@ def test_pause_fleet_through_a_real_etcd_holds_every_agent_and_expires_with_its_
     down = agent.cli("pause", "--fleet", "--for", "1h", "--reason", "INC-22")
     assert down.returncode == 4 and "the fleet was not paused" in down.stderr, down.stderr
     assert "HTTP 503" in down.stderr
+
+
+@pytest.mark.slow
+def test_an_agent_with_a_damaged_coordinator_file_runs_restarts_nothing_and_heals_when_it_is_moved_aside(
+    agent, tmp_path
+):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    damaged = shared / "coordinator.db"
+    damaged.write_bytes(b"garbage!" * 4096)  # a bad restore, another program's file
+    damaged.chmod(0o600)
+    coordinator = {"backend": "local", "local": {"path": str(damaged)}}
+    leak = workload_argv("leak", "--rate", "4Mi", "--every", "0.05s", "--cap", "300Mi")
+    agent.start(agent_config("leaky", leak, coordinator))
+    first_pid = agent.instance("leaky")["pid"]
+    wait_until(lambda: agent.get("/api/v1/findings", kind="leak", instance="leaky")["findings"], 90)
+
+    def held() -> bool:
+        decisions = agent.get("/api/v1/decisions", instance="leaky")["decisions"]
+        return any("damaged or not medic's" in (d.get("reason") or "") for d in decisions)
+
+    wait_until(held, 60, interval=0.5)
+    assert agent.instance("leaky")["pid"] == first_pid and not restarts(agent, "leaky")
+    damaged.rename(shared / "coordinator.db.damaged")  # what the message says to do
+    wait_until(lambda: restarts(agent, "leaky"), 90, interval=0.5)
+    assert agent.instance("leaky")["pid"] != first_pid
+    assert (shared / "coordinator.db").stat().st_mode & 0o777 == 0o600

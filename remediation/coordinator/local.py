@@ -23,6 +23,7 @@ deleted by the first read after its `until`; `acquire` takes no slot while it ho
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -32,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from agent.core.errors import UnsafePath
 from probes.linux.fstrust import check_trusted_path, ensure_private_file, trusted_uids
 from remediation.coordinator.base import (
     EXPIRED,
@@ -52,6 +54,9 @@ from remediation.coordinator.base import (
 )
 from remediation.errors import CoordinatorUnavailable, LeaseLost
 from remediation.model import Decision, FleetEntry, RestartRecord
+
+log = logging.getLogger(__name__)
+REOPEN_INTERVAL = 10.0  # seconds between two attempts to open a coordinator file that would not open
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS restarts (
@@ -85,8 +90,10 @@ class LocalCoordinator(Coordinator):
         retention: float = 86400.0,
         timeout: float = 2.0,
         clock: Callable[[], float] = time.time,
+        reopen_interval: float = REOPEN_INTERVAL,
     ) -> None:
         self.path = Path(path)
+        self.reopen_interval = reopen_interval
         self.namespace = namespace
         self.retention = retention
         self.timeout = timeout
@@ -94,22 +101,53 @@ class LocalCoordinator(Coordinator):
         self._lock = threading.Lock()
         self._leadership: Leadership | None = None
         self._fences: dict[str, int] = {}  # instance -> the term its grant requires at acquire
+        self._db: sqlite3.Connection | None = None
+        self._open_error = ""
+        self._reopen_at = 0.0
         try:
             if not os.path.lexists(self.path.parent):
                 self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             check_trusted_path(self.path.parent)  # maybe shared by several agents: checked, never re-moded
             ensure_private_file(self.path, "local coordinator", owners=trusted_uids())
-            self._db = sqlite3.connect(
-                self.path, timeout=timeout, check_same_thread=False, isolation_level=None
-            )
-            self._db.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
-            self._db.execute("PRAGMA journal_mode=DELETE")
-            self._db.executescript(_SCHEMA)
-        except (OSError, sqlite3.Error) as exc:
+        except OSError as exc:
             raise CoordinatorUnavailable(
                 f"cannot open the local coordinator {self.path}: {exc}; check that its directory exists "
                 "and is writable by every agent that shares it (remediation.coordinator.local.path)"
             ) from None
+        try:
+            self._connection()
+        except CoordinatorUnavailable as exc:
+            log.warning("%s; no restart until it opens", exc)
+
+    def _connection(self) -> sqlite3.Connection:
+        """The open database (under `_lock`, or from `__init__`). A file that will not open (damaged,
+        overwritten, not medic's) leaves the agent running with every call unavailable, so no restart,
+        and it is tried again at most every `reopen_interval` seconds: moving the file aside heals it."""
+        if self._db is not None:
+            return self._db
+        now = time.monotonic()
+        if self._open_error and now < self._reopen_at:
+            raise CoordinatorUnavailable(self._open_error)
+        db: sqlite3.Connection | None = None
+        try:
+            ensure_private_file(self.path, "local coordinator", owners=trusted_uids())
+            db = sqlite3.connect(
+                self.path, timeout=self.timeout, check_same_thread=False, isolation_level=None
+            )
+            db.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
+            db.execute("PRAGMA journal_mode=DELETE")
+            db.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error, UnsafePath) as exc:
+            if db is not None:
+                db.close()
+            self._open_error = (
+                f"{self.describe()}: cannot open it: {exc}: the file is damaged or not medic's; move it "
+                f"aside (the agents that share it try again every {self.reopen_interval:g} s)"
+            )
+            self._reopen_at = now + self.reopen_interval
+            raise CoordinatorUnavailable(self._open_error) from None
+        self._db, self._open_error = db, ""
+        return db
 
     def describe(self) -> str:
         return f"local coordinator {self.path} (namespace {self.namespace})"
@@ -118,9 +156,10 @@ class LocalCoordinator(Coordinator):
     def _run(self, what: str, fn: Callable[[sqlite3.Connection, float], object]) -> object:
         """Run `fn(db, now)` in one immediate transaction; lock waits and errors become unavailable."""
         with self._lock:
+            db = self._connection()
             started = time.monotonic()
             try:
-                self._db.execute("BEGIN IMMEDIATE")
+                db.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
                 raise CoordinatorUnavailable(
                     f"{self.describe()}: cannot {what}: {exc} after {time.monotonic() - started:.1f}s "
@@ -132,17 +171,17 @@ class LocalCoordinator(Coordinator):
                     "aside and restart the agents that share it"
                 ) from None
             try:
-                result = fn(self._db, self.clock())
+                result = fn(db, self.clock())
             except sqlite3.Error as exc:
-                self._db.execute("ROLLBACK") if self._db.in_transaction else None
+                db.execute("ROLLBACK") if db.in_transaction else None
                 raise CoordinatorUnavailable(f"{self.describe()}: cannot {what}: {exc}") from None
             except BaseException:
-                self._db.execute("ROLLBACK") if self._db.in_transaction else None
+                db.execute("ROLLBACK") if db.in_transaction else None
                 raise
             try:
-                self._db.execute("COMMIT")
+                db.execute("COMMIT")
             except sqlite3.Error as exc:
-                self._db.execute("ROLLBACK") if self._db.in_transaction else None
+                db.execute("ROLLBACK") if db.in_transaction else None
                 raise CoordinatorUnavailable(f"{self.describe()}: cannot {what}: {exc}") from None
             return result
 
@@ -459,4 +498,6 @@ class LocalCoordinator(Coordinator):
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            if self._db is not None:
+                self._db.close()
+                self._db = None
