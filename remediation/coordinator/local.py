@@ -317,7 +317,7 @@ class LocalCoordinator(Coordinator):
             return [row[0] for row in rows]
 
         entries = []
-        for data in self._run("list the fleet", read):  # type: ignore[union-attr]
+        for data in self._run("list the fleet", read):  # type: ignore[attr-defined]
             try:
                 entries.append(FleetEntry.from_dict(json.loads(data)))
             except ValueError:
