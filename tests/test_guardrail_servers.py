@@ -136,7 +136,9 @@ def test_a_slower_candidate_fails_with_slower(lab):
     found = verdicts(doc)
     assert found["slower"]["status"] == "fail", found["slower"]
     assert found["leak"]["status"] == "pass" and found["fragmentation"]["status"] == "pass"
-    assert 1.15 < found["slower"]["evidence"]["p50"]["ratio"] < 1.8
+    # 1.4 on a quiet machine; on a loaded one the candidate's longer sleeps also wait longer for a
+    # core when they end, which only adds to its latency
+    assert 1.15 < found["slower"]["evidence"]["p50"]["ratio"] < 5
 
 
 def test_glibc_fragmentation_is_fragmentation_not_a_leak(lab):

@@ -140,19 +140,20 @@ def on_requests_clock(
     build: BuildSeries, points: list[tuple[float, float]], start: float, end: float
 ) -> list[tuple[float, float]]:
     """`points` within [start, end] with their times moved to the build's requests' clock (see the
-    module doc); a stall's samples become one point, its lowest. Unchanged when too few requests
-    were answered in the run to make a clock of them."""
+    module doc) between its first and last sample, which keep their times; a stall's samples become
+    one point, its lowest. Unchanged when too few requests were answered to make a clock of them."""
     answered = [(t, n) for t, n in build.answered if start <= t <= end]
     if len(answered) < MIN_POINTS or answered[-1][1] - answered[0][1] < MIN_POINTS:
         return [p for p in points if start <= p[0] <= end]
     times = [t for t, _ in answered]
     first, total = answered[0][1], answered[-1][1] - answered[0][1]
+    begin, span = times[0], times[-1] - times[0]  # the first and last samples stay where they were
     moved: dict[float, float] = {}
     for t, v in points:
         if not start <= t <= end:
             continue
         i = min(bisect_left(times, t), len(times) - 1)
-        at = start + (end - start) * (answered[i][1] - first) / total
+        at = begin + span * (answered[i][1] - first) / total
         moved[at] = min(v, moved.get(at, v))
     return sorted(moved.items())
 
