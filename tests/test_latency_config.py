@@ -25,7 +25,7 @@ def test_full_section_and_defaults():
     assert latency.prometheus.timeout == 0.5 and latency.prometheus.requests_counter is None
     assert latency.canary.method == "POST" and latency.canary.timeout == 2.0 and latency.canary.interval == 30
     assert (latency.slo.quantile, latency.slo.threshold, latency.slo.for_) == (0.999, 0.1, 600.0)
-    assert parse_config(BASE % "{slo: {}}").instances[0].latency.slo.for_ == 300.0
+    assert parse_config(BASE % "{slo: {threshold: 1s}}").instances[0].latency.slo.for_ == 300.0
     assert parse_config("instances: [{name: a, match: {pid: 3}}]").instances[0].latency is None
 
 
@@ -39,13 +39,17 @@ def test_round_trip_through_plain_data_as_medic_run_does():
     ("section", "message"),
     [
         ("{prometheus: {url: ftp://x/metrics, histogram: h}}", r"latency\.prometheus\.url: expected an http"),
-        ("{prometheus: {url: 'http://x/metrics'}}", r"latency\.prometheus\.histogram: Field required"),
+        (
+            "{prometheus: {url: 'http://x/metrics'}}",
+            r"latency\.prometheus\.histogram: required, and has no default",
+        ),
         ("{prometheus: {url: 'http://x/m', histogram: h_bucket}}", r"without '_bucket': h"),
         ("{prometheus: {url: 'http://x/m', histogram: 'a-b'}}", r"expected a Prometheus metric name"),
         ("{prometheus: {url: 'http://x/m', histogram: h, timeout: 2m}}", r"between 10ms and 60s"),
         ("{canary: {url: 'http://x/', method: FETCH}}", r"canary\.method: expected an HTTP method"),
         ("{canary: {url: 'http://x/', interval: 0s}}", r"canary\.interval: must be between"),
-        ("{slo: {quantile: 0.95}}", r"slo\.quantile: expected one of 0.5, 0.9, 0.99, 0.999"),
+        ("{slo: {quantile: 0.95, threshold: 1s}}", r"slo\.quantile: expected one of 0.5, 0.9, 0.99, 0.999"),
+        ("{slo: {quantile: 0.99, for: 5m}}", r"latency\.slo\.threshold: required, and has no default"),
         ("{slo: {threshold: 0s}}", r"slo\.threshold: must be above 0"),
         ("{slo: {for: soon}}", r"slo\.for: expected a duration"),
         ("{slo: {fro: 5m}}", r"latency\.slo\.fro: unknown key"),

@@ -183,10 +183,12 @@ def _describe(err: Any, source: str) -> str:
     kind = err.get("type", "")
     if kind == "extra_forbidden":
         return f"{source}: {path}: unknown key (check the spelling; see examples/medic.yaml)"
+    if kind == "missing":
+        return f"{source}: {path}: required, and has no default (see examples/medic.yaml)"
     message = err.get("msg", "invalid value")
     message = message.removeprefix("Value error, ")
     got = err.get("input")
-    quiet = kind == "missing" or isinstance(got, (dict, list)) or "got " in message
+    quiet = isinstance(got, (dict, list)) or "got " in message
     shown = "" if quiet else f" (got {got!r})"
     return f"{source}: {path or '<top>'}: {message}{shown}"
 

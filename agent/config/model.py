@@ -196,7 +196,8 @@ class SloSpec(Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     quantile: float = 0.99
-    threshold: Annotated[Duration, within(0, HOUR, above=True, why="a latency such as 250ms")] = 0.25
+    # no default: the latency a service promises is its own, and a guessed one would page or stay quiet
+    threshold: Annotated[Duration, within(0, HOUR, above=True, why="a latency such as 250ms")]
     # over the threshold this long → slow
     for_: Annotated[Duration, within(0, DAY)] = Field(300.0, alias="for")
 
