@@ -84,14 +84,15 @@ def test_the_narrowed_parser_reads_what_the_whole_one_reads(argv):
 
 
 def _mmapped_blocks_while_reallocating(tune: bool) -> list[int]:
-    """mallinfo2's count of mmapped blocks while a 256 KiB buffer is allocated, freed and allocated again."""
+    """mallinfo2's count of mmapped blocks while a 2 MiB buffer is allocated, freed and allocated again
+    (larger than any free chunk a fresh interpreter's heap holds, whatever its hash seed left there)."""
     code = (
         "import json\nfrom native_hooks.glibc import GlibcMalloc, tune_agent_allocator\n"
         f"applied = tune_agent_allocator() if {tune} else True\n"
-        "warm = bytearray(2**20)\ndel warm\n"  # what glibc's dynamic threshold learns from: a 1 MiB free
+        "warm = bytearray(4 * 2**20)\ndel warm\n"  # what glibc's dynamic threshold learns from: a 4 MiB free
         "g = GlibcMalloc.find()\nbase = g.mallinfo2()['hblks']\nseen = []\n"
         "for _ in range(2):\n"
-        "    block = bytearray(256 * 1024)\n    seen.append(g.mallinfo2()['hblks'] - base)\n    del block\n"
+        "    block = bytearray(2 * 2**20)\n    seen.append(g.mallinfo2()['hblks'] - base)\n    del block\n"
         "print(json.dumps([int(applied), *seen]))"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
@@ -108,7 +109,7 @@ def _mmapped_blocks_while_reallocating(tune: bool) -> list[int]:
 
 
 def test_the_agents_allocator_returns_per_tick_buffers_to_the_kernel():
-    # glibc's default raises its mmap threshold each time a large mapped block is freed (here a 1 MiB
+    # glibc's default raises its mmap threshold each time a large mapped block is freed (here a 4 MiB
     # one first), so the next such blocks stay in the heap; the agent's fixed threshold maps (and
     # unmaps) each of them
     assert _mmapped_blocks_while_reallocating(tune=False) == [1, 0, 0]
