@@ -3,7 +3,8 @@
 - `native_hooks/libmedic_shim.so`, the LD_PRELOAD shim: a plain shared library (no Python symbols,
   links only libdl and libpthread), so it is compiled and linked as a C library, not as a CPython
   extension, and its name carries no interpreter suffix: the same file serves every Python version.
-- `agent/detect/_kernels`, the trend test's O(n^2) loops: a CPython extension, optional. Without a
+- `agent/detect/_kernels`, the trend test's O(n^2) loops (and the slow replay's screen, the bucket
+  quantiles, the export scan of `medic analyze`): a CPython extension, optional. Without a
   compiler (or with a failing one) the install still succeeds, with a warning, and
   `agent.detect.trend` uses its Python twins. It is compiled against the limited C API of the oldest
   supported CPython (`Py_LIMITED_API`, named `_kernels.abi3.so`) and the wheel is tagged

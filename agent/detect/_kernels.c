@@ -10,6 +10,8 @@
  *
  * slow_screen, further down, serves agent/detect/slow_replay.py: it has no twin to equal, only
  * the rule that a tick it leaves unmarked is one where the Python rules do not fire.
+ * bucket_quantiles serves agent/series/buckets.py, matrix_values agent/series/prometheus.py (the
+ * `values` arrays of a query_range export read as doubles, what the json module's path reads).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -661,6 +663,288 @@ release:
     return result;
 }
 
+/* The `values` array of one series of a Prometheus query_range export, scanned in place:
+ * matrix_values(text, start) -> (times, values, end) or None. `text` is the export (an ASCII str),
+ * `start` the index of the array's `[`; `times` and `values` are bytes of doubles of the points
+ * whose value is finite (NaN and +-Inf, as Prometheus writes them, are gaps), `end` the index after
+ * the closing `]`. Only the shape Prometheus writes is taken: `[[<JSON number>, "<number>"], ...]`
+ * with JSON whitespace, a value string of an optional sign and digits with an optional fraction and
+ * exponent, or NaN/Inf/Infinity in any case. Anything else (another layout, an escape, a time that
+ * is not finite, broken JSON) gives None, and agent.series.prometheus decodes that series with the
+ * json module instead, which reports what is wrong: what is returned is what that path reads. The
+ * numbers are converted by PyOS_string_to_double, the conversion of float() and of json. */
+static int is_json_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+static const char *skip_space(const char *p, const char *end)
+{
+    while (p < end && is_json_space(*p))
+        p++;
+    return p;
+}
+
+static const char *skip_digits(const char *p, const char *end)
+{
+    while (p < end && is_digit(*p))
+        p++;
+    return p;
+}
+
+/* The end of a JSON number at p (-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?), NULL if there is
+ * none; *integral says it has neither fraction nor exponent (json decodes it as an int). */
+static const char *json_number_end(const char *p, const char *end, int *integral)
+{
+    *integral = 1;
+    if (p < end && *p == '-')
+        p++;
+    if (p >= end || !is_digit(*p))
+        return NULL;
+    p = *p == '0' ? p + 1 : skip_digits(p, end);
+    if (p < end && *p == '.') {
+        const char *digits = ++p;
+        p = skip_digits(p, end);
+        if (p == digits)
+            return NULL;
+        *integral = 0;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < end && (*p == '+' || *p == '-'))
+            p++;
+        const char *digits = p;
+        p = skip_digits(p, end);
+        if (p == digits)
+            return NULL;
+        *integral = 0;
+    }
+    return p;
+}
+
+/* Whether [p, end) is `word` (lower case) in any case. */
+static int same_word(const char *p, const char *end, const char *word)
+{
+    size_t n = strlen(word);
+    if ((size_t)(end - p) != n)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if ((p[i] | 0x20) != word[i])
+            return 0;
+    return 1;
+}
+
+/* Whether [p, end) is a value string float() reads without stripping or underscores: a sign, then
+ * digits with an optional fraction ("1.", ".5") and exponent, or nan, inf or infinity. */
+static int plain_float_text(const char *p, const char *end)
+{
+    if (p < end && (*p == '+' || *p == '-'))
+        p++;
+    if (p < end && !is_digit(*p) && *p != '.')
+        return same_word(p, end, "nan") || same_word(p, end, "inf") || same_word(p, end, "infinity");
+    const char *digits = p;
+    p = skip_digits(p, end);
+    size_t count = (size_t)(p - digits);
+    if (p < end && *p == '.') {
+        const char *fraction = ++p;
+        p = skip_digits(p, end);
+        count += (size_t)(p - fraction);
+    }
+    if (count == 0)
+        return 0;
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < end && (*p == '+' || *p == '-'))
+            p++;
+        const char *exponent = p;
+        p = skip_digits(p, end);
+        if (p == exponent)
+            return 0;
+    }
+    return p == end;
+}
+
+static const double exact_powers_of_ten[] = {
+    1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+    1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+};
+
+/* A decimal text of at most 15 significant digits whose power of ten is at most 22 either way,
+ * as the one correctly rounded IEEE multiplication or division of two exact doubles (Clinger's
+ * fast path): the double PyOS_string_to_double gives, since a correctly rounded result is unique.
+ * 0 for any other text (inf, nan, more digits, a larger exponent). */
+static int exact_decimal(const char *p, const char *end, double *out)
+{
+    int negative = 0;
+    if (p < end && (*p == '+' || *p == '-'))
+        negative = *p++ == '-';
+    unsigned long long mantissa = 0;
+    int significant = 0, exponent = 0, digits = 0;
+    for (; p < end && is_digit(*p); p++, digits++) {
+        if (mantissa == 0 && *p == '0')
+            continue;
+        if (++significant > 15)
+            return 0;
+        mantissa = mantissa * 10 + (unsigned long long)(*p - '0');
+    }
+    if (p < end && *p == '.') {
+        for (p++; p < end && is_digit(*p); p++, digits++) {
+            exponent--;
+            if (mantissa == 0 && *p == '0')
+                continue;
+            if (++significant > 15)
+                return 0;
+            mantissa = mantissa * 10 + (unsigned long long)(*p - '0');
+        }
+    }
+    if (digits == 0)
+        return 0;
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        p++;
+        int sign = 1, written = 0, count = 0;
+        if (p < end && (*p == '+' || *p == '-'))
+            sign = *p++ == '-' ? -1 : 1;
+        for (; p < end && is_digit(*p); p++) {
+            if (++count > 4)
+                return 0;
+            written = written * 10 + (*p - '0');
+        }
+        if (count == 0)
+            return 0;
+        exponent += sign * written;
+    }
+    if (p != end)
+        return 0;
+    double value = (double)mantissa; /* exact: under 10^15 < 2^53 */
+    if (mantissa == 0)
+        value = 0.0;
+    else if (exponent >= 0 && exponent <= 22)
+        value = value * exact_powers_of_ten[exponent];
+    else if (exponent < 0 && exponent >= -22)
+        value = value / exact_powers_of_ten[-exponent];
+    else
+        return 0;
+    *out = negative ? -value : value;
+    return 1;
+}
+
+/* The double of [p, end), a text plain_float_text or json_number_end accepted (what follows it
+ * cannot continue a number); 0 when the conversion does not take all of it (it always should). */
+static int to_double(const char *p, const char *end, double *out)
+{
+    if (exact_decimal(p, end, out))
+        return 1;
+    char *stop = NULL;
+    *out = PyOS_string_to_double(p, &stop, NULL);
+    int whole = !PyErr_Occurred() && stop == end;
+    PyErr_Clear();
+    return whole;
+}
+
+typedef struct {
+    double *data;
+    Py_ssize_t size, capacity;
+} growing_doubles;
+
+static int push(growing_doubles *d, double v)
+{
+    if (d->size == d->capacity) {
+        Py_ssize_t capacity = d->capacity ? d->capacity * 2 : 1024;
+        double *grown = PyMem_Realloc(d->data, sizeof(double) * (size_t)capacity);
+        if (!grown)
+            return 0;
+        d->data = grown;
+        d->capacity = capacity;
+    }
+    d->data[d->size++] = v;
+    return 1;
+}
+
+/* 1 with the points added and *at after the array, 0 when the text is not of the taken shape,
+ * -1 when memory ran out. */
+static int scan_values(const char *end, const char **at, growing_doubles *times, growing_doubles *values)
+{
+    const char *p = *at;
+    if (p >= end || *p != '[')
+        return 0;
+    p = skip_space(p + 1, end);
+    if (p < end && *p == ']') {
+        *at = p + 1;
+        return 1;
+    }
+    for (;;) {
+        if (p >= end || *p != '[')
+            return 0;
+        p = skip_space(p + 1, end);
+        int integral;
+        const char *number_end = json_number_end(p, end, &integral);
+        double ts, value;
+        if (!number_end || !to_double(p, number_end, &ts) || !isfinite(ts))
+            return 0;
+        if (integral && ts == 0)
+            ts = 0.0; /* json's int of "-0" is 0, +0.0 as a double */
+        p = skip_space(number_end, end);
+        if (p >= end || *p != ',')
+            return 0;
+        p = skip_space(p + 1, end);
+        if (p >= end || *p != '"')
+            return 0;
+        const char *open = ++p;
+        while (p < end && *p != '"' && *p != '\\' && (unsigned char)*p >= 0x20)
+            p++;
+        if (p >= end || *p != '"' || !plain_float_text(open, p) || !to_double(open, p, &value))
+            return 0;
+        if (isfinite(value) && !(push(times, ts) && push(values, value)))
+            return -1;
+        p = skip_space(p + 1, end);
+        if (p >= end || *p != ']')
+            return 0;
+        p = skip_space(p + 1, end);
+        if (p < end && *p == ',') {
+            p = skip_space(p + 1, end);
+            continue;
+        }
+        if (p < end && *p == ']') {
+            *at = p + 1;
+            return 1;
+        }
+        return 0;
+    }
+}
+
+static PyObject *matrix_values(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 2 || !PyUnicode_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "matrix_values: the export's text (str) and the index of a values array");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t size;
+    const char *text = PyUnicode_AsUTF8AndSize(args[0], &size);
+    if (!text)
+        return NULL;
+    if (size != PyUnicode_GetLength(args[0]) || start < 0 || start > size)
+        Py_RETURN_NONE; /* not ASCII (indices of characters are not those of bytes), or out of it */
+    growing_doubles times = {NULL, 0, 0}, values = {NULL, 0, 0};
+    const char *at = text + start;
+    PyObject *result = NULL;
+    int scanned = scan_values(text + size, &at, &times, &values);
+    if (scanned < 0) {
+        PyErr_NoMemory();
+    } else if (scanned == 0) {
+        result = Py_NewRef(Py_None);
+    } else {
+        Py_ssize_t bytes = (Py_ssize_t)(sizeof(double) * (size_t)times.size);
+        const char *t = times.data ? (const char *)times.data : "", *v = values.data ? (const char *)values.data : "";
+        result = Py_BuildValue("(y#y#n)", t, bytes, v, bytes, (Py_ssize_t)(at - text)); /* y# of NULL is None */
+    }
+    PyMem_Free(times.data);
+    PyMem_Free(values.data);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"slope_median", (PyCFunction)(void (*)(void))slope_median, METH_FASTCALL,
      "slope_median(xs, ys) -> the median pairwise slope, or None for inputs that are not lists of floats"},
@@ -668,6 +952,8 @@ static PyMethodDef methods[] = {
      "slow_screen(ticks, judged, points, starts, restarts, numbers) -> (levels, flags) as bytes of doubles"},
     {"bucket_quantiles", (PyCFunction)(void (*)(void))bucket_quantiles, METH_FASTCALL,
      "bucket_quantiles(bounds, counts, q) -> bytes of doubles: each interval's histogram_quantile"},
+    {"matrix_values", (PyCFunction)(void (*)(void))matrix_values, METH_FASTCALL,
+     "matrix_values(text, start) -> (times, values, end) of a query_range values array, or None"},
     {"mk_score", mk_score, METH_O, "mk_score(ys) -> Mann-Kendall S, or None for input that is not a list of floats"},
     {NULL, NULL, 0, NULL},
 };

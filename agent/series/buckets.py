@@ -134,7 +134,10 @@ def _aligned_quantiles(
     if not all(map(lt, times[:-1], times[1:])):
         return None
     order = sorted(bounds)
-    if any(metrics[bounds[bound]][0] != times for bound in order):
+    # as bytes: comparing arrays of doubles makes a float of every item; equal bytes are equal
+    # times, and times equal but for the sign of a zero only take the slower path
+    scraped = times.tobytes()
+    if any(metrics[bounds[bound]][0].tobytes() != scraped for bound in order):
         return None
     counts = b"".join(metrics[bounds[bound]][1].tobytes() for bound in order)
     limits = array("d", order).tobytes()
