@@ -130,6 +130,54 @@ def test_one_instance_growing_while_its_peers_stay_flat_fires():
     assert fleet_evidence(two_peers, PARAMS)[0].state == "holding"  # too few to be a comparison
 
 
+def _oom_obs(instance: str, state: str, ttoom_h: float, pct: float, seen_h: float = 7.5) -> Observation:
+    evidence = {
+        "confidence": 0.9999,
+        "pct_per_hour": pct,
+        "time_to_oom_seconds": ttoom_h * HOUR,
+        "span_seconds": seen_h * HOUR,
+    }
+    return Observation(
+        instance, "oom-risk", state, T0 + 8 * HOUR, T0, "projected", "critical", evidence=evidence
+    )
+
+
+def test_several_instances_of_a_rollout_firing_at_once_confirm_each_other():
+    """Three of five firing at one judgement open at once; two of five wait for a second one."""
+    three = [_leak_obs(n, "firing", 1.0, 0.9999, seasonal_adjusted=True) for n in "abc"]
+    rest = [_leak_obs(n, "clear", 0.0, 0.1) for n in "de"]
+    out = {o.instance: o for o in fleet_evidence(three + rest, PARAMS)}
+    assert all(out[n].confirmed for n in "abc") and not out["d"].confirmed
+    assert out["a"].evidence["fleet"]["pattern"] == "fleet-wide"
+    _active, transitions = update([], [replace(out["a"], severity="error")], PARAMS)
+    assert [t.change for t in transitions] == ["opened"]
+    two = fleet_evidence(three[:2] + rest + [_leak_obs("f", "clear", 0.0, 0.1)], PARAMS)
+    assert not any(o.confirmed for o in two)
+    _, transitions = update([], [replace(two[0], severity="error")], PARAMS)
+    assert transitions == []  # pending: one series, one firing judgement
+
+
+def test_an_instance_projected_to_its_limit_like_its_rollout_fires_with_it_and_one_rising_with_the_traffic_does_not():
+    """Four instances fire the safety net (about 5 h left, 1.7 %/h); one is projected alike but
+    just short of the bar; a healthy one rising with the day is projected as far but grows at
+    a third of the rate; one is projected much further off; one is projected alike by a fit that
+    has seen growth for less time than it projects (a daily rise on the window scale alone)."""
+    loud = [_oom_obs(n, "firing", 5.0 + 0.2 * i, 1.7) for i, n in enumerate("abcd")]
+    alike = _oom_obs("e", "holding", 7.0, 1.8)
+    traffic = _oom_obs("f", "holding", 6.0, 0.5)
+    far = _oom_obs("g", "holding", 30.0, 1.6)
+    unseen = _oom_obs("h", "holding", 7.0, 1.8, seen_h=6.0)
+    leaks = [_leak_obs(n, "holding", 1.7) for n in "abcdefgh"]
+    observations = [*loud, alike, traffic, far, unseen, *leaks]
+    out = {(o.instance, o.kind): o for o in fleet_evidence(observations, PARAMS)}
+    promoted = out[("e", "oom-risk")]
+    assert promoted.state == "firing" and promoted.confirmed
+    assert promoted.evidence["fleet"]["growing"] == list("abcd")
+    assert {out[(n, "oom-risk")].state for n in "fgh"} == {"holding"}
+    two_loud = fleet_evidence([*loud[:2], alike, *leaks[:3]], PARAMS)
+    assert [o.state for o in two_loud if o.kind == "oom-risk"] == ["firing", "firing", "holding"]
+
+
 def _fleet(prior_days: float = 0) -> list[InstanceSeries]:
     return [
         cut_at_oom(
@@ -184,6 +232,27 @@ def test_online_the_agent_opens_what_the_replay_opens_at_the_same_times(with_pri
     online = sorted(_online(fleet, prior, cadence=25.0))
     assert online == offline
     assert any(change == "opened" and kind == "leak" for change, _, _, kind, _ in offline)
+
+
+def test_online_a_rollout_that_leaks_together_opens_what_the_replay_opens():
+    """Every instance leaks fast, each at its own rate and limit: the safety net fires in most of
+    the rollout at once, which promotes and confirms the others; the agent sees the same."""
+    fleet = [
+        cut_at_oom(
+            fresh(
+                name=f"pod-{i}",
+                seed=i,
+                leak_pct_h=4.0 * (1 + 0.05 * i),
+                hours=30,
+                limit=(3 + 0.1 * i) * 2**30,
+            )
+        )
+        for i in range(5)
+    ]
+    assert sorted(_online(fleet, None, cadence=25.0)) == _offline(fleet, None)
+    results = analyze_fleet(fleet, PARAMS, learn_history=False)
+    promoted = [f for r in results for f in r.at_open.values() if "fleet" in f.evidence]
+    assert promoted and all(f.evidence["fleet"]["pattern"] == "fleet-wide" for f in promoted)
 
 
 def test_the_prior_book_merges_sources_and_stays_bounded():

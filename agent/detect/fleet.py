@@ -4,7 +4,10 @@ Two patterns are stronger evidence than any one series:
 
 - **fleet-wide leak**: the same growth in most instances of a workload, in the lifetimes they
   began together (a rollout) at most `FRESH` days ago. Once one of them fires, the others that grow alike fire with it,
-  each with its own deadline, so the planner sees them all at once.
+  each with its own deadline, so the planner sees them all at once. Likewise once the safety net
+  fires in most of a rollout, an instance projected to its limit alike (time to OOM and growth
+  rate) fires its oom-risk with them; and when most of a rollout fires on its own at one
+  judgement, the firings confirm each other: their findings open at once.
 - **one instance growing while its peers stay flat**: the peers share its traffic, so its growth
   is not the daily cycle, a launch or a warm-up of the workload; it needs no daily profile.
 
@@ -54,19 +57,31 @@ def _flat(obs: Observation, params: DetectParams) -> bool:
     )
 
 
+def _starters(observations: list[Observation], params: DetectParams) -> list[Observation]:
+    """The leak observations of the instances that fire on their own evidence in a lifetime at most
+    `FRESH` periods old: their leak fires, or their oom-risk does (the safety net) while their
+    leak is seen growing (its rate is what the others are compared with)."""
+    leaks = {o.instance: o for o in observations if o.kind == "leak"}
+    oom = {o.instance for o in observations if o.kind == "oom-risk" and o.state == "firing"}
+    return [
+        o
+        for o in leaks.values()
+        if o.tick - o.lifetime_start <= FRESH * params.season
+        and (o.state == "firing" or (o.instance in oom and _growing(o, params)))
+    ]
+
+
 def fleet_evidence(observations: list[Observation], params: DetectParams) -> list[Observation]:
     """One fleet's observations at one tick, with the fleet's evidence applied: holding leak
-    observations promoted to firing when the fleet's pattern says so (see the module doc)."""
+    observations promoted to firing when the fleet's pattern says so (see the module doc), and
+    firing ones confirmed (they open at once) when at least half (and three) of the instances of
+    their rollout fire on their own at this judgement."""
     leaks = {o.instance: o for o in observations if o.kind == "leak"}
     if len(leaks) < 2:
         return observations
     rollout = ROLLOUT * params.window / DetectParams().window
     out: list[Observation] = []
-    firing = [
-        o
-        for o in leaks.values()
-        if o.state == "firing" and o.tick - o.lifetime_start <= FRESH * params.season
-    ]
+    firing = _starters(observations, params)
     for obs in observations:
         if obs.kind != "leak" or obs.state != "holding" or not _growing(obs, params):
             out.append(obs)
@@ -96,6 +111,102 @@ def fleet_evidence(observations: list[Observation], params: DetectParams) -> lis
             out.append(_promoted(obs, params, "alone", [obs.instance], len(leaks)))
         else:
             out.append(obs)
+    own = {o.instance: o.lifetime_start for o in firing} | {
+        o.instance: o.lifetime_start
+        for o in observations
+        if o.kind == "oom-risk" and o.state == "firing" and o.tick - o.lifetime_start <= FRESH * params.season
+    }
+    return _confirmed(_bound_together(out, params), own, params)
+
+
+def _bound_together(observations: list[Observation], params: DetectParams) -> list[Observation]:
+    """Holding oom-risk observations promoted when at least half (and three) of the instances of
+    their rollout are projected to their limits by the safety net at this judgement and this one
+    is projected alike: a time to OOM and a growth rate each within `ALIKE` of those instances'
+    medians, by a fit that has seen growth for at least as long as the time it projects (the
+    safety net's own bar before the daily profile is known). The rollout's trajectory stands in
+    for the steadiness this instance's fit lacks (the tail of its warm-up ahead of its leak),
+    never for projecting further than its growth was seen: a healthy instance near its limit that
+    only rises with the traffic (its window rising, its wider scales flat) stays as it is."""
+    rollout = ROLLOUT * params.window / DetectParams().window
+    ooms = [
+        o
+        for o in observations
+        if o.kind == "oom-risk"
+        and o.tick - o.lifetime_start <= FRESH * params.season
+        and o.evidence.get("time_to_oom_seconds") is not None
+    ]
+    loud = [o for o in ooms if o.state == "firing"]
+    if len(loud) < FLEET_MIN:
+        return observations
+    out = []
+    for obs in observations:
+        if obs not in ooms or obs.state != "holding":
+            out.append(obs)
+            continue
+        together = [o for o in ooms if abs(o.lifetime_start - obs.lifetime_start) <= rollout]
+        bound = [o for o in loud if o in together]
+        seen = obs.evidence.get("span_seconds") or 0.0
+        if (
+            len(bound) < max(FLEET_MIN, math.ceil(FLEET_SHARE * len(together)))
+            or seen < obs.evidence["time_to_oom_seconds"]
+            or not all(
+                _alike(obs.evidence.get(key) or 0.0, [o.evidence.get(key) or 0.0 for o in bound])
+                for key in ("time_to_oom_seconds", "pct_per_hour")
+            )
+        ):
+            out.append(obs)
+            continue
+        ttoom = obs.evidence["time_to_oom_seconds"]
+        fleet = {
+            "pattern": "fleet-wide",
+            "growing": sorted(o.instance for o in bound)[:50],
+            "instances": len(together),
+        }
+        why = f"{len(bound)} of the {len(together)} instances of its rollout are projected to their limits alike"
+        out.append(
+            replace(
+                obs,
+                state="firing",
+                severity="critical" if ttoom < params.horizon / 4 else "error",
+                summary=f"{obs.summary}; {why}",
+                evidence=obs.evidence | {"fleet": fleet},
+            )
+        )
+    return out
+
+
+def _alike(value: float, others: list[float]) -> bool:
+    ordered = sorted(others)
+    typical = ordered[len(ordered) // 2]
+    return typical > 0 and ALIKE[0] * typical <= value <= ALIKE[1] * typical
+
+
+def _confirmed(
+    observations: list[Observation], starts: dict[str, float], params: DetectParams
+) -> list[Observation]:
+    """Firing leak and oom-risk observations confirmed by their rollout: at least half (and three)
+    of the instances that began within `ROLLOUT` of them fire on their own at this judgement.
+    One series firing twice an hour apart is the lifecycle's confirmation; that many series
+    firing at once is a stronger one, so their findings open at once."""
+    if len(starts) < FLEET_MIN:
+        return observations
+    rollout = ROLLOUT * params.window / DetectParams().window
+    lifetimes = {o.instance: o.lifetime_start for o in observations if o.kind == "leak"}
+    out = []
+    for obs in observations:
+        if obs.kind in ("leak", "oom-risk") and obs.state == "firing" and obs.instance in lifetimes:
+            start = lifetimes[obs.instance]
+            together = sum(1 for s in lifetimes.values() if abs(s - start) <= rollout)
+            firing = sorted(i for i, s in starts.items() if abs(s - start) <= rollout)
+            if len(firing) >= max(FLEET_MIN, math.ceil(FLEET_SHARE * together)):
+                fleet = obs.evidence.get("fleet") or {
+                    "pattern": "fleet-wide",
+                    "growing": firing[:50],
+                    "instances": together,
+                }
+                obs = replace(obs, confirmed=True, evidence=obs.evidence | {"fleet": fleet})
+        out.append(obs)
     return out
 
 
@@ -193,11 +304,16 @@ def _needs_everyone(
 ) -> list[int] | None:
     """Which quiet instances (judged to nothing) the fleet's evidence needs judged in full at this
     tick to see what the agent sees; None when no promotion is possible at all. A fleet-wide leak
-    needs a firing leak and reads the instances that started in the same rollout; one instance
+    needs a firing leak or oom-risk and reads the instances that started in the same rollout; one instance
     growing alone needs exactly one loud instance whose leak is not flat, and reads all."""
     leaks = [o for obs in per.values() for o in obs if o.kind == "leak"]
     quiet = [i for i, obs in per.items() if not obs]
-    firing = [o for o in leaks if o.state == "firing" and o.tick - o.lifetime_start <= FRESH * params.season]
+    judged = [o for obs in per.values() for o in obs]
+    firing = _starters(judged, params) + [
+        o
+        for o in judged
+        if o.kind == "oom-risk" and o.state == "firing" and o.tick - o.lifetime_start <= FRESH * params.season
+    ]
     rollout = ROLLOUT * params.window / DetectParams().window
     needed: set[int] = set()
     if firing:

@@ -1,7 +1,9 @@
 """Finding lifecycle with hysteresis, as a pure function: pending → open → resolved.
 
 A finding opens after `open_after` firing judgements with no clear one in between (at once when
-it is critical: an OOM within a quarter of the horizon cannot wait for confirmation), and
+it is critical: an OOM within a quarter of the horizon cannot wait for confirmation; or when the
+fleet confirms it: several instances of its rollout firing at once are a stronger confirmation
+than one series firing twice), and
 resolves after `resolve_after` clear judgements in a row; `holding` judgements (between the two
 confidence thresholds) change nothing, so a finding near the threshold does not flap. A new
 process lifetime resolves the findings of the old one: the restart was the remedy.
@@ -92,7 +94,7 @@ def _fire(finding: Finding | None, obs: Observation, params: DetectParams, out: 
     kept = {key: finding.evidence[key] for key in EXPLANATION_KEYS if key in finding.evidence}
     finding.evidence = dict(obs.evidence) | kept
     if finding.state == "pending" and (
-        finding.fire_streak >= params.open_after or obs.severity == "critical"
+        finding.fire_streak >= params.open_after or obs.severity == "critical" or obs.confirmed
     ):
         finding.state = "open"
         finding.opened_at = obs.tick

@@ -78,7 +78,9 @@ class Observation:
 
     `state` is `firing` (evidence strong enough to open), `clear` (clearly gone), `holding`
     (between the two thresholds: keep whatever is there) or `unknown` (cannot judge; `summary`
-    says why). `lifetime_start` tells the lifecycle when the process restarted.
+    says why). `lifetime_start` tells the lifecycle when the process restarted. `confirmed`: the
+    fleet's evidence confirms a firing observation (several instances of one rollout fire at
+    this judgement), so its finding opens at once, as a critical one does.
     """
 
     instance: str
@@ -90,6 +92,7 @@ class Observation:
     severity: Severity = "info"
     verdict: Verdict | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
+    confirmed: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
