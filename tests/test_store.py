@@ -71,7 +71,7 @@ def test_rollups_stay_exact_across_flushes_and_reopen(tmp_path):
     store = Store(tmp_path)
     store.add_samples([Sample("a", "m", bucket + 3, 60.0)])
     store.flush()
-    row = store._reader().execute("SELECT min, max, sum, count FROM rollups").fetchone()
+    row = store.query("SELECT min, max, sum, count FROM rollups")[0]
     assert row == (10.0, 60.0, 90.0, 3)
 
 
@@ -181,3 +181,38 @@ def test_readers_of_ended_threads_are_closed_and_their_cache_is_bounded(tmp_path
     assert set(caches) == {-READER_CACHE_KIB}
     store.close()
     assert store.reader_count() == 0
+
+
+def test_readers_are_as_many_as_read_at_once_not_one_per_thread(tmp_path):
+    # the agent's job threads and API workers take turns: a reader is lent per read, so ten threads
+    # reading one after the other share one connection, and two reading at once get two
+    store = Store(tmp_path)
+    fill(store, 60)
+    for _ in range(10):
+        thread = threading.Thread(target=lambda: store.series("a", "rss_bytes", T0 - 60, now=T0))
+        thread.start()
+        thread.join()
+    assert store.reader_count() == 1
+
+    inside, release = threading.Barrier(3), threading.Event()
+
+    def read_slowly() -> None:
+        with store._reader() as db:
+            inside.wait(5)
+            release.wait(5)
+            assert db.execute("SELECT COUNT(*) FROM samples").fetchone() == (60,)
+
+    threads = [threading.Thread(target=read_slowly) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    inside.wait(5)
+    assert store.reader_count() == 2
+    assert store.query("PRAGMA cache_size") == [(-READER_CACHE_KIB,)]  # a third, while both are lent
+    release.set()
+    for thread in threads:
+        thread.join()
+    assert store.reader_count() == 3
+    store.close()
+    assert store.reader_count() == 0
+    with pytest.raises(StoreError, match="closed"):
+        store.query("SELECT 1")

@@ -107,10 +107,13 @@ class Store:
         self.dropped = 0  # samples given up after the buffer filled while writes failed
         self.write_error: str | None = None  # the last failed flush, until one succeeds
         self._series_ids: dict[str, dict[str, int]] = {}  # instance → metric → id: no pair tuple per series
-        self._local = threading.local()
-        # each thread's reader, with its thread: a thread that ended (anyio's API workers end after
-        # 10 s idle, and the next request starts a new one) has its connection closed
-        self._readers: list[tuple[threading.Thread, sqlite3.Connection]] = []
+        # reader connections, lent to one read at a time: as many as ever read at once (one or two),
+        # not one per thread that ever read (the executor's job threads, anyio's API workers that end
+        # after 10 s idle and are replaced), each with its own schema copy and page cache
+        self._idle_readers: list[sqlite3.Connection] = []
+        self._open_readers = 0
+        self._readers_lock = threading.Lock()
+        self._closed = False
         try:
             if self.dir.exists() and not self.dir.is_symlink() and not self.dir.is_dir():
                 raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(self.dir))
@@ -133,32 +136,39 @@ class Store:
         db.execute("PRAGMA busy_timeout=10000")
         return db
 
-    def _reader(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
+    @contextmanager
+    def _reader(self) -> Iterator[sqlite3.Connection]:
+        """A reader connection for one read (an idle one, the most recently used first: its cache is
+        warm), given back when the read is done."""
+        with self._readers_lock:
+            if self._closed:
+                raise StoreError(f"the state database {self.path} is closed")
+            db = self._idle_readers.pop() if self._idle_readers else None
+            if db is None:
+                self._open_readers += 1
         if db is None:
-            db = self._connect()
-            db.execute("PRAGMA query_only=1")
-            db.execute(f"PRAGMA cache_size=-{READER_CACHE_KIB}")
-            self._local.db = db
-            with self._lock:
-                self._close_ended_readers()
-                self._readers.append((threading.current_thread(), db))
-        return db
-
-    def _close_ended_readers(self) -> None:
-        """Close the readers of threads that ended (under the writer lock): only their thread used them."""
-        alive: list[tuple[threading.Thread, sqlite3.Connection]] = []
-        for thread, db in self._readers:
-            if thread.is_alive():
-                alive.append((thread, db))
-            else:
-                db.close()
-        self._readers = alive
+            try:
+                db = self._connect()
+                db.execute("PRAGMA query_only=1")
+                db.execute(f"PRAGMA cache_size=-{READER_CACHE_KIB}")
+            except BaseException:
+                with self._readers_lock:
+                    self._open_readers -= 1
+                raise
+        try:
+            yield db
+        finally:
+            with self._readers_lock:
+                if self._closed:
+                    self._open_readers -= 1
+                    db.close()
+                else:
+                    self._idle_readers.append(db)
 
     def reader_count(self) -> int:
-        """Open reader connections: one per live thread that has read."""
-        with self._lock:
-            return len(self._readers)
+        """Open reader connections: as many as read at the same time, at most."""
+        with self._readers_lock:
+            return self._open_readers
 
     def _check_version(self) -> None:
         row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
@@ -190,17 +200,21 @@ class Store:
 
     def query(self, sql: str, args: tuple | list = ()) -> list[tuple]:
         """Read-only rows from this thread's reader connection."""
-        return self._reader().execute(sql, args).fetchall()
+        with self._reader() as db:
+            return db.execute(sql, args).fetchall()
 
     def close(self) -> None:
         """Flush and close; the connections are closed even when the final flush fails (`StoreError`)."""
         try:
             self.flush()
         finally:
-            with self._lock:
-                for _, db in self._readers:
+            with self._readers_lock:
+                self._closed = True
+                for db in self._idle_readers:
                     db.close()
-                self._readers.clear()
+                self._open_readers -= len(self._idle_readers)
+                self._idle_readers.clear()
+            with self._lock:
                 self._db.close()
 
     # ----------------------------------------------------------------------------- samples
@@ -272,10 +286,9 @@ class Store:
         return sid
 
     def metrics(self, instance: str) -> list[str]:
-        rows = self._reader().execute(
-            "SELECT metric FROM series WHERE instance=? ORDER BY metric", (instance,)
-        )
-        return [r[0] for r in rows]
+        with self._reader() as db:
+            rows = db.execute("SELECT metric FROM series WHERE instance=? ORDER BY metric", (instance,))
+            return [r[0] for r in rows]
 
     def series(
         self,
@@ -298,7 +311,20 @@ class Store:
         span = max(until - since, 0.0)
         step = max(step or 0.0, span / max_points if max_points else 0.0)
         use_raw = since >= now - self.raw_retention and step < ROLLUP_SECONDS
-        db = self._reader()
+        with self._reader() as db:
+            return self._series(db, instance, metric, since, until, step, agg, use_raw)
+
+    def _series(
+        self,
+        db: sqlite3.Connection,
+        instance: str,
+        metric: str,
+        since: float,
+        until: float,
+        step: float,
+        agg: Aggregate,
+        use_raw: bool,
+    ) -> SeriesResult:
         row = db.execute("SELECT id FROM series WHERE instance=? AND metric=?", (instance, metric)).fetchone()
         if row is None:
             return SeriesResult(instance, metric, step, "raw" if use_raw else "rollup", [])
@@ -327,15 +353,12 @@ class Store:
         return SeriesResult(instance, metric, step, "rollup", [(float(ts), v) for ts, v in cur])
 
     def latest(self, instance: str, metric: str) -> tuple[float, float] | None:
-        row = (
-            self._reader()
-            .execute(
+        with self._reader() as db:
+            row = db.execute(
                 """SELECT ts, value FROM samples WHERE series_id =
                      (SELECT id FROM series WHERE instance=? AND metric=?) ORDER BY ts DESC LIMIT 1""",
                 (instance, metric),
-            )
-            .fetchone()
-        )
+            ).fetchone()
         return (row[0], row[1]) if row else None
 
     # ----------------------------------------------------------------------------- events
@@ -377,10 +400,11 @@ class Store:
         order = "ASC" if after_id is not None else "DESC"
         sql = f"SELECT id, ts, instance, kind, severity, message, data FROM events{where} ORDER BY id {order} LIMIT ?"
         args.append(max(1, min(limit, 10_000)))
-        return [
-            Event(kind=k, message=m, instance=i, severity=s, data=json.loads(d), ts=ts, id=eid)
-            for eid, ts, i, k, s, m, d in self._reader().execute(sql, args)
-        ]
+        with self._reader() as db:
+            return [
+                Event(kind=k, message=m, instance=i, severity=s, data=json.loads(d), ts=ts, id=eid)
+                for eid, ts, i, k, s, m, d in db.execute(sql, args)
+            ]
 
     # ----------------------------------------------------------------------------- instances
     def remember_instance(self, name: str, pid: int | None, start_time: float | None, now: float) -> None:
@@ -415,10 +439,9 @@ class Store:
             log.error("%s; carrying on without it", self.write_error)
 
     def known_instances(self) -> dict[str, InstanceRecord]:
-        rows = self._reader().execute(
-            "SELECT name, pid, start_time, first_seen, last_seen, restarts FROM instances"
-        )
-        return {r[0]: InstanceRecord(*r) for r in rows}
+        with self._reader() as db:
+            rows = db.execute("SELECT name, pid, start_time, first_seen, last_seen, restarts FROM instances")
+            return {r[0]: InstanceRecord(*r) for r in rows}
 
     # ----------------------------------------------------------------------------- retention
     def enforce_retention(self, now: float, raw_retention: float, rollup_retention: float) -> dict[str, int]:
