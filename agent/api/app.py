@@ -6,6 +6,7 @@ that SQLite reads run in the server's thread pool, off the event loop.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
@@ -46,6 +47,17 @@ MAX_ID = 2**63 - 1  # SQLite's INTEGER
 EARLIEST, LATEST = 0.0, 4102444800.0  # 1970 to 2100: any other time is a typo
 RECEIVER_SLACK = 64 * 1024  # the receiver counts its own max_body (and its 413 metric); this is a backstop
 log = logging.getLogger("medic.api")
+# FastAPI 0.165 traces, measures and logs every request through OpenTelemetry as soon as a global
+# provider exists (one an auto-instrumentation wrapper sets up in the pod, say), and sets up OTLP
+# exporters from OTEL_* variables when FASTAPI_OTEL_AUTO_CONFIGURE=true: the agent exports its own
+# /metrics and never sends spans or logs elsewhere because of its environment
+NO_OPENTELEMETRY = {
+    "tracing": False,
+    "metrics": False,
+    "logs": False,
+    "operation_spans": False,
+    "auto_configure": False,
+}
 
 
 @dataclass
@@ -107,9 +119,18 @@ def _field_name(part: object) -> str:
     )
 
 
+def _without_opentelemetry() -> dict[str, Any]:
+    """`telemetry=` all off where FastAPI has it (0.165 on); an older FastAPI has no telemetry at all."""
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters:
+        return {"telemetry": dict(NO_OPENTELEMETRY)}
+    return {}
+
+
 def create_app(ctx: ApiContext) -> FastAPI:
     # no Swagger UI or ReDoc: they load from a CDN; the schema stays at /openapi.json
-    app = FastAPI(title="sidecar-medic", version=__version__, docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="sidecar-medic", version=__version__, docs_url=None, redoc_url=None, **_without_opentelemetry()
+    )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
