@@ -1,9 +1,9 @@
 """SQLite (WAL) state of the agent: raw samples, 1-minute rollups, the event log and known instances.
 
 One writer connection behind a lock (probes, flushes and events come from several threads);
-readers get a connection per thread, which WAL lets run beside the writer. Samples are
-buffered and written in batches by `flush()`; rollups are merged in the same transaction,
-so they stay exact across agent restarts. Events are written at once: they are rare and
+each read borrows a reader connection from a pool (as many as read at once), which WAL lets run
+beside the writer. Samples are buffered and written in batches by `flush()`; rollups are merged in
+the same transaction, so they stay exact across agent restarts. Events are written at once: they are rare and
 must not be lost. The directory is private (0700, medic's own, never a symlink) and the files
 in it are created 0600 with `O_EXCL | O_NOFOLLOW` (`probes.linux.fstrust`). On a full disk the
 agent keeps running: a failed flush keeps its samples (up to `MAX_BUFFERED`) for the next one and
@@ -33,9 +33,9 @@ from probes.linux.fstrust import ensure_private_dir, ensure_private_file
 
 log = logging.getLogger("medic.store")
 SCHEMA_VERSION = 1
-# each thread's reader connection keeps at most this page cache (SQLite's default is 2 MiB per
-# connection, and the agent's worker threads each hold one): what a detection pass reads again is
-# the recent rows of the instances it judges, and the OS page cache holds the rest of the file
+# each reader connection keeps at most this page cache (SQLite's default is 2 MiB per connection):
+# what a detection pass reads again is the recent rows of the instances it judges, and the OS page
+# cache holds the rest of the file
 READER_CACHE_KIB = 512
 ROLLUP_SECONDS = 60
 # samples kept in memory while the database cannot be written (disk full): the oldest go beyond this
@@ -199,7 +199,7 @@ class Store:
             self._db.execute("COMMIT")
 
     def query(self, sql: str, args: tuple | list = ()) -> list[tuple]:
-        """Read-only rows from this thread's reader connection."""
+        """Read-only rows, through a reader connection."""
         with self._reader() as db:
             return db.execute(sql, args).fetchall()
 
