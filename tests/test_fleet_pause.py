@@ -336,6 +336,17 @@ def restarts(agent: AgentRunner, name: str) -> list[dict]:
     return [e for e in agent.events(kind="instance_restarted") if e["instance"] == name]
 
 
+def wait_held(agent: AgentRunner, name: str, reason: str) -> None:
+    """Until the instance has a leak finding and a remediation decision held for `reason`."""
+    wait_until(lambda: agent.get("/api/v1/findings", kind="leak", instance=name)["findings"], 90)
+
+    def held() -> bool:
+        decisions = agent.get("/api/v1/decisions", instance=name)["decisions"]
+        return any(reason in (d.get("reason") or "") for d in decisions)
+
+    wait_until(held, 60, interval=0.5)
+
+
 @pytest.mark.slow
 def test_medic_pause_fleet_on_one_agent_holds_the_other_agents_leak_restart_until_resume(
     agent, spawn, tmp_path
@@ -354,13 +365,7 @@ def test_medic_pause_fleet_on_one_agent_holds_the_other_agents_leak_restart_unti
         reply = json.loads(paused.stdout)
         assert reply["scope"] == "fleet" and reply["paused"]["reason"] == "INC-12: hands off"
         first_pid = other.instance("leaky")["pid"]
-        wait_until(lambda: other.get("/api/v1/findings", kind="leak", instance="leaky")["findings"], 90)
-
-        def held() -> bool:
-            decisions = other.get("/api/v1/decisions", instance="leaky")["decisions"]
-            return any("paused fleet-wide" in (d.get("reason") or "") for d in decisions)
-
-        wait_until(held, 60, interval=0.5)
+        wait_held(other, "leaky", "paused fleet-wide")
         assert other.instance("leaky")["pid"] == first_pid and not restarts(other, "leaky")
         for runner in (agent, other):
             plan = runner.cli("plan", token=False)
@@ -464,13 +469,7 @@ def test_an_agent_with_a_damaged_coordinator_file_runs_restarts_nothing_and_heal
     leak = workload_argv("leak", "--rate", "4Mi", "--every", "0.05s", "--cap", "300Mi")
     agent.start(agent_config("leaky", leak, coordinator))
     first_pid = agent.instance("leaky")["pid"]
-    wait_until(lambda: agent.get("/api/v1/findings", kind="leak", instance="leaky")["findings"], 90)
-
-    def held() -> bool:
-        decisions = agent.get("/api/v1/decisions", instance="leaky")["decisions"]
-        return any("damaged or not medic's" in (d.get("reason") or "") for d in decisions)
-
-    wait_until(held, 60, interval=0.5)
+    wait_held(agent, "leaky", "damaged or not medic's")
     assert agent.instance("leaky")["pid"] == first_pid and not restarts(agent, "leaky")
     damaged.rename(shared / "coordinator.db.damaged")  # what the message says to do
     wait_until(lambda: restarts(agent, "leaky"), 90, interval=0.5)
