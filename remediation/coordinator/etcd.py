@@ -54,7 +54,7 @@ from remediation.coordinator.base import (
     fleet_pause_decision,
     read_pause,
 )
-from remediation.coordinator.etcd_gateway import EtcdGateway, b64
+from remediation.coordinator.etcd_gateway import EtcdGateway, answer_revision, b64
 from remediation.coordinator.etcd_security import EtcdSecurity
 from remediation.coordinator.etcd_watch import KeyWatch, wait_fresh
 from remediation.errors import CoordinatorError, CoordinatorUnavailable, LeaseLost
@@ -417,7 +417,7 @@ class EtcdCoordinator(Coordinator):
         if not data.get("succeeded"):
             self._revoke_quietly(lease)
             return None
-        leadership = Leadership(agent, int(data.get("header", {}).get("revision", 0)), self.clock())
+        leadership = Leadership(agent, answer_revision(data), self.clock())
         written = {}
         for kv in gw.range_prefix(self.base + "grants/")[0]:
             written[kv["key"][len(self.base + "grants/") :]] = kv["value"]

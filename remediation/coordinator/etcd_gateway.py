@@ -50,6 +50,29 @@ def unb64(text: str) -> str:
     return base64.b64decode(text).decode()
 
 
+def answer_list(data: dict[str, Any], name: str) -> list[Any]:
+    """An answer's list field (absent: empty); a `CoordinatorError` when it is something else."""
+    value = data.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise CoordinatorError(f"etcd answered {name} that is not a list: {str(value)[:80]!r}")
+    return value
+
+
+def answer_int(data: Any, name: str) -> int:
+    """An answer's integer field (etcd writes them as strings; absent: 0); a `CoordinatorError` else."""
+    try:
+        return int(data.get(name, 0) or 0)
+    except (AttributeError, TypeError, ValueError):
+        raise CoordinatorError(f"etcd answered a {name} that is not a number") from None
+
+
+def answer_revision(data: dict[str, Any]) -> int:
+    """The revision of an answer's header (0 when absent)."""
+    return answer_int(data.get("header") or {}, "revision")
+
+
 def prefix_end(prefix: str) -> str:
     """The `range_end` that covers every key starting with `prefix` (last byte + 1), base64."""
     raw = bytearray(prefix.encode())
@@ -221,22 +244,26 @@ class EtcdGateway:
     def range_prefix(self, prefix: str) -> tuple[list[dict[str, Any]], int]:
         """Every kv under `prefix` (key and value decoded), and the revision of the read."""
         data = self.call("kv/range", {"key": b64(prefix), "range_end": prefix_end(prefix)})
-        return [self._kv(kv) for kv in data.get("kvs", [])], int(data.get("header", {}).get("revision", 0))
+        return [self._kv(kv) for kv in answer_list(data, "kvs")], answer_revision(data)
 
     def get(self, key: str) -> dict[str, Any] | None:
         data = self.call("kv/range", {"key": b64(key)})
-        kvs = data.get("kvs", [])
+        kvs = answer_list(data, "kvs")
         return self._kv(kvs[0]) if kvs else None
 
     @staticmethod
-    def _kv(kv: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "key": unb64(kv.get("key", "")),
-            "value": unb64(kv.get("value", "")),
-            "create_revision": int(kv.get("create_revision", 0)),
-            "mod_revision": int(kv.get("mod_revision", 0)),
-            "lease": int(kv.get("lease", 0)),
-        }
+    def _kv(kv: Any) -> dict[str, Any]:
+        """One key-value of an answer; a `CoordinatorError` when it is not of etcd's shape."""
+        try:
+            return {
+                "key": unb64(kv.get("key", "")),
+                "value": unb64(kv.get("value", "")),
+                "create_revision": int(kv.get("create_revision", 0)),
+                "mod_revision": int(kv.get("mod_revision", 0)),
+                "lease": int(kv.get("lease", 0)),
+            }
+        except (AttributeError, TypeError, ValueError) as exc:  # base64, UTF-8 and int errors are ValueErrors
+            raise CoordinatorError(f"etcd sent a key-value that is not etcd's ({exc})") from None
 
     def txn(self, compare: list[dict], success: list[dict], failure: list[dict] | None = None) -> bool:
         data = self.call("kv/txn", {"compare": compare, "success": success, "failure": failure or []})
@@ -266,7 +293,7 @@ class EtcdGateway:
     # ----------------------------------------------------------------------------- leases
     def grant(self, ttl: float) -> tuple[int, int]:
         data = self.call("lease/grant", {"TTL": str(max(2, round(ttl)))})
-        lease, granted = int(data.get("ID", 0)), int(data.get("TTL", 0))
+        lease, granted = answer_int(data, "ID"), answer_int(data, "TTL")
         if not lease:
             raise CoordinatorError(f"etcd granted no lease: {data}")
         return lease, granted
@@ -274,7 +301,7 @@ class EtcdGateway:
     def keepalive(self, lease: int) -> int:
         """The lease's renewed TTL in seconds; 0 when it no longer exists."""
         data = self.call("lease/keepalive", {"ID": str(lease)})
-        return int(data.get("result", {}).get("TTL", 0))
+        return answer_int(data.get("result") or {}, "TTL")
 
     def revoke(self, lease: int) -> None:
         self.call("lease/revoke", {"ID": str(lease)}, missing_ok=True)

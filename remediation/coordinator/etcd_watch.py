@@ -23,7 +23,14 @@ from typing import Any
 
 import httpx
 
-from remediation.coordinator.etcd_gateway import EtcdGateway, b64, prefix_end, unb64
+from remediation.coordinator.etcd_gateway import (
+    EtcdGateway,
+    answer_int,
+    answer_list,
+    answer_revision,
+    b64,
+    prefix_end,
+)
 from remediation.errors import CoordinatorError
 
 log = logging.getLogger("medic.remediation.etcd")
@@ -104,12 +111,13 @@ class KeyWatch:
             body["range_end"] = prefix_end(self.key)
         data = self.gateway.call("kv/range", body)
         kvs = {}
-        for raw in data.get("kvs", []):
+        for raw in answer_list(data, "kvs"):
             kv = self.gateway._kv(raw)
             kvs[kv.pop("key")] = kv
+        revision = answer_revision(data)
         with self._lock:
             self._kvs = kvs
-            self.revision = int(data.get("header", {}).get("revision", 0))
+            self.revision = revision
         self._changed()
 
     def _changed(self) -> None:
@@ -134,6 +142,8 @@ class KeyWatch:
                     log.debug("etcd watch %s: re-read failed: %s", self.key, exc)
             except (httpx.HTTPError, ValueError, OSError) as exc:  # resumes from self.revision
                 log.debug("etcd watch %s: %s", self.key, exc)
+            except Exception:  # a bug must not end the watch: it stays stale (fail closed) and retries
+                log.exception("etcd watch %s failed", self.key)
             self._fresh = False
             if self._stop.wait(backoff):
                 return
@@ -179,29 +189,29 @@ class KeyWatch:
         result = message.get("result")
         if not isinstance(result, dict):
             raise ValueError("etcd watch sent no result")
-        if int(result.get("compact_revision", 0) or 0) > 0:
+        if answer_int(result, "compact_revision") > 0:
             raise _Compacted()
         if result.get("canceled"):
             raise CoordinatorError(f"etcd cancelled the watch: {result.get('cancel_reason', '?')}")
-        changed = False
+        events = []  # read whole before any is applied: a message is applied entirely or not at all
+        for event in answer_list(result, "events"):
+            if not isinstance(event, dict):
+                raise ValueError("etcd watch sent an event that is not an object")
+            kv = self.gateway._kv(event.get("kv") or {})
+            events.append((kv.pop("key"), None if event.get("type") == "DELETE" else kv, kv["mod_revision"]))
+        header = answer_revision(result)
         with self._lock:
-            for event in result.get("events", []):
-                raw = event.get("kv", {})
-                key = unb64(raw.get("key", ""))
-                if event.get("type") == "DELETE":
+            for key, kv, revision in events:
+                if kv is None:
                     self._kvs.pop(key, None)
                 else:
-                    kv = self.gateway._kv(raw)
-                    kv.pop("key")
                     self._kvs[key] = kv
-                self.revision = max(self.revision, int(raw.get("mod_revision", 0)))
-                changed = True
-            header = int(result.get("header", {}).get("revision", 0) or 0)
-            if not result.get("events") and not result.get("created") and header:
+                self.revision = max(self.revision, revision)
+            if not events and not result.get("created") and header:
                 # a progress notification: nothing before `header` is missing
                 self.revision = max(self.revision, header)
         self._fresh = True
-        if changed:
+        if events:
             self._changed()
 
 
