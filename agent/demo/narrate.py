@@ -174,6 +174,11 @@ class Narrator:
     _succeeded: set[str] = field(default_factory=set)  # restarted, "memory back to" not told yet
     _last_status: float = 0.0
 
+    @property
+    def restarts_untold(self) -> bool:
+        """A restart under way, or done with its server not yet seen back with its memory."""
+        return bool(self._before)
+
     def poll(self, now: float) -> list[Line]:
         new: list[Line] = []
         self._events(new)
