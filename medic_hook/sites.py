@@ -14,7 +14,9 @@ A site is named by the innermost frame outside the standard library: an `int` ma
 change (the traceback still shows the whole path). An allocation made entirely in the standard library
 keeps its innermost frame.
 
-Allocations made by the hook itself (any frame in this package, or in tracemalloc) are left out.
+Allocations made by the hook itself (any frame in this package, or in tracemalloc) are left out. So
+that they can be, tracing records at least `OWN_DEPTH` frames whatever was asked (the hook's reply is
+encoded three frames deep inside the json module); a traceback shown keeps the frames asked for.
 A snapshot copies the trace table and groups it under the GIL, a few µs per live traced allocation
 (docs/performance.md); the memory budget bounds that too (about 50 bytes of tracemalloc's tables per
 trace: 16 MiB is some 300,000 traces).
@@ -34,6 +36,7 @@ from medic_hook.errors import RequestError
 
 DEFAULT_FRAMES = 5
 MAX_FRAMES = 25
+OWN_DEPTH = 4  # frames that reach the hook from an allocation in its reply: json's three and the hook's
 DEFAULT_DURATION_S = 900.0
 MAX_DURATION_S = 6 * 3600.0
 DEFAULT_MAX_MEMORY = 16 * 2**20
@@ -80,7 +83,7 @@ def start(frames: int, duration_s: float, max_memory: int) -> dict[str, Any]:
         elif tracemalloc.is_tracing():
             _session = _Session(False, tracemalloc.get_traceback_limit(), time.time(), deadline, max_memory)
         else:
-            tracemalloc.start(frames)
+            tracemalloc.start(max(frames, OWN_DEPTH))
             _session = _Session(True, frames, time.time(), deadline, max_memory)
     return status()
 
@@ -201,12 +204,14 @@ def snapshot(top: int) -> dict[str, Any]:
             row[2], row[3] = stat.size, stat.traceback
     del statistics
     ranked = sorted(sites.items(), key=lambda item: (-item[1][0], item[0]))[:top]
+    session = _session
+    shown = session.frames if session is not None else MAX_FRAMES
     rows = [
         {
             "site": f"{filename}:{lineno}",
             "bytes": size,
             "count": count,
-            "traceback": [f"{f.filename}:{f.lineno}" for f in reversed(traceback)],
+            "traceback": [f"{f.filename}:{f.lineno}" for f in reversed(traceback)][:shown],
         }
         for (filename, lineno), (size, count, _, traceback) in ranked
     ]

@@ -99,6 +99,22 @@ def test_sites_name_the_line_that_fills_the_cache_and_the_session_stops_clean(ho
     assert host.counts()["tracing"] is False  # tracemalloc itself is stopped: its memory is freed
 
 
+def test_one_frame_asked_still_tells_the_hook_s_own_allocations_apart(host):
+    """Tracing records at least four frames (the hook's replies are encoded three frames deep in json),
+    and a traceback shows the one asked for."""
+    host = host("leak")
+    started = host.hook.request("sites_start", frames=1, duration_s=60)
+    assert started["frames"] == 1
+    for _ in range(3):
+        host.command("fill 20")
+        host.hook.request("histogram", top=200)  # a large reply, encoded by the hook while tracing
+        reply = host.hook.request("sites", top=20)
+        assert reply["sites"][0]["site"] == fill_line()
+        assert all(len(site["traceback"]) == 1 for site in reply["sites"])
+        assert not [s for s in reply["sites"] if "json" in s["site"]], reply["sites"]
+    host.hook.request("sites_stop")
+
+
 def test_the_session_stops_itself_when_a_budget_runs_out(host):
     host = host("leak", size=64)
     host.hook.request("sites_start", duration_s=1)
