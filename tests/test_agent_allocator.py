@@ -9,11 +9,11 @@ import httpx
 import pytest
 
 from native_hooks.workloads import TargetIO, build_c_target, target_env
+from support.compressed import FAST
 from support.procs import wait_until
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
 MiB = 2**20
-FAST = {"interval": "0.2s", "slow_interval": "1s", "flush_interval": "0.3s"}
 
 
 def test_purge_through_the_agent_returns_memory_and_is_guarded(agent, spawn, tmp_path):

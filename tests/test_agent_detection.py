@@ -8,17 +8,11 @@ import subprocess
 
 import pytest
 
+from support.compressed import DETECT
 from support.procs import PYTHON, REPO, wait_until, workload_argv
 
 pytestmark = pytest.mark.slow
 LIMIT = 320 * 2**20
-# the production detector on a compressed time axis: a 24 s window (1 s buckets), judged every 4 s.
-# Before a daily profile is known the detector speaks only when the limit is near (under horizon / 8)
-# and within 5 times the history it has seen, so the leak runs against a limit about 100 s away.
-DETECT = {
-    "interval": "0.5s",
-    "memory": {"window": "24s", "long_window": "48s", "warmup": "2s", "season": "6s", "horizon": "30m"},
-}
 
 
 def config() -> dict:

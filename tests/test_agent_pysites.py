@@ -19,18 +19,13 @@ from pathlib import Path
 import pytest
 
 from native_hooks.workloads import ensure_shim
+from support.compressed import DETECT, FAST
 from support.histo import build_c, clean_env
 from support.procs import PYTHON, REPO, wait_until
 
 pytestmark = pytest.mark.slow
 SERVICE = Path(__file__).parent / "support" / "pyservice.py"
 LIMIT = 320 * 2**20
-FAST = {"interval": "0.2s", "slow_interval": "1s", "flush_interval": "0.3s"}
-# the production detector on a compressed time axis, as in test_agent_detection.py
-DETECT = {
-    "interval": "0.5s",
-    "memory": {"window": "24s", "long_window": "48s", "warmup": "2s", "season": "6s", "horizon": "30m"},
-}
 MEDIC_TYPES = ("medic_hook", "PyCFuncPtrType", "CDLL", "PyDLL", "_FuncPtr", "socket", "selector")
 GRACE = 15.0  # agent.watch.collector.PROBE_GRACE
 

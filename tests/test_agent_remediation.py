@@ -5,33 +5,20 @@ from __future__ import annotations
 
 import pytest
 
+from support.compressed import DETECT, remediation
 from support.procs import wait_until, workload_argv
 
 pytestmark = pytest.mark.slow
 LIMIT = 320 * 2**20
-DETECT = {
-    "interval": "0.5s",
-    "memory": {"window": "24s", "long_window": "48s", "warmup": "2s", "season": "6s", "horizon": "30m"},
-}
-
-
-def remediation(mode: str) -> dict:
-    return {
-        "mode": mode,
-        "interval": "0.5s",
-        "budget": {"max_concurrent": 1, "min_interval": "1s", "max_per_hour": None, "cooldown": "5s"},
-        "plan": {"safety_margin": "15s", "restart_duration": "3s", "deadline_granularity": "1s"},
-        "blockers": {"min_uptime": "1s"},
-        "verify": {"timeout": "10s", "stable_for": "1s"},
-        "ladder": {"clear_check": "2m"},
-    }
 
 
 def config(mode: str) -> dict:
     return {
         "agent": {"interval": "0.2s", "slow_interval": "2s", "flush_interval": "0.3s"},
         "detect": DETECT,
-        "remediation": remediation(mode),
+        "remediation": remediation(
+            mode, verify={"timeout": "10s", "stable_for": "1s"}, ladder={"clear_check": "2m"}
+        ),
         "instances": [
             {
                 "name": "leaky",

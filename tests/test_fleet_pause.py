@@ -31,6 +31,7 @@ from remediation.engine import Engine, EngineHooks
 from remediation.errors import NotShared
 from remediation.model import Decision, InstanceView, RemediationRequest
 from support.agent_runner import AgentRunner
+from support.compressed import DETECT, remediation
 from support.http_guard import World, admin, read_response
 from support.procs import wait_until, workload_argv
 from support.remediation import NEEDS_ETCD, etcd_server
@@ -306,26 +307,18 @@ def test_random_pause_and_resume_bodies_never_fail_the_agent(shared_world):
 
 # ----------------------------------------------------------------------------- real agents
 LIMIT = 320 * 2**20
-DETECT = {
-    "interval": "0.5s",
-    "memory": {"window": "24s", "long_window": "48s", "warmup": "2s", "season": "6s", "horizon": "30m"},
-}
 
 
 def agent_config(name: str, argv: list[str], coordinator: dict, mode: str = "enforce") -> dict:
     return {
         "agent": {"interval": "0.2s", "slow_interval": "2s", "flush_interval": "0.3s"},
         "detect": DETECT,
-        "remediation": {
-            "mode": mode,
-            "interval": "0.5s",
-            "budget": {"max_concurrent": 1, "min_interval": "1s", "max_per_hour": None, "cooldown": "5s"},
-            "plan": {"safety_margin": "15s", "restart_duration": "3s", "deadline_granularity": "1s"},
-            "blockers": {"min_uptime": "1s"},
-            "verify": {"timeout": "10s", "stable_for": "1s"},
-            "ladder": {"clear_check": "2m"},
-            "coordinator": {"lease_ttl": "3s", "fleet_ttl": "5s", **coordinator},
-        },
+        "remediation": remediation(
+            mode,
+            verify={"timeout": "10s", "stable_for": "1s"},
+            ladder={"clear_check": "2m"},
+            coordinator={"lease_ttl": "3s", "fleet_ttl": "5s", **coordinator},
+        ),
         "instances": [
             {"name": name, "labels": {"fleet": "f"}, "match": {"command": argv}, "memory_limit": LIMIT}
         ],

@@ -14,14 +14,11 @@ from pathlib import Path
 import pytest
 
 from native_hooks.workloads import ensure_shim
+from support.compressed import DETECT
 from support.histo import build_c, clean_env, read_ready
 from support.procs import wait_until
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
-DETECT = {
-    "interval": "0.5s",
-    "memory": {"window": "24s", "long_window": "48s", "warmup": "2s", "season": "6s", "horizon": "30m"},
-}
 
 
 def test_evidence_of_a_jemalloc_leak_names_the_leaking_function(agent, spawn, tmp_path):

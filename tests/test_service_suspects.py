@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from native_hooks.workloads import ensure_shim
+from support.compressed import DETECT, FAST, remediation
 from support.histo import clean_env, read_ready
 from support.procs import PYTHON, REPO, wait_until
 from support.services import (
@@ -38,13 +39,6 @@ from support.services import (
 
 pytestmark = pytest.mark.slow
 MiB = 2**20
-FAST = {"interval": "0.2s", "slow_interval": "1s", "flush_interval": "0.3s"}
-# the production detector on a compressed time axis, as in test_agent_detection.py: before a daily
-# profile is known it speaks only when the limit is near, so each leak runs against a limit ~100 s away
-DETECT = {
-    "interval": "0.5s",
-    "memory": {"window": "24s", "long_window": "48s", "warmup": "2s", "season": "6s", "horizon": "30m"},
-}
 
 
 def rss(pid: int) -> int:
@@ -272,13 +266,7 @@ def test_a_cache_that_warms_then_holds_is_not_a_leak_and_is_not_restarted(agent,
         {
             "agent": FAST,
             "detect": DETECT,
-            "remediation": {
-                "mode": "enforce",
-                "interval": "0.5s",
-                "budget": {"max_concurrent": 1, "min_interval": "1s", "max_per_hour": None, "cooldown": "5s"},
-                "plan": {"safety_margin": "15s", "restart_duration": "3s", "deadline_granularity": "1s"},
-                "blockers": {"min_uptime": "1s"},
-            },
+            "remediation": remediation(),
             "instances": [
                 {
                     "name": "embeddings",

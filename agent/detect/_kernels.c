@@ -691,6 +691,19 @@ static const char *skip_digits(const char *p, const char *end)
     return p;
 }
 
+/* Past an exponent ([eE][+-]?[0-9]+) at p; p itself when there is none, NULL when it has no digits. */
+static const char *skip_exponent(const char *p, const char *end)
+{
+    if (p >= end || (*p != 'e' && *p != 'E'))
+        return p;
+    p++;
+    if (p < end && (*p == '+' || *p == '-'))
+        p++;
+    const char *digits = p;
+    p = skip_digits(p, end);
+    return p == digits ? NULL : p;
+}
+
 /* The end of a JSON number at p (-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?), NULL if there is
  * none; *integral says it has neither fraction nor exponent (json decodes it as an int). */
 static const char *json_number_end(const char *p, const char *end, int *integral)
@@ -708,17 +721,10 @@ static const char *json_number_end(const char *p, const char *end, int *integral
             return NULL;
         *integral = 0;
     }
-    if (p < end && (*p == 'e' || *p == 'E')) {
-        p++;
-        if (p < end && (*p == '+' || *p == '-'))
-            p++;
-        const char *digits = p;
-        p = skip_digits(p, end);
-        if (p == digits)
-            return NULL;
+    const char *after = skip_exponent(p, end);
+    if (after != p)
         *integral = 0;
-    }
-    return p;
+    return after;
 }
 
 /* Whether [p, end) is `word` (lower case) in any case. */
@@ -751,16 +757,7 @@ static int plain_float_text(const char *p, const char *end)
     }
     if (count == 0)
         return 0;
-    if (p < end && (*p == 'e' || *p == 'E')) {
-        p++;
-        if (p < end && (*p == '+' || *p == '-'))
-            p++;
-        const char *exponent = p;
-        p = skip_digits(p, end);
-        if (p == exponent)
-            return 0;
-    }
-    return p == end;
+    return skip_exponent(p, end) == end;
 }
 
 static const double exact_powers_of_ten[] = {

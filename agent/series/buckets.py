@@ -26,7 +26,7 @@ from array import array
 from collections.abc import Collection, Iterable
 from itertools import pairwise
 from operator import lt
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from agent.core.quantiles import bucket_quantile
 from agent.detect.latency_rules import QUANTILE_METRICS
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 BUCKET = re.compile(r'^(?P<family>[A-Za-z_:][A-Za-z0-9_:]*)_bucket\{le="(?P<le>[^"]{1,40})"\}$')
 MAX_BOUNDS = 64
+T = TypeVar("T")
 
 
 def parse_bound(text: str) -> float | None:
@@ -51,15 +52,21 @@ def parse_bound(text: str) -> float | None:
 
 def families(series: InstanceSeries) -> dict[str, dict[float, Points]]:
     """The histogram families of an instance: family → bound → its cumulative count points."""
-    out: dict[str, dict[float, Points]] = {}
-    for metric, points in series.series.items():
+    return _grouped((metric, points) for metric, points in series.series.items() if points)
+
+
+def _grouped(named: Iterable[tuple[str, T]]) -> dict[str, dict[float, T]]:
+    """The `_bucket` series among `named` (metric, what to keep) by family and bound: the families
+    with a `+Inf` bucket and at least one other, at most `MAX_BOUNDS` bounds each."""
+    out: dict[str, dict[float, T]] = {}
+    for metric, kept in named:
         match = BUCKET.match(metric)
         bound = parse_bound(match["le"]) if match else None
-        if match is None or bound is None or not points:
+        if match is None or bound is None:
             continue
         bounds = out.setdefault(match["family"], {})
         if len(bounds) < MAX_BOUNDS:
-            bounds[bound] = points
+            bounds[bound] = kept
     return {name: bounds for name, bounds in out.items() if math.inf in bounds and len(bounds) >= 2}
 
 
@@ -111,16 +118,7 @@ Columns = dict[str, tuple[array, array]]
 
 def _column_families(metrics: Columns) -> dict[str, dict[float, str]]:
     """`families` over an instance's columns: family → bound → the metric name of its column."""
-    out: dict[str, dict[float, str]] = {}
-    for metric, (times, _) in metrics.items():
-        match = BUCKET.match(metric)
-        bound = parse_bound(match["le"]) if match else None
-        if match is None or bound is None or not times:
-            continue
-        bounds = out.setdefault(match["family"], {})
-        if len(bounds) < MAX_BOUNDS:
-            bounds[bound] = metric
-    return {name: bounds for name, bounds in out.items() if math.inf in bounds and len(bounds) >= 2}
+    return _grouped((metric, metric) for metric, (times, _) in metrics.items() if times)
 
 
 def _aligned_quantiles(

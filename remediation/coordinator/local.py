@@ -115,14 +115,15 @@ class LocalCoordinator(Coordinator):
                 "and is writable by every agent that shares it (remediation.coordinator.local.path)"
             ) from None
         try:
-            self._connection()
+            self._connection(checked=True)
         except CoordinatorUnavailable as exc:
             log.warning("%s; no restart until it opens", exc)
 
-    def _connection(self) -> sqlite3.Connection:
+    def _connection(self, checked: bool = False) -> sqlite3.Connection:
         """The open database (under `_lock`, or from `__init__`). A file that will not open (damaged,
         overwritten, not medic's) leaves the agent running with every call unavailable, so no restart,
-        and it is tried again at most every `reopen_interval` seconds: moving the file aside heals it."""
+        and it is tried again at most every `reopen_interval` seconds: moving the file aside heals it.
+        The file is checked (`ensure_private_file`) before each attempt, unless the caller just did."""
         if self._db is not None:
             return self._db
         now = time.monotonic()
@@ -130,7 +131,8 @@ class LocalCoordinator(Coordinator):
             raise CoordinatorUnavailable(self._open_error)
         db: sqlite3.Connection | None = None
         try:
-            ensure_private_file(self.path, "local coordinator", owners=trusted_uids())
+            if not checked:
+                ensure_private_file(self.path, "local coordinator", owners=trusted_uids())
             db = sqlite3.connect(
                 self.path, timeout=self.timeout, check_same_thread=False, isolation_level=None
             )
