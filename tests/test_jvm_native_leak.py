@@ -8,11 +8,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 
+from probes.linux.procfs import read_status
 from support.jvm_native import build_native_leak, start_native_leak
 from support.procs import PYTHON, REPO, wait_until
 
@@ -22,13 +22,6 @@ pytestmark = [
 ]
 LAB = REPO / "examples" / "lab.yaml"
 MiB = 2**20
-
-
-def rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for {pid}")
 
 
 def lab_config(leaky: int, healthy: int) -> dict:
@@ -43,7 +36,7 @@ def lab_config(leaky: int, healthy: int) -> dict:
             {
                 "name": "leaky",
                 "match": {"pid": leaky},
-                "memory_limit": rss(leaky) + 220 * MiB,
+                "memory_limit": read_status(leaky).rss_bytes + 220 * MiB,
                 "histograms": jvm,
             },
             {"name": "healthy", "match": {"pid": healthy}, "memory_limit": "4Gi", "histograms": jvm},

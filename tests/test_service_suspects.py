@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from native_hooks.workloads import ensure_shim
+from probes.linux.procfs import read_status
 from support.compressed import DETECT, FAST, remediation
 from support.histo import clean_env, read_ready
 from support.procs import PYTHON, REPO, wait_until
@@ -39,13 +40,6 @@ from support.services import (
 
 pytestmark = pytest.mark.slow
 MiB = 2**20
-
-
-def rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for {pid}")
 
 
 def leak_with_suspects(agent, instance: str, timeout: float = 150) -> dict:
@@ -76,7 +70,7 @@ def test_two_leaking_sites_under_tcmalloc_faster_first_and_the_churn_not_named(
         "name": "sessions",
         "match": {"pid": pid},
         "hook": {"socket": template},
-        "memory_limit": rss(pid) + 450 * MiB,  # ~4.7 MiB/s: the limit is about 100 s away
+        "memory_limit": read_status(pid).rss_bytes + 450 * MiB,  # ~4.7 MiB/s: the limit is about 100 s away
         "histograms": {"heap_profiles": {"dir": str(dumps), "interval": "1s", "keep": 3}},
     }
     agent.start({"agent": FAST, "detect": DETECT, "instances": [instance]})
@@ -112,7 +106,7 @@ def test_a_small_leak_beside_a_large_stable_heap_under_jemalloc_is_found_and_nam
         "name": "model",
         "match": {"pid": pid},
         "hook": {"socket": template},
-        "memory_limit": rss(pid) + 32 * MiB,  # about 100 s away
+        "memory_limit": read_status(pid).rss_bytes + 32 * MiB,  # about 100 s away
         "histograms": {"heap_profiles": {"dir": str(dumps), "interval": "1s", "keep": 3}},
     }
     agent.start({"agent": FAST, "detect": DETECT, "instances": [instance]})
@@ -141,7 +135,7 @@ def test_a_module_global_list_of_dicts_is_named_by_its_line_and_type(agent, spaw
         "name": "features",
         "match": {"pid": pid},
         "hook": {"socket": template},
-        "memory_limit": rss(pid) + 100 * MiB,  # ~0.9 MiB/s of records: about 110 s away
+        "memory_limit": read_status(pid).rss_bytes + 100 * MiB,  # ~0.9 MiB/s of records: about 110 s away
         "histograms": {"python": {"interval": "1s", "sites": {"interval": "1s", "frames": 4}}},
     }
     agent.start({"agent": FAST, "detect": DETECT, "instances": [instance]})
@@ -190,13 +184,13 @@ def test_a_growing_hashmap_of_a_custom_class_is_named_and_a_busy_stable_jvm_is_l
                 {
                     "name": "accounts",
                     "match": {"pid": leaky},
-                    "memory_limit": rss(leaky) + 100 * MiB,
+                    "memory_limit": read_status(leaky).rss_bytes + 100 * MiB,
                     "histograms": jvm,
                 },
                 {
                     "name": "stable",
                     "match": {"pid": stable},
-                    "memory_limit": rss(stable) + 100 * MiB,
+                    "memory_limit": read_status(stable).rss_bytes + 100 * MiB,
                     "histograms": jvm,
                 },
             ],

@@ -8,6 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from support import services
 from support.procs import wait_ready
 
 JAVA_LEAK = r"""
@@ -151,16 +152,7 @@ def build_java(out_dir: Path) -> Path:
 
 
 def build_c(out_dir: Path) -> str:
-    source = out_dir / "leak_sites.c"
-    source.write_text(C_LEAK)
-    binary = out_dir / "leak_sites"
-    subprocess.run(
-        ["cc", "-g", "-O1", "-fno-omit-frame-pointer", "-o", str(binary), str(source)],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    return str(binary)
+    return services.build_c(out_dir, "leak_sites", C_LEAK)
 
 
 def write_python(out_dir: Path) -> str:
