@@ -4,6 +4,7 @@ steps and restarts; payload classes fold into the class that holds them; shares 
 from __future__ import annotations
 
 import random
+from itertools import pairwise
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -284,3 +285,35 @@ def test_snapshots_cut_short_by_the_walk_s_budget_are_left_out():
     for s in series:
         s.meta.pop("partial", None)
     assert [s.name for s in rank(series)] == []  # judged with them, the drops hide the growth
+
+
+def _sites(seed: int, points: int, stable: int = 48) -> list[Snapshot]:
+    """Allocation sites of a Python service: `app.py:13` keeps 0.9 MiB a snapshot, `app.py:17` is an
+    in-flight table that fills and empties (anywhere from 20 KB to 480 KB at each snapshot), the rest
+    hold what they hold."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(points):
+        rows = {"app.py:13": (9000.0 * (i + 1), 0.9 * 2**20 * (i + 1))}
+        rows["app.py:17"] = (c := float(rng.randrange(600, 14500)), 33.0 * c)
+        rows.update({f"lib.py:{k}": (100.0 + k, 4096.0 * (k + 1)) for k in range(stable)})
+        out.append(snap(i, rows, source="tracemalloc", step=2.0))
+    return out
+
+
+def test_a_filling_and_emptying_site_is_not_named_when_four_snapshots_rise_by_chance():
+    """Among fifty sites, four snapshots of the in-flight table rise in a row one seed in 24; each site
+    must stand out among all of them, so the table is never named and the leak is, from 8 snapshots."""
+    chance = [seed for seed in range(300) if all(a < b for a, b in _pairs(_sites(seed, 4), "app.py:17"))]
+    assert len(chance) > 5  # the case exists
+    for points in (4, 5, 6, 8, 12):
+        for seed in chance:
+            names = [s.name for s in rank(_sites(seed, points))]
+            assert "app.py:17" not in names, (points, seed)
+            if points >= 8:
+                assert names == ["app.py:13"], (points, seed)
+
+
+def _pairs(snapshots: list[Snapshot], name: str) -> list[tuple[float, float]]:
+    values = [next(r.bytes for r in s.rows if r.name == name) for s in snapshots]
+    return list(pairwise(values))

@@ -41,6 +41,7 @@ from agent.state.store import Store
 
 MIN_POINTS = 4  # the trend test needs at least four snapshots
 MIN_CONFIDENCE = 0.95
+FAMILY_ERROR = 1 - MIN_CONFIDENCE  # the chance that any one of a snapshot's fluctuating names passes
 MIN_SIGNAL = 4.0  # garbage that happens to rise over a few snapshots scatters widely around its line
 MIN_ASCENT = 0.8  # ... and its floor does not rise block after block (see `ascent`)
 CLEAR_SIGNAL = 20.0  # a rise this many times the scatter is judged without the autocorrelation discount
@@ -199,10 +200,12 @@ def rank(
             series.setdefault(row.name, []).append((snapshot.ts, row.count, row.bytes))
     details = {row.name: row.detail for row in last.rows}
     floors = last.source == "jvm" and last.meta.get("variant") != "live"
+    candidates = {
+        name: points for name, points in series.items() if len(points) >= min_points and name in details
+    }
+    required = min_confidence if floors else compared_confidence(min_confidence, len(candidates))
     found = []
-    for name, points in series.items():
-        if len(points) < min_points or name not in details:
-            continue
+    for name, points in candidates.items():
         if floors:
             points = floor_points(points)
         xs = [p[0] for p in points]
@@ -210,7 +213,7 @@ def rank(
         counts = [p[1] for p in points]
         by_count = growth(xs, counts) if any(counts) else by_bytes  # NMT categories have no counts
         confidence = min(by_bytes.confidence, by_count.confidence)
-        if confidence < min_confidence or not (by_bytes.sustained and by_count.sustained):
+        if confidence < required or not (by_bytes.sustained and by_count.sustained):
             continue
         found.append(
             Suspect(
@@ -239,6 +242,15 @@ def rank(
     else:
         found.sort(key=lambda s: (-s.bytes_per_second * s.confidence, s.name))
     return found
+
+
+def compared_confidence(min_confidence: float, compared: int) -> float:
+    """The confidence each of `compared` names must reach so that the chance of any of them passing by
+    chance stays `1 - min_confidence`. Four snapshots of an in-flight table that fills and empties
+    rise in a row one time in 24, and a trend test on four points cannot tell that from a leak: among
+    fifty allocation sites one would be named at most judgements. Post-GC floors are exempt (a
+    floor only falls when garbage is collected, so it is not noise of this kind)."""
+    return max(min_confidence, 1 - (1 - min_confidence) / max(compared, 1))
 
 
 def floor_snapshots(snapshots: list[Snapshot], min_points: int) -> list[Snapshot]:
