@@ -361,7 +361,9 @@ def test_a_leak_that_comes_back_after_its_restart_is_restarted_again_by_its_dead
     and nobody is paged."""
     fleet = made.fleet({"leaky": leaker("24Mi")}, limit=300 * MiB)
     store = made.store()
-    engine = made.engine(config(budget={"cooldown": "1s"}), fleet, store=store)
+    # stepped every 0.2 s below, told 1 s (the runtime's steps are 10 s apart by default): a loaded
+    # machine that stalls this loop for a second past the latest safe start is not a late plan
+    engine = made.engine(config(interval="1s", budget={"cooldown": "1s"}), fleet, store=store)
     intents: list[str] = []
 
     def two_restarts(report) -> bool:
