@@ -131,14 +131,15 @@ def test_a_leaking_candidate_fails_with_leak(lab):
 
 
 def test_a_slower_candidate_fails_with_slower(lab):
-    code, doc, stderr = guardrail(lab, server(lab, "--behaviour", "slower", "--slower", "0.4"))
+    # twice as slow on the server: four test workers on two cores add the same wait for a core to both
+    # builds, which brought a 1.4x server down to +22 % client-side, inside the noise of 320 requests
+    code, doc, stderr = guardrail(lab, server(lab, "--behaviour", "slower", "--slower", "1.0"))
     assert code == 1, stderr
     found = verdicts(doc)
     assert found["slower"]["status"] == "fail", found["slower"]
     assert found["leak"]["status"] == "pass" and found["fragmentation"]["status"] == "pass"
-    # 1.4 on a quiet machine; on a loaded one the candidate's longer sleeps also wait longer for a
-    # core when they end, which only adds to its latency
-    assert 1.15 < found["slower"]["evidence"]["p50"]["ratio"] < 5
+    # about 2 on a quiet machine, +50-60 % at load 8
+    assert 1.25 < found["slower"]["evidence"]["p50"]["ratio"] < 5
 
 
 def test_glibc_fragmentation_is_fragmentation_not_a_leak(lab):
