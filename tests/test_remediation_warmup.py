@@ -67,7 +67,7 @@ def test_a_slow_starting_server_holds_its_slot_until_warm(agent, tmp_path):
         return next((a for a in actions if a["action"] == "restart" and a["outcome"] != "running"), None)
 
     action = wait_until(finished, 60, interval=0.2)
-    assert action["outcome"] == "succeeded", action
+    assert action["outcome"] == "succeeded", action["stages"]
     stages = {s["stage"]: s for s in action["stages"]}
     assert list(stages) == ["evidence", "act", "verify", "warmup"]
     warm = stages["warmup"]
