@@ -213,26 +213,42 @@ def _record(
 
 
 def _build(
-    name: str, start: float, seconds: float, rss_rate: float, live_rate: float, rng: random.Random
+    name: str,
+    start: float,
+    seconds: float,
+    rss_rate: float,
+    live_rate: float,
+    rng: random.Random,
+    cpu: float = 0.001,
+    cpu_noise: float = 0.0,
 ) -> BuildSeries:
+    """`cpu` seconds a request at 20 requests a second, each quarter second's share scattered by
+    `cpu_noise` (a lognormal sigma)."""
     build = BuildSeries(name)
+    used = 0.0
     for i in range(int(seconds / 0.25) + 1):
         t = start + i * 0.25
         build.add("rss_bytes", t, 200 * MiB + rss_rate * i * 0.25 + rng.gauss(0, 0.3 * MiB))
         build.add("allocator_allocated_bytes", t, 60 * MiB + live_rate * i * 0.25 + rng.gauss(0, 0.05 * MiB))
-        build.add("cpu_seconds_total", t, 0.001 * i * 0.25 * 20)
+        build.add("cpu_seconds_total", t, used)
+        used += cpu * 0.25 * 20 * (rng.lognormvariate(0, cpu_noise) if cpu_noise else 1.0)
         build.answered.append((t, int(i * 0.25 * 20)))
     return build
 
 
 def _measurement(
-    cand_rss: float = 0.0, cand_live: float = 0.0, cand_latency: float = 0.002, cand_errors: float = 0.0
+    cand_rss: float = 0.0,
+    cand_live: float = 0.0,
+    cand_latency: float = 0.002,
+    cand_errors: float = 0.0,
+    cand_cpu: float = 0.001,
+    cpu_noise: float = 0.0,
 ):
     rng = random.Random(7)
     start, seconds = 1_000_000.0, 30.0
     builds = (
-        _build("baseline", start, seconds, 0.0, 0.0, rng),
-        _build("candidate", start, seconds, cand_rss, cand_live, rng),
+        _build("baseline", start, seconds, 0.0, 0.0, rng, cpu_noise=cpu_noise),
+        _build("candidate", start, seconds, cand_rss, cand_live, rng, cand_cpu, cpu_noise),
     )
     records = (
         _record(rng, 0.0, seconds, 20, 0.002),
@@ -273,10 +289,14 @@ def test_slower_and_errors_are_judged_by_their_tests():
     assert errors["errors"].failed and "HTTP 500" in errors["errors"].summary
 
 
-def test_a_slowdown_measured_over_the_threshold_but_within_the_noise_is_not_called_not_slower():
+def test_a_regression_measured_over_the_threshold_but_within_the_noise_is_not_called_alike():
     noisy = _verdicts(cand_latency=0.0022)["slower"]  # +10.4 % measured, +8.0 % at 99 % confidence
     assert noisy.status == "pass" and noisy.evidence["inconclusive"] == ["p50"]
     assert noisy.summary.startswith("not shown slower") and "too noisy to tell, run longer" in noisy.summary
+    cpu = _verdicts(cand_cpu=0.00125, cpu_noise=0.3)["cpu"]  # +31 % measured, +15 % at 99 % confidence
+    assert cpu.status == "pass" and cpu.evidence["inconclusive"] == ["cpu"]
+    assert cpu.summary.startswith("not shown to use more CPU") and "too noisy to tell" in cpu.summary
+    assert _verdicts(cand_cpu=0.0015, cpu_noise=0.3)["cpu"].failed  # +57 %: shown
 
 
 def _result(**kwargs) -> Result:

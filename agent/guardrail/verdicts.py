@@ -357,16 +357,21 @@ def judge_slower(m: Measurement, t: Thresholds, resamples: int, seed: int) -> Ve
         return Verdict("slower", "fail", summary, c.above_threshold, evidence)
     confidence = 1 - max(found[k].above_threshold for k, _ in judged)
     over = [(k, thr) for k, thr in judged if found[k].ratio > 1 + thr]
-    if over:  # measured over the threshold, but within the noise: say so rather than "not slower"
+    if over:
         evidence["inconclusive"] = [k for k, _ in over]
         k, thr = over[0]
-        summary = (
-            f"not shown slower: {shown}; {k} is over its {thr:.0%} threshold but only "
-            f"{found[k].low - 1:+.1%} at {t.confidence:.0%} confidence: too noisy to tell, run longer "
-            "or at a higher rate"
-        )
+        summary = f"not shown slower: {shown}; {too_noisy(k, found[k], thr, t.confidence)}"
         return Verdict("slower", "pass", summary, confidence, evidence)
     return Verdict("slower", "pass", f"not slower: {shown}", confidence, evidence)
+
+
+def too_noisy(name: str, c: Comparison, threshold: float, confidence: float) -> str:
+    """What a pass says when the measured ratio is over its threshold but the confidence bound is not:
+    "alike" or "not slower" would read as a measurement that showed nothing."""
+    return (
+        f"{name} is over its {threshold:.0%} threshold but only {c.low - 1:+.1%} at {confidence:.0%} "
+        "confidence: too noisy to tell, run longer or at a higher rate"
+    )
 
 
 def _cpu_blocks(m: Measurement, count: int) -> tuple[list[list[float]], list[list[float]]] | None:
@@ -403,9 +408,15 @@ def judge_cpu(m: Measurement, t: Thresholds, resamples: int, seed: int) -> Verdi
     shown = (
         f"{c.candidate * 1000:.2f} ms vs {c.baseline * 1000:.2f} ms of CPU per request ({c.ratio - 1:+.1%})"
     )
-    evidence = c.to_dict() | {"blocks": count}
+    evidence: dict[str, Any] = c.to_dict() | {"blocks": count}
     if c.low > 1 + t.cpu:
         return Verdict("cpu", "fail", f"more CPU per request: {shown}", c.above_threshold, evidence)
+    if c.ratio > 1 + t.cpu:
+        evidence["inconclusive"] = ["cpu"]
+        summary = (
+            f"not shown to use more CPU: {shown}; {too_noisy('CPU per request', c, t.cpu, t.confidence)}"
+        )
+        return Verdict("cpu", "pass", summary, 1 - c.above_threshold, evidence)
     return Verdict("cpu", "pass", f"CPU per request alike: {shown}", 1 - c.above_threshold, evidence)
 
 
