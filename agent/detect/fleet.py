@@ -38,6 +38,19 @@ MAX_LEARNED = 256  # priors learned per (workload, start) kept by the agent
 ROLLOUT = 6 * 3600.0  # lifetimes that began this close together began in one rollout (scaled with `window`)
 
 
+DEFAULT_WINDOW = DetectParams().window
+
+
+def _rollout(params: DetectParams) -> float:
+    """How close together two lifetimes began to count as one rollout, on `params`' time scale."""
+    return ROLLOUT * params.window / DEFAULT_WINDOW
+
+
+def _fresh(obs: Observation, params: DetectParams) -> bool:
+    """Whether `obs` is of a lifetime young enough for a fleet-wide leak (`FRESH` periods)."""
+    return obs.tick - obs.lifetime_start <= FRESH * params.season
+
+
 def _growing(obs: Observation, params: DetectParams) -> bool:
     e = obs.evidence
     return (
@@ -66,8 +79,7 @@ def _starters(observations: list[Observation], params: DetectParams) -> list[Obs
     return [
         o
         for o in leaks.values()
-        if o.tick - o.lifetime_start <= FRESH * params.season
-        and (o.state == "firing" or (o.instance in oom and _growing(o, params)))
+        if _fresh(o, params) and (o.state == "firing" or (o.instance in oom and _growing(o, params)))
     ]
 
 
@@ -79,7 +91,7 @@ def fleet_evidence(observations: list[Observation], params: DetectParams) -> lis
     leaks = {o.instance: o for o in observations if o.kind == "leak"}
     if len(leaks) < 2:
         return observations
-    rollout = ROLLOUT * params.window / DetectParams().window
+    rollout = _rollout(params)
     out: list[Observation] = []
     firing = _starters(observations, params)
     for obs in observations:
@@ -114,7 +126,7 @@ def fleet_evidence(observations: list[Observation], params: DetectParams) -> lis
     own = {o.instance: o.lifetime_start for o in firing} | {
         o.instance: o.lifetime_start
         for o in observations
-        if o.kind == "oom-risk" and o.state == "firing" and o.tick - o.lifetime_start <= FRESH * params.season
+        if o.kind == "oom-risk" and o.state == "firing" and _fresh(o, params)
     }
     return _confirmed(_bound_together(out, params), own, params)
 
@@ -128,13 +140,11 @@ def _bound_together(observations: list[Observation], params: DetectParams) -> li
     for the steadiness this instance's fit lacks (the tail of its warm-up ahead of its leak),
     never for projecting further than its growth was seen: a healthy instance near its limit that
     only rises with the traffic (its window rising, its wider scales flat) stays as it is."""
-    rollout = ROLLOUT * params.window / DetectParams().window
+    rollout = _rollout(params)
     ooms = [
         o
         for o in observations
-        if o.kind == "oom-risk"
-        and o.tick - o.lifetime_start <= FRESH * params.season
-        and o.evidence.get("time_to_oom_seconds") is not None
+        if o.kind == "oom-risk" and _fresh(o, params) and o.evidence.get("time_to_oom_seconds") is not None
     ]
     loud = [o for o in ooms if o.state == "firing"]
     if len(loud) < FLEET_MIN:
@@ -191,7 +201,7 @@ def _confirmed(
     firing at once is a stronger one, so their findings open at once."""
     if len(starts) < FLEET_MIN:
         return observations
-    rollout = ROLLOUT * params.window / DetectParams().window
+    rollout = _rollout(params)
     lifetimes = {o.instance: o.lifetime_start for o in observations if o.kind == "leak"}
     out = []
     for obs in observations:
@@ -310,11 +320,9 @@ def _needs_everyone(
     quiet = [i for i, obs in per.items() if not obs]
     judged = [o for obs in per.values() for o in obs]
     firing = _starters(judged, params) + [
-        o
-        for o in judged
-        if o.kind == "oom-risk" and o.state == "firing" and o.tick - o.lifetime_start <= FRESH * params.season
+        o for o in judged if o.kind == "oom-risk" and o.state == "firing" and _fresh(o, params)
     ]
-    rollout = ROLLOUT * params.window / DetectParams().window
+    rollout = _rollout(params)
     needed: set[int] = set()
     if firing:
         starts = [o.lifetime_start for o in firing]

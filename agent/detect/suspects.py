@@ -41,7 +41,6 @@ from agent.state.store import Store
 
 MIN_POINTS = 4  # the trend test needs at least four snapshots
 MIN_CONFIDENCE = 0.95
-FAMILY_ERROR = 1 - MIN_CONFIDENCE  # the chance that any one of a snapshot's fluctuating names passes
 MIN_SIGNAL = 4.0  # garbage that happens to rise over a few snapshots scatters widely around its line
 MIN_ASCENT = 0.8  # ... and its floor does not rise block after block (see `ascent`)
 CLEAR_SIGNAL = 20.0  # a rise this many times the scatter is judged without the autocorrelation discount
@@ -247,9 +246,9 @@ def rank(
 def compared_confidence(min_confidence: float, compared: int) -> float:
     """The confidence each of `compared` names must reach so that the chance of any of them passing by
     chance stays `1 - min_confidence`. Four snapshots of an in-flight table that fills and empties
-    rise in a row one time in 24, and a trend test on four points cannot tell that from a leak: among
-    fifty allocation sites one would be named at most judgements. Post-GC floors are exempt (a
-    floor only falls when garbage is collected, so it is not noise of this kind)."""
+    rise in a row one time in 24, and a trend test on four points cannot tell that from a leak; with
+    fifty allocation sites compared, one such table is named by chance at many judgements. Post-GC
+    floors are exempt (a floor only falls when garbage is collected, so it is not noise of this kind)."""
     return max(min_confidence, 1 - (1 - min_confidence) / max(compared, 1))
 
 
