@@ -44,6 +44,7 @@ from agent.jobs.remediation import Remediation
 from agent.jobs.streak import SkippedRuns
 from agent.notify.service import start_notifier
 from agent.state.eventlog import EventLog
+from agent.state.lock import AGENT_FILE_NAME, hold_state_dir
 from agent.state.store import Store
 from agent.watch.collector import KEEPALIVE, SAMPLES_PER_BUCKET, Collector
 from agent.watch.supervisor import exit_status
@@ -129,6 +130,11 @@ class Agent:
         cfg = self.config.agent
         probes = self._probes()
         ensure_private_dir(cfg.state_dir, "agent.state_dir")  # refused before anything is written there
+        with hold_state_dir(cfg.state_dir):  # a second agent on this state_dir is refused here
+            return await self._run_holding_state_dir(probes)
+
+    async def _run_holding_state_dir(self, probes: list) -> int:
+        cfg = self.config.agent
         self.store = Store(cfg.state_dir, raw_retention=cfg.raw_retention)
         token, token_path = load_or_create_token(cfg.token_file, Path(cfg.state_dir))
         log.info("admin token for mutating endpoints: %s", token_path)
@@ -245,7 +251,7 @@ class Agent:
 
     @property
     def pidfile(self) -> Path:
-        return Path(self.config.agent.state_dir) / "agent.json"
+        return Path(self.config.agent.state_dir) / AGENT_FILE_NAME
 
     def _write_pidfile(self) -> None:
         """`state_dir/agent.json`: where this agent listens, for the CLI, tests and supervisors."""

@@ -286,3 +286,42 @@ def test_busy_listen_address_is_a_clear_error(tmp_path):
         )
     assert result.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+
+
+def test_a_second_agent_on_a_running_agents_state_dir_is_refused_and_harms_nothing(agent, tmp_path):
+    agent.start(
+        {"agent": FAST, "instances": [{"name": "managed", "match": {"command": workload_argv("stable")}}]}
+    )
+    wait_until(lambda: agent.instance("managed")["status"] == "up", 10)
+    managed = agent.instance("managed")["pid"]
+    info = (agent.state_dir / "agent.json").read_bytes()
+    token = (agent.state_dir / "admin.token").read_bytes()
+    result = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "agent.cli.main",
+            "run",
+            "--config",
+            str(tmp_path / "medic.yaml"),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=30,
+    )
+    assert result.returncode == 2, result.stderr
+    assert (
+        f"agent.state_dir {agent.state_dir} is in use by another medic (pid {agent.proc.pid}, API {agent.url})"
+        in result.stderr
+    )
+    assert "Traceback" not in result.stderr
+    # the running agent's instance, address file and token are as they were; it still answers
+    assert agent.instance("managed")["pid"] == managed and agent.instance("managed")["restarts"] == 0
+    assert (agent.state_dir / "agent.json").read_bytes() == info
+    assert (agent.state_dir / "admin.token").read_bytes() == token
+    assert "instance_adopted" not in kinds(agent.events())
+    assert agent.stop() == 0
+    agent.start({"agent": FAST, "instances": []})  # once it stopped, the state dir is free again

@@ -52,7 +52,7 @@ class AgentSection(Strict):
     # plus this machine's names and addresses when listening on 0.0.0.0 or ::; ["*"] turns the check off
     allowed_hosts: list[str] | None = None
     http: HttpSection = Field(default_factory=HttpSection)
-    state_dir: Path = Path("./medic-state")
+    state_dir: Path = Path("./medic-state")  # one agent per state dir (state_dir/lock)
     interval: Interval = 5.0
     slow_interval: Annotated[Duration, within(0.05, DAY)] = 60.0
     discovery_interval: Interval = 10.0
