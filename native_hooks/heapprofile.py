@@ -45,6 +45,7 @@ _JE_FAST_RECORD = re.compile(
     r"@((?: 0x[0-9a-fA-F]+)+)\n  t\*: (\d+): (\d+) \[(\d+): (\d+)\]\n" + _JE_FAST_THREADS + r"\n*"
 )
 MAPS_MARKER = "MAPPED_LIBRARIES:"
+COUNTER_LIMIT = 2**64  # every count, size and sample period in a dump is a 64-bit counter
 _hex = partial(int, base=16)
 
 
@@ -172,7 +173,7 @@ def _parse_jemalloc(lines: list[str], source: str) -> tuple[Format, int, list[St
     header = _JE_HEADER.fullmatch(lines[0].strip())
     if header is None:
         _fail(source, 1, lines[0], "expected 'heap_v2/<sample period>'")
-    period = int(header.group(1))
+    (period,) = _counters(header.group(1), source=source, number=1, line=lines[0])
     stacks: list[StackRecord] = []
     i = 1
     i = _skip_thread_lines(lines, i, source, need_total=True)  # the totals over all backtraces
@@ -190,7 +191,9 @@ def _parse_jemalloc(lines: list[str], source: str) -> tuple[Format, int, list[St
         counts = _JE_COUNTS.fullmatch(lines[i + 1])
         if counts is None or counts.group(1) != "*":
             _fail(source, i + 2, lines[i + 1], "expected the backtrace's counts 't*: objects: bytes [ … ]'")
-        live_n, live_b, acc_n, acc_b = (int(counts.group(k)) for k in range(2, 6))
+        live_n, live_b, acc_n, acc_b = _counters(
+            *counts.group(2, 3, 4, 5), source=source, number=i + 2, line=lines[i + 1]
+        )
         stacks.append(StackRecord(frames, *_unbias(live_n, live_b, period), *_unbias(acc_n, acc_b, period)))
         i = _skip_thread_lines(lines, i + 2, source, need_total=False)
     return "jemalloc", period, stacks
@@ -203,6 +206,8 @@ def _fast_jemalloc(body: str, source: str) -> tuple[Format, int, list[StackRecor
     if head is None:
         return None
     period = int(head.group(1))
+    if period >= COUNTER_LIMIT:
+        return None  # the line-by-line parser names the line
     stacks = []
     pos = head.end()
     for match in _JE_FAST_RECORD.finditer(text, pos):
@@ -213,6 +218,8 @@ def _fast_jemalloc(body: str, source: str) -> tuple[Format, int, list[StackRecor
         except HeapProfileError:
             return None  # the line-by-line parser names the line
         live_n, live_b, acc_n, acc_b = map(int, match.group(2, 3, 4, 5))
+        if max(live_n, live_b, acc_n, acc_b) >= COUNTER_LIMIT:
+            return None
         stacks.append(StackRecord(frames, *_unbias(live_n, live_b, period), *_unbias(acc_n, acc_b, period)))
         pos = match.end()
     if text[pos:].strip():
@@ -245,7 +252,9 @@ def _parse_gperftools(lines: list[str], source: str) -> tuple[Format, int, list[
             "expected 'heap profile: N: B [N: B] @ heapprofile' (or '@ heap_v2/PERIOD'); other kinds of "
             "pprof heap profiles are not supported",
         )
-    period = int(header.group(6)) if header.group(6) else 0
+    *_, period = _counters(
+        *header.group(1, 2, 3, 4), header.group(6) or "0", source=source, number=1, line=lines[0]
+    )
     stacks = []
     for number, line in enumerate(lines[1:], start=2):
         if not line.strip():
@@ -253,7 +262,9 @@ def _parse_gperftools(lines: list[str], source: str) -> tuple[Format, int, list[
         match = _GP_STACK.fullmatch(line)
         if match is None:
             _fail(source, number, line, "expected 'objects: bytes [objects: bytes] @ 0x…'")
-        live_n, live_b, acc_n, acc_b = (int(match.group(k)) for k in range(1, 5))
+        live_n, live_b, acc_n, acc_b = _counters(
+            *match.group(1, 2, 3, 4), source=source, number=number, line=line
+        )
         frames = _frames(match.group(5), source, number)
         stacks.append(StackRecord(frames, *_unbias(live_n, live_b, period), *_unbias(acc_n, acc_b, period)))
     return "gperftools", period, stacks
@@ -269,6 +280,14 @@ def _frames(text: str, source: str, number: int) -> tuple[int, ...]:
     if frames and max(frames) >= 2**64:
         raise HeapProfileError(f"{source}:{number}: an address is wider than 64 bits: corrupt dump")
     return frames
+
+
+def _counters(*digits: str, source: str, number: int, line: str) -> tuple[int, ...]:
+    """The line's counts as ints, each below 2**64 (a wider one would also overflow a float)."""
+    values = tuple(int(d) if len(d) <= 20 else COUNTER_LIMIT for d in digits)  # no 10**4300 parses
+    if max(values, default=0) >= COUNTER_LIMIT:
+        _fail(source, number, line, "a count, size or sample period wider than 64 bits")
+    return values
 
 
 def _unbias(objects: int, size: int, period: int) -> tuple[float, float]:

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from agent.core.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable, TargetGone
+from agent.core.figures import FIGURE_LIMIT
 
 KIB = 1024
 _UNITS = {"": 1, "B": 1, "K": KIB, "KB": KIB, "M": KIB**2, "MB": KIB**2, "G": KIB**3, "GB": KIB**3}
@@ -40,7 +41,20 @@ NMT_OFF = "Native memory tracking is not enabled"
 
 
 def _bytes(number: str, unit: str | None) -> int:
-    return int(number) * _UNITS[(unit or "").upper()]
+    size = _count(number) * _UNITS[(unit or "").upper()]
+    if size >= FIGURE_LIMIT:
+        raise JcmdOutputError(f"a size wider than 64 bits ({number}{unit}): not jcmd's output")
+    return size
+
+
+def _count(number: str) -> int:
+    """A figure jcmd printed: a JVM counter is 64 bits, so a wider one means the output is not jcmd's
+    (and would overflow the store and every float after it)."""
+    value = int(number) if len(number) <= 20 else FIGURE_LIMIT  # never parse a 10**4300-digit run
+    if value >= FIGURE_LIMIT:
+        shown = number if len(number) <= 24 else number[:24] + "…"
+        raise JcmdOutputError(f"a figure wider than 64 bits ({shown}): not jcmd's output")
+    return value
 
 
 class JcmdOutputError(ProbeError):
@@ -104,12 +118,21 @@ def parse_class_histogram(text: str, source: str = "GC.class_histogram") -> Clas
         if match is None:
             bad += 1
             continue
-        rows.append(ClassRow(match.group(4), int(match.group(2)), int(match.group(3)), match.group(5)))
+        try:
+            rows.append(
+                ClassRow(match.group(4), _count(match.group(2)), _count(match.group(3)), match.group(5))
+            )
+        except JcmdOutputError:
+            bad += 1
     if bad > MAX_BAD_ROWS and bad > len(rows) // 10:
         raise JcmdOutputError(
             f"{source}: {bad} of {bad + len(rows)} rows are not histogram rows: not a class histogram"
         )
-    return ClassHistogram(rows, int(total.group(1)), int(total.group(2)), bad)
+    try:
+        instances, size = _count(total.group(1)), _count(total.group(2))
+    except JcmdOutputError as exc:
+        raise JcmdOutputError(f"{source}:{end + 1}: {exc}") from None
+    return ClassHistogram(rows, instances, size, bad)
 
 
 # ------------------------------------------------------------------------------- heap info

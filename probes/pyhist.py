@@ -18,13 +18,13 @@ The native shim has neither op: for such targets the probe stays quiet, as it do
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 from pathlib import Path
 from typing import ClassVar
 
 from agent.core.errors import ProbeError, ProbeUnavailable, TargetGone
+from agent.core.figures import is_figure
 from agent.core.histograms import HistogramRow, Snapshot, rows_from
 from agent.core.records import ProbeResult, ProbeTarget, Sample
 from native_hooks.client import HookClient
@@ -168,11 +168,11 @@ def snapshot_from_reply(target: ProbeTarget, now: float, reply: dict) -> Snapsho
         if not isinstance(item, dict):
             continue
         name, count, size = item.get("type"), item.get("count"), item.get("bytes")
-        if isinstance(name, str) and _number(count) and _number(size):
+        if isinstance(name, str) and is_figure(count) and is_figure(size):
             rows.append((name, float(count), float(size)))
     merged = rows_from(rows)
     objects = reply.get("objects")
-    total_count = float(objects) if _number(objects) else sum(r.count for r in merged)
+    total_count = float(objects) if is_figure(objects) else sum(r.count for r in merged)
     distinct = reply.get("distinct_types")
     elapsed = reply.get("elapsed_s")
     containers = [
@@ -181,7 +181,7 @@ def snapshot_from_reply(target: ProbeTarget, now: float, reply: dict) -> Snapsho
         if isinstance(item, dict)
     ]
     meta = {
-        "elapsed_s": elapsed if _number(elapsed) else None,
+        "elapsed_s": elapsed if is_figure(elapsed) else None,
         "referents": reply.get("referents") is True,
         "containers": containers,
         "sites_tracing": reply.get("sites_tracing") is True,
@@ -197,7 +197,7 @@ def snapshot_from_reply(target: ProbeTarget, now: float, reply: dict) -> Snapsho
         sum(r.bytes for r in merged),
         target.pid,
         target.start_time,
-        int(distinct) if _number(distinct) else len(merged),
+        int(distinct) if is_figure(distinct) else len(merged),
         meta,
     )
 
@@ -215,7 +215,7 @@ def sites_snapshot_from_reply(target: ProbeTarget, now: float, reply: dict) -> S
             item.get("bytes"),
             item.get("traceback"),
         )
-        if not (isinstance(name, str) and _number(count) and _number(size)):
+        if not (isinstance(name, str) and is_figure(count) and is_figure(size)):
             continue
         frames = [f for f in stack if isinstance(f, str)] if isinstance(stack, list) else []
         rows.append(HistogramRow(name[:1000], float(count), float(size), " ← ".join(frames)[:2000] or None))
@@ -224,26 +224,17 @@ def sites_snapshot_from_reply(target: ProbeTarget, now: float, reply: dict) -> S
     meta = {
         key: reply.get(key)
         for key in ("frames", "traced_bytes", "tracemalloc_bytes", "remaining_s", "elapsed_s", "owned")
-        if _number(reply.get(key)) or isinstance(reply.get(key), bool)
+        if is_figure(reply.get(key)) or isinstance(reply.get(key), bool)
     }
     return Snapshot(
         target.instance,
         "tracemalloc",
         now,
         rows,
-        float(total_count) if _number(total_count) else sum(r.count for r in rows),
-        float(total_bytes) if _number(total_bytes) else sum(r.bytes for r in rows),
+        float(total_count) if is_figure(total_count) else sum(r.count for r in rows),
+        float(total_bytes) if is_figure(total_bytes) else sum(r.bytes for r in rows),
         target.pid,
         target.start_time,
-        int(distinct) if _number(distinct) else len(rows),
+        int(distinct) if is_figure(distinct) else len(rows),
         meta,
-    )
-
-
-def _number(value: object) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value >= 0
     )

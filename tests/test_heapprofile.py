@@ -4,6 +4,7 @@ generated profiles, and truncated or corrupted files (clear errors, never a cras
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -227,6 +228,30 @@ def test_an_odd_line_in_the_stacks_is_refused(stacks, line):
         parse_heap_profile(head + "\n" + line + "\n" + tail, "odd.heap")
     except HeapProfileError as exc:
         assert "odd.heap:2" in str(exc)
+
+
+wide = st.one_of(st.integers(0, 2**64 - 1), st.integers(2**64 - 2, 2**64 + 2), st.integers(0, 10**400))
+
+
+@settings(max_examples=300, deadline=None)
+@given(objects=wide, size=wide, period=wide, gperftools=st.booleans())
+def test_counts_past_64_bits_are_refused_naming_their_line(objects, size, period, gperftools):
+    """Every figure of a dump is a 64-bit counter: a wider one is corruption (and would overflow a
+    float while un-biasing), refused with the line; the rest parse to finite figures."""
+    if gperftools:
+        text = _gperftools_text([([0x1234], objects, size)]).replace("heapprofile", f"heap_v2/{period}", 1)
+    else:
+        text = _jemalloc_text(period, [([0x1234], objects, size)])
+    try:
+        profile = parse_heap_profile(text, "wide.heap")
+    except HeapProfileError as exc:
+        assert max(objects, size, period) >= 2**64, exc
+        assert re.match(r"wide\.heap:\d+: a count, size or sample period wider than 64 bits", str(exc)), exc
+    else:
+        assert max(objects, size, period) < 2**64
+        (record,) = profile.stacks
+        assert math.isfinite(record.live_bytes) and math.isfinite(record.live_objects)
+        assert record.live_bytes >= float(size)
 
 
 @pytest.mark.parametrize(

@@ -210,6 +210,8 @@ def test_a_forked_child_does_not_inherit_the_session(spawn, sock_dir):
     assert wait_ready(proc, 30)[1:] == ["0", "True"]
 
 
+# integers of any width, as JSON carries them (400 digits overflow a float)
+WIDE = st.integers(-(10**400), 10**400) | st.integers(2**63 - 2, 2**63 + 2)
 sites_replies = st.fixed_dictionaries(
     {
         "sites": st.lists(
@@ -217,8 +219,8 @@ sites_replies = st.fixed_dictionaries(
                 st.fixed_dictionaries(
                     {
                         "site": st.one_of(st.text(max_size=30), st.none(), st.integers()),
-                        "count": st.one_of(st.integers(-1, 10**6), st.floats(), st.none()),
-                        "bytes": st.one_of(st.integers(-1, 10**9), st.floats(), st.text(max_size=2)),
+                        "count": st.one_of(st.integers(-1, 10**6), WIDE, st.floats(), st.none()),
+                        "bytes": st.one_of(st.integers(-1, 10**9), WIDE, st.floats(), st.text(max_size=2)),
                         "traceback": st.one_of(
                             st.lists(st.one_of(st.text(max_size=20), st.integers())), st.none()
                         ),
@@ -229,9 +231,9 @@ sites_replies = st.fixed_dictionaries(
             ),
             max_size=8,
         ),
-        "total_bytes": st.one_of(st.integers(-5, 10**9), st.floats(), st.none()),
-        "total_count": st.one_of(st.integers(-5, 10**6), st.none()),
-        "distinct_sites": st.one_of(st.integers(0, 10**4), st.none(), st.floats()),
+        "total_bytes": st.one_of(st.integers(-5, 10**9), WIDE, st.floats(), st.none()),
+        "total_count": st.one_of(st.integers(-5, 10**6), WIDE, st.none()),
+        "distinct_sites": st.one_of(st.integers(0, 10**4), WIDE, st.none(), st.floats()),
         "frames": st.one_of(st.integers(1, 25), st.text(max_size=2)),
         "remaining_s": st.floats(),
     }

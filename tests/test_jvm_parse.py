@@ -151,14 +151,32 @@ def test_other_attach_failures():
     assert "exit 3" in str(other) and "Unknown diagnostic command" in str(other)
 
 
+# figures as jcmd prints them, and wider than any JVM counter (a Java long), up to 400 digits
+figures = st.one_of(st.integers(0, 10**12), st.integers(2**63 - 2, 2**63 + 2), st.integers(0, 10**400))
+units = st.sampled_from(["", "K", "M", "G", "KB", "MB", "GB"])
 lines = st.one_of(
     st.text(max_size=60).map(lambda s: s.replace("\n", " ")),
     st.builds(
         lambda r, n, b, c: f"{r:4d}: {n:12d} {b:14d}  {c}",
         st.integers(0, 10**5),
-        st.integers(0, 10**9),
-        st.integers(0, 10**12),
+        figures,
+        figures,
         st.from_regex(r"[A-Za-z$.\[;]{1,30}", fullmatch=True),
+    ),
+    st.builds(lambda n, b: f"Total {n} {b}", figures, figures),
+    st.builds(
+        lambda t, tu, u, uu: f" garbage-first heap   total {t}{tu}, used {u}{uu} [0x0, 0x1)",
+        figures,
+        units,
+        figures,
+        units,
+    ),
+    st.builds(
+        lambda r, ru, c, cu: f"Total: reserved={r}{ru}, committed={c}{cu}",
+        figures,
+        st.sampled_from(["KB", "MB", "GB", "B"]),
+        figures,
+        st.sampled_from(["KB", "MB", "GB", "B"]),
     ),
     st.sampled_from(["Total 1 2", " num     #instances         #bytes  class name (module)", "-----", ""]),
 )
@@ -170,8 +188,13 @@ def test_any_jcmd_output_parses_or_raises_a_probe_error(body):
     text = "\n".join(body)
     for parse in (parse_class_histogram, parse_heap_info, parse_native_memory):
         try:
-            parse(text)
+            parsed = parse(text)
         except JcmdOutputError as exc:
             assert isinstance(exc, ProbeError) and str(exc)
+            continue
+        names = ("total_instances", "total_bytes", "used", "committed", "reserved", "malloc", "after_gc")
+        figures_read = [getattr(parsed, f, None) for f in names]
+        figures_read += [x for row in getattr(parsed, "rows", []) for x in (row.instances, row.bytes)]
+        assert all(x < 2**63 for x in figures_read if isinstance(x, int)), parsed  # a Java long, SQLite's too
     report = split_report(text)
     assert report.class_histogram is None or "num" in report.class_histogram

@@ -230,3 +230,17 @@ def test_parse_rfc3339_forms():
 @pytest.fixture(autouse=True)
 def _secret(monkeypatch):
     monkeypatch.setenv("NOTIFY_TEST_SECRET", SECRET)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=500) | st.integers(-(10**400), 10**400).map(str) | st.just("9" * 4400))
+def test_any_timestamp_header_is_accepted_or_refused_as_a_signature_error(timestamp):
+    """The header comes from whoever connects: 400 digits (a float overflow) or 4400 (past int()'s
+    limit) are a refusal like any other, never another exception."""
+    signature = sign(SECRET, int(T0), b"{}")
+    try:
+        verify(SECRET, timestamp, signature, b"{}", T0, 300)
+    except SignatureError as exc:
+        assert str(exc)
+    else:
+        assert timestamp.strip() == str(int(T0))

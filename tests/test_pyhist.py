@@ -100,6 +100,8 @@ def test_histogram_intervals_are_per_process(spawn, tmp_path):
     assert probe.collect(target, now + 31).samples
 
 
+# a hook's JSON may carry integers of any width: 400 digits overflow a float, 2**63 SQLite's INTEGER
+wide = st.integers(-(10**400), 10**400) | st.integers(2**63 - 2, 2**63 + 2)
 replies = st.fixed_dictionaries(
     {},
     optional={
@@ -108,8 +110,10 @@ replies = st.fixed_dictionaries(
                 st.fixed_dictionaries(
                     {
                         "type": st.text(max_size=20),
-                        "count": st.one_of(st.integers(-5, 10**6), st.floats(), st.none(), st.booleans()),
-                        "bytes": st.one_of(st.integers(-5, 10**9), st.floats(), st.text(max_size=3)),
+                        "count": st.one_of(
+                            st.integers(-5, 10**6), wide, st.floats(), st.none(), st.booleans()
+                        ),
+                        "bytes": st.one_of(st.integers(-5, 10**9), wide, st.floats(), st.text(max_size=3)),
                     }
                 ),
                 st.integers(),
@@ -117,8 +121,8 @@ replies = st.fixed_dictionaries(
             ),
             max_size=30,
         ),
-        "objects": st.one_of(st.integers(-1, 10**7), st.floats(), st.none(), st.text(max_size=3)),
-        "distinct_types": st.one_of(st.integers(0, 10**5), st.none(), st.floats()),
+        "objects": st.one_of(st.integers(-1, 10**7), wide, st.floats(), st.none(), st.text(max_size=3)),
+        "distinct_types": st.one_of(st.integers(0, 10**5), wide, st.none(), st.floats()),
         "elapsed_s": st.floats(),
     },
 )
@@ -131,6 +135,9 @@ def test_any_histogram_reply_makes_a_sane_snapshot(reply):
     assert all(r.count >= 0 and r.bytes >= 0 for r in snapshot.rows)
     assert len({r.name for r in snapshot.rows}) == len(snapshot.rows)
     assert snapshot.total_count >= 0 and snapshot.total_bytes == sum(r.bytes for r in snapshot.rows)
+    assert all(
+        0 <= x <= 2**63 for r in snapshot.rows for x in (r.count, r.bytes)
+    )  # floats, so 2**63 - 1 rounds up
     assert snapshot.kind == "type"
     json.dumps(snapshot.to_dict(), allow_nan=False)  # what the API sends
 

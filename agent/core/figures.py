@@ -1,0 +1,25 @@
+"""Numbers from outside the agent: what a count, size or time read from a reply, a payload or a file may be.
+
+JSON and the text formats carry integers of any length, and Python reads them exactly; one of 400
+digits then overflows every float it meets (`float()`, `math.isfinite`, a division, a format) and
+SQLite's INTEGER. Whatever takes such a figure from outside checks it here first and treats a
+failure as malformed input, said as such.
+"""
+
+from __future__ import annotations
+
+FIGURE_LIMIT = 2**63  # a signed 64-bit counter: a Java long, SQLite's INTEGER; far past any real figure
+
+
+def is_number(value: object) -> bool:
+    """A real number (not a bool) that is finite and within ±2**63."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and -FIGURE_LIMIT < value < FIGURE_LIMIT
+    )
+
+
+def is_figure(value: object) -> bool:
+    """A count or size: a number that is also not negative."""
+    return is_number(value) and value >= 0  # type: ignore[operator]
