@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.errors import ProbeError
+from agent.core.figures import is_figure
 from native_hooks.errors import ShimNotBuilt
 from native_hooks.sockets import find_socket
 from native_hooks.which_allocator import AllocatorGuess, detect_allocator
@@ -89,12 +90,20 @@ def _probe_hook(socket: str | None, timeout: float, pid: int, root: Path) -> Hoo
         status.error = str(exc)
         return status
     status.reachable = True
-    status.kind = stats.get("hook")
-    status.allocator = stats.get("allocator")
-    status.figures = stats.get("figures") or {}
-    status.prof = stats.get("prof") or {}
-    status.python = stats.get("python") or {}
+    # the reply comes from the target's process: keep what has the shape the report reads
+    status.kind = _text(stats.get("hook"))
+    status.allocator = _text(stats.get("allocator"))
+    figures, prof, python = (
+        stats.get(k) if isinstance(stats.get(k), dict) else {} for k in ("figures", "prof", "python")
+    )
+    status.figures = {str(k)[:50]: v for k, v in figures.items() if is_figure(v)}
+    status.prof = {str(k)[:50]: v for k, v in prof.items() if isinstance(v, bool)}
+    status.python = python
     return status
+
+
+def _text(value: Any) -> str | None:
+    return value[:100] if isinstance(value, str) else None
 
 
 def diagnose(

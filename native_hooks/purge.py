@@ -13,7 +13,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.core.figures import is_figure
 from native_hooks.client import HookClient
+from native_hooks.errors import HookProtocolError
 from probes.linux.procfs import HOST_ROOT
 
 DEFAULT_TIMEOUT_S = 10.0  # a trim of a large fragmented glibc heap walks every free chunk
@@ -51,14 +53,23 @@ def purge(
     params = {"gc": True} if gc else {}
     with HookClient(socket, timeout, pid=pid, root=root) as client:
         reply = client.request("purge", **params)
-    before, after = int(reply["rss_before"]), int(reply["rss_after"])
+    return purge_result(reply)
+
+
+def purge_result(reply: dict[str, Any]) -> PurgeResult:
+    """The hook's purge reply read as figures, or `HookProtocolError` when it lacks sane ones."""
+    before, after, took, pid = (reply.get(k) for k in ("rss_before", "rss_after", "duration_s", "pid"))
+    if not (is_figure(before) and is_figure(after) and is_figure(took if took is not None else 0.0)):
+        raise HookProtocolError(
+            f"the hook's purge reply lacks sane rss_before, rss_after and duration_s figures: {str(reply)[:200]}"
+        )
     return PurgeResult(
-        allocator=str(reply.get("allocator", "unknown")),
-        action=str(reply.get("action", "")),
-        rss_before=before,
-        rss_after=after,
-        returned_bytes=max(0, before - after),
-        duration_s=float(reply.get("duration_s", 0.0)),
-        pid=int(reply.get("pid", 0)),
-        hook=str(reply.get("hook", "")),
+        allocator=str(reply.get("allocator", "unknown"))[:100],
+        action=str(reply.get("action", ""))[:200],
+        rss_before=int(before),
+        rss_after=int(after),
+        returned_bytes=max(0, int(before) - int(after)),
+        duration_s=float(took or 0.0),
+        pid=int(pid) if isinstance(pid, int) and is_figure(pid) else 0,
+        hook=str(reply.get("hook", ""))[:200],
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from agent.core.errors import ProbeUnavailable, TargetGone
+from agent.core.figures import is_figure
 from agent.core.records import ProbeResult, ProbeTarget, Sample
 from native_hooks.client import HookClient
 from native_hooks.errors import HOOK_HOWTO, HookNotFound
@@ -87,15 +88,15 @@ def samples_from_stats(instance: str, now: float, reply: dict) -> list[Sample]:
     samples = [
         Sample(instance, metric, now, float(figures[key]))
         for key, metric in FIGURE_METRICS.items()
-        if isinstance(figures.get(key), (int, float)) and not isinstance(figures.get(key), bool)
+        if is_figure(figures.get(key))  # a figure past 2**63 would overflow the float and SQLite
     ]
     allocated, resident = figures.get("allocated"), figures.get("resident")
-    if isinstance(allocated, (int, float)) and isinstance(resident, (int, float)) and allocated > 0:
+    if is_figure(allocated) and is_figure(resident) and allocated > 0:
         samples.append(
             Sample(instance, "allocator_fragmentation_ratio", now, float(resident) / float(allocated))
         )
     python = reply.get("python") if isinstance(reply.get("python"), dict) else {}
     blocks = python.get("pymalloc_allocated_blocks")
-    if isinstance(blocks, int) and not isinstance(blocks, bool):
+    if isinstance(blocks, int) and is_figure(blocks):
         samples.append(Sample(instance, "pymalloc_allocated_blocks", now, float(blocks)))
     return samples

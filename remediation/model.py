@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Literal, TypeVar, get_args, get_type_hints
 
+from agent.core.figures import is_number
+
 RequestKind = Literal["leak", "oom-risk", "fragmentation", "slow", "external", "manual", "crash-loop"]
 REQUEST_KINDS: tuple[str, ...] = (
     "leak",
@@ -357,8 +359,8 @@ def _checked(name: str, value: Any, hint: Any, *, required: bool) -> Any:
     if kinds == {bool}:
         return bool(value)
     if kinds == {float}:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if not is_number(value):  # finite, and no int too wide for a float
+            raise ValueError(f"{name} must be a finite number, got {repr(value)[:40]}")
         return float(value)
     if kinds == {str}:
         if not isinstance(value, str) or (required and not value):

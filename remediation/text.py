@@ -10,9 +10,12 @@ from agent.core.units import format_duration
 
 def at(ts: float | None) -> str:
     """`2026-05-09 06:05:00 CEST`: a wall-clock time in the agent's local zone; `never` for None/inf."""
-    if ts is None or not math.isfinite(ts):
-        return "never"
-    return datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+    try:
+        if ts is None or not math.isfinite(ts):
+            return "never"
+        return datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+    except (OverflowError, OSError, ValueError):  # past year 9999 (a peer's odd figure): said as it is
+        return f"unix time {str(ts)[:30]}"
 
 
 def span(seconds: float | None) -> str:

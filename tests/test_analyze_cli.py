@@ -90,6 +90,27 @@ def test_bad_lines_are_skipped_and_reported_unless_strict(tmp_path, capsys):
     assert f"{path}:3603" in capsys.readouterr().err
 
 
+def test_a_sample_stamped_decades_away_is_dropped_not_replayed(tmp_path, capsys):
+    """One stray time (a float 1e300, a 400-digit int, a year-5000 stamp) among a day of minutes
+    would stretch the replay over millennia of empty buckets: dropped and said, the rest judged."""
+    strays = [
+        '{"ts": 1e300, "instance": "leaky", "metric": "rss_bytes", "value": 5}',
+        '{"ts": 1' + "0" * 400 + ', "instance": "leaky", "metric": "rss_bytes", "value": 5}',
+        '{"ts": 95617584000, "instance": "steady", "metric": "rss_bytes", "value": 5}',
+        '{"ts": -86400, "instance": "steady", "metric": "rss_bytes", "value": 5}',
+    ]
+    path = _write_jsonl(tmp_path / "rec.jsonl", extra="\n".join(strays) + "\n")
+    clean = _write_jsonl(tmp_path / "clean.jsonl")
+    assert main(["analyze", str(path), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "skipped steady: rss_bytes: 2 samples stamped before 1970 or after 2100 dropped" in captured.err
+    assert "skipped leaky: rss_bytes: 1 samples stamped before 1970 or after 2100 dropped" in captured.err
+    report = json.loads(captured.out)
+    assert main(["analyze", str(clean), "--json"]) == 0
+    expected = json.loads(capsys.readouterr().out)
+    assert report["instances"] == expected["instances"]  # judged as if the strays were never there
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

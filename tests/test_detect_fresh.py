@@ -311,6 +311,9 @@ def test_a_profile_with_values_out_of_bounds_is_refused():
             WorkloadProfile.from_dict(good | {key: bad})
 
 
+MIDNIGHT = 1_767_571_200  # 2026-01-05 00:00 UTC
+
+
 def test_analyze_groups_instances_into_fleets_by_a_label_of_the_export(tmp_path, capsys):
     from agent.cli.main import main
     from agent.series.reader import read_files
@@ -319,11 +322,13 @@ def test_analyze_groups_instances_into_fleets_by_a_label_of_the_export(tmp_path,
     for i, (job, leak) in enumerate([("web", 4.0), ("web", 0.0), ("db", 0.0), ("db", 0.0)]):
         points = cut_at_oom(fresh(name=f"p{i}", seed=i, leak_pct_h=leak, hours=30)).series["rss_bytes"]
         labels = {"__name__": "process_resident_memory_bytes", "instance": f"p{i}", "job": job}
-        result.append({"metric": labels, "values": [[ts * 60, str(v)] for ts, v in points]})
+        # the shapes' compressed seconds as real minutes, from a midnight of 2026 (daily phase kept)
+        values = [[MIDNIGHT + (ts - T0) * 60, str(v)] for ts, v in points]
+        result.append({"metric": labels, "values": values})
         result.append(
             {
                 "metric": {**labels, "__name__": "memory_limit_bytes"},
-                "values": [[points[0][0] * 60, str(3 * 2**30)]],
+                "values": [[values[0][0], str(3 * 2**30)]],
             }
         )
     path = tmp_path / "fleet.json"

@@ -26,7 +26,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from agent.api.guard import MAX_JSON_DEPTH, json_too_deep
+from agent.api.guard import MAX_JSON_DEPTH, content_length, json_too_deep
 from agent.notify.external import ExternalAlert, open_external_finding, resolve_external_finding
 from agent.notify.inbound import AmWebhook, InboundAlert, InboundError, ignored, map_instance, parse_webhook
 from agent.notify.metrics import ReceiverCollector
@@ -39,12 +39,12 @@ async def read_limited(request: Request, limit: int) -> bytes:
     """The body, refused with 413 once it exceeds `limit` bytes (before reading it when the length is known)."""
     length = request.headers.get("content-length")
     if length is not None:
-        if not length.strip().isdigit():
+        size = content_length(length)
+        if size is None:
             raise InboundError(400, f"invalid Content-Length {length[:20]!r}")
-        if int(length) > limit:
+        if size > limit:
             raise InboundError(
-                413,
-                f"the body has {int(length)} bytes, more than the {limit} allowed (notify.receiver.max_body)",
+                413, f"the body has {size} bytes, more than the {limit} allowed (notify.receiver.max_body)"
             )
     chunks, size = [], 0
     try:

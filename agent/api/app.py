@@ -31,6 +31,8 @@ from agent.api.metrics import Telemetry, render
 from agent.api.remediation import remediation_routes
 from agent.core.catalog import CATALOG
 from agent.core.errors import ProbeError
+from agent.core.figures import EARLIEST_TIME as EARLIEST
+from agent.core.figures import LATEST_TIME as LATEST
 from agent.core.records import ProbeTarget
 from agent.core.units import parse_duration
 from agent.jobs.detection import Detection
@@ -44,7 +46,6 @@ from agent.watch.tracker import Tracker
 
 MAX_POINTS = 2000
 MAX_ID = 2**63 - 1  # SQLite's INTEGER
-EARLIEST, LATEST = 0.0, 4102444800.0  # 1970 to 2100: any other time is a typo
 RECEIVER_SLACK = 64 * 1024  # the receiver counts its own max_body (and its 413 metric); this is a backstop
 log = logging.getLogger("medic.api")
 # FastAPI 0.165 traces, measures and logs every request through OpenTelemetry as soon as a global

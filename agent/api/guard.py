@@ -119,6 +119,13 @@ _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _BRACKET = re.compile(rb"[\[\]{}]")
 
 
+def content_length(header: str) -> int | None:
+    """A Content-Length header's byte count, or None when it is not one (ASCII digits only: `int()`
+    would take '²' or 5000 digits and raise)."""
+    text = header.strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
 def json_too_deep(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether `body` nests arrays/objects deeper than `limit` (strings skipped): checked before parsing,
     so a deep payload gets a 400 rather than a RecursionError."""
@@ -236,13 +243,12 @@ class HttpGuard:
                 return
         length = headers.get("content-length")
         if length is not None:
-            if not length.strip().isdigit():
+            size = content_length(length)
+            if size is None:
                 await _answer(send, 400, f"invalid Content-Length {length[:20]!r}")
                 return
-            if int(length) > limit:
-                await _answer(
-                    send, 413, f"the request body has {int(length)} bytes; this endpoint accepts {limit}"
-                )
+            if size > limit:
+                await _answer(send, 413, f"the request body has {size} bytes; this endpoint accepts {limit}")
                 return
         await self._run(scope, receive, send, limit)
 

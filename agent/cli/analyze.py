@@ -148,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         result = read_files(args.files, strict=args.strict, label=args.label, progress=progress.reading)
         sources = ", ".join(args.files)
+    result.drop_times_out_of_range()
     if not result.points:
         first = "".join(f"\n  {problem}" for problem in result.problems[:5])
         raise SeriesFormatError(

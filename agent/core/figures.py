@@ -9,6 +9,7 @@ failure as malformed input, said as such.
 from __future__ import annotations
 
 FIGURE_LIMIT = 2**63  # a signed 64-bit counter: a Java long, SQLite's INTEGER; far past any real figure
+EARLIEST_TIME, LATEST_TIME = 0.0, 4_102_444_800.0  # 1970 to 2100: a unix time outside is a typo or junk
 
 
 def is_number(value: object) -> bool:

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.core.figures import is_number
 from agent.detect.model import RSS, InstanceSeries
 from agent.detect.params import DAY, DetectParams
 from agent.detect.prepared import Prepared
@@ -100,7 +101,7 @@ class WorkloadProfile:
 
 
 def _number(raw: Any, name: str, lo: float, hi: float) -> float:
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
+    if not is_number(raw):
         raise ValueError(f"{name} must be a finite number")
     if not lo <= raw <= hi:
         raise ValueError(f"{name} must be between {lo:g} and {hi:g}")

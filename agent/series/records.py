@@ -9,6 +9,7 @@ from operator import itemgetter, le
 from typing import Any
 
 from agent.core.errors import SeriesFormatError
+from agent.core.figures import EARLIEST_TIME, LATEST_TIME
 from agent.detect.model import InstanceSeries, Points
 
 MAX_KEPT_PROBLEMS = 1000
@@ -83,6 +84,23 @@ class ImportResult:
             self.add_problem(problem, strict=False)
         self.problem_count += other.problem_count - len(other.problems)
         self.points += other.points
+
+    def drop_times_out_of_range(self) -> None:
+        """Drop samples stamped before 1970 or after 2100, one problem per series: a stray time
+        decades away would stretch the replay over decades of empty buckets (minutes become hours)."""
+        for instance, metrics in self.columns.items():
+            for metric, (times, values) in metrics.items():
+                if not times or (min(times) >= EARLIEST_TIME and max(times) <= LATEST_TIME):
+                    continue
+                keep = [i for i, t in enumerate(times) if EARLIEST_TIME <= t <= LATEST_TIME]
+                dropped = len(times) - len(keep)
+                metrics[metric] = (
+                    array("d", (times[i] for i in keep)),
+                    array("d", (values[i] for i in keep)),
+                )
+                self.points -= dropped
+                message = f"{metric}: {dropped} samples stamped before 1970 or after 2100 dropped"
+                self.add_problem(Problem(instance, None, message), strict=False)
 
     @property
     def series(self) -> dict[str, dict[str, Points]]:

@@ -33,6 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from agent.core.figures import LATEST_TIME as LATEST  # a time past it in a record read back is no time
+from agent.core.figures import is_number
 from remediation.errors import CoordinatorError
 from remediation.model import Decision, FleetEntry, RestartRecord
 from remediation.text import at
@@ -44,7 +46,6 @@ MAX_PROFILE_BYTES = 4096  # a workload profile as JSON (they are under 2 KiB): m
 MAX_PROFILE_KEY = 200  # characters of a workload key
 MAX_PROFILE_READ = 64  # keys one get_profiles call reads
 MAX_PAUSE_BYTES = 4096  # a fleet pause record as JSON; a bigger one reads as unreadable (and holds)
-LATEST = 4102444800.0  # 2100-01-01: a time past it in a record read back is no time
 UNREADABLE_PAUSE = "unreadable fleet pause record (lift it with `medic resume --fleet`)"
 
 
@@ -116,10 +117,15 @@ def _text(value: Any, limit: int) -> str | None:
     return value[:limit] if isinstance(value, str) and value else None
 
 
+def _time_or_never(value: Any) -> bool:
+    """A time a grant may hold: a number a float can carry (±inf: never), not NaN nor a 400-digit int."""
+    return is_number(value) or (isinstance(value, float) and math.isinf(value))
+
+
 def checked_time(value: Any) -> float | None:
     """`value` as a unix time when it is a finite number between 1970 and 2100, else None."""
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return float(value) if number and math.isfinite(value) and 0 <= value <= LATEST else None
+    return float(value) if number and 0 <= value <= LATEST else None  # NaN and ±inf fail the range too
 
 
 def fleet_pause_decision(pause: Mapping[str, Any]) -> Decision:
@@ -207,12 +213,12 @@ class PlannedGrant:
         except TypeError as exc:
             raise ValueError(f"bad grant: {exc}") from None
         numbers = (grant.slot_at, grant.not_before)
-        if not all(isinstance(n, (int, float)) and not isinstance(n, bool) for n in numbers):
+        if not all(_time_or_never(n) for n in numbers):
             raise ValueError("a grant's slot_at and not_before must be numbers")
         if not isinstance(grant.revision, int) or not isinstance(grant.instance, str):
             raise ValueError("a grant needs an instance name and an integer revision")
         optional = (grant.deadline, grant.latest_start)
-        if not all(n is None or (isinstance(n, (int, float)) and not isinstance(n, bool)) for n in optional):
+        if not all(n is None or _time_or_never(n) for n in optional):
             raise ValueError("a grant's deadline and latest_start must be numbers or null")
         texts = (grant.fleet, grant.agent, grant.reason)
         if not all(isinstance(t, str) for t in texts) or not isinstance(grant.late, bool):
