@@ -51,7 +51,9 @@ def test_is_number_and_is_figure_draw_the_line_at_64_bits():
 def test_allocator_stats_keep_the_figures_a_float_can_carry(figures, blocks):
     reply = {"ok": True, "figures": figures, "python": {"pymalloc_allocated_blocks": blocks}}
     for sample in samples_from_stats("svc", T0, reply):
-        assert math.isfinite(sample.value) and 0 <= sample.value <= FIGURE_LIMIT, sample
+        assert math.isfinite(sample.value) and sample.value >= 0, sample
+        if sample.metric != "allocator_fragmentation_ratio":  # a ratio of two figures may pass 2**63
+            assert sample.value <= FIGURE_LIMIT, sample
 
 
 @settings(max_examples=300, deadline=None)
