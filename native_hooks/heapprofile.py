@@ -24,6 +24,7 @@ from typing import Literal, NoReturn
 
 from agent.core.bounded import read_regular_file
 from agent.core.errors import ProbeError, UnsafePath
+from agent.core.figures import decimal
 from probes.linux.fstrust import open_owned_file
 from probes.linux.maps import Mapping, parse_maps_line
 
@@ -284,8 +285,8 @@ def _frames(text: str, source: str, number: int) -> tuple[int, ...]:
 
 def _counters(*digits: str, source: str, number: int, line: str) -> tuple[int, ...]:
     """The line's counts as ints, each below 2**64 (a wider one would also overflow a float)."""
-    values = tuple(int(d) if len(d) <= 20 else COUNTER_LIMIT for d in digits)  # no 10**4300 parses
-    if max(values, default=0) >= COUNTER_LIMIT:
+    values = tuple(v for v in (decimal(d, COUNTER_LIMIT) for d in digits) if v is not None)
+    if len(values) != len(digits):
         _fail(source, number, line, "a count, size or sample period wider than 64 bits")
     return values
 

@@ -59,7 +59,7 @@ def purge(
 def purge_result(reply: dict[str, Any]) -> PurgeResult:
     """The hook's purge reply read as figures, or `HookProtocolError` when it lacks sane ones."""
     before, after, took, pid = (reply.get(k) for k in ("rss_before", "rss_after", "duration_s", "pid"))
-    if not (is_figure(before) and is_figure(after) and is_figure(took if took is not None else 0.0)):
+    if not (is_figure(before) and is_figure(after) and (took is None or is_figure(took))):
         raise HookProtocolError(
             f"the hook's purge reply lacks sane rss_before, rss_after and duration_s figures: {str(reply)[:200]}"
         )

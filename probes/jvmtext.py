@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from agent.core.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable, TargetGone
-from agent.core.figures import FIGURE_LIMIT
+from agent.core.figures import FIGURE_LIMIT, decimal
 
 KIB = 1024
 _UNITS = {"": 1, "B": 1, "K": KIB, "KB": KIB, "M": KIB**2, "MB": KIB**2, "G": KIB**3, "GB": KIB**3}
@@ -50,8 +50,8 @@ def _bytes(number: str, unit: str | None) -> int:
 def _count(number: str) -> int:
     """A figure jcmd printed: a JVM counter is 64 bits, so a wider one means the output is not jcmd's
     (and would overflow the store and every float after it)."""
-    value = int(number) if len(number) <= 20 else FIGURE_LIMIT  # never parse a 10**4300-digit run
-    if value >= FIGURE_LIMIT:
+    value = decimal(number)
+    if value is None:
         shown = number if len(number) <= 24 else number[:24] + "…"
         raise JcmdOutputError(f"a figure wider than 64 bits ({shown}): not jcmd's output")
     return value

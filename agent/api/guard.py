@@ -28,6 +28,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from agent.api.auth import TokenGuard
+from agent.core.figures import decimal
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -122,8 +123,7 @@ _BRACKET = re.compile(rb"[\[\]{}]")
 def content_length(header: str) -> int | None:
     """A Content-Length header's byte count, or None when it is not one (ASCII digits only: `int()`
     would take '²' or 5000 digits and raise)."""
-    text = header.strip()
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+    return decimal(header.strip(), 10**18)
 
 
 def json_too_deep(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:

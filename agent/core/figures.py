@@ -12,6 +12,15 @@ FIGURE_LIMIT = 2**63  # a signed 64-bit counter: a Java long, SQLite's INTEGER; 
 EARLIEST_TIME, LATEST_TIME = 0.0, 4_102_444_800.0  # 1970 to 2100: a unix time outside is a typo or junk
 
 
+def decimal(text: str, limit: int = FIGURE_LIMIT) -> int | None:
+    """`text` as a non-negative integer below `limit`, or None: ASCII digits only (`int()` also takes
+    '²', '١٢' and '+5'), and never a parse of thousands of digits (`int()` refuses past 4300)."""
+    if not (text.isascii() and text.isdigit()) or len(text) > len(str(limit)):
+        return None
+    value = int(text)
+    return value if value < limit else None
+
+
 def is_number(value: object) -> bool:
     """A real number (not a bool) that is finite and within ±2**63."""
     return (

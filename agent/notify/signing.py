@@ -13,6 +13,8 @@ import hashlib
 import hmac
 import math
 
+from agent.core.figures import decimal
+
 TIMESTAMP_HEADER = "X-Medic-Timestamp"
 SIGNATURE_HEADER = "X-Medic-Signature"
 _PREFIX = "sha256="
@@ -38,10 +40,9 @@ def verify(
     """Raise `SignatureError` unless `signature` signs `timestamp.body` and the timestamp is recent."""
     if not timestamp or not signature:
         raise SignatureError(f"send both {TIMESTAMP_HEADER} and {SIGNATURE_HEADER} headers")
-    text = timestamp.strip()
-    if not (text.isascii() and text.isdigit() and len(text) <= 15):  # no clock is wider; no float overflow
+    when = decimal(timestamp.strip(), 10**15)  # no clock is wider; no float overflow
+    if when is None:
         raise SignatureError(f"{TIMESTAMP_HEADER} must be unix seconds, got {timestamp[:40]!r}")
-    when = int(text)
     if not math.isfinite(now) or abs(now - when) > tolerance:
         raise SignatureError(
             f"{TIMESTAMP_HEADER} is {abs(now - when):.0f}s away from the agent's clock (allowed: {tolerance:.0f}s); "
