@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from types import SimpleNamespace
 
@@ -25,8 +24,8 @@ from agent.detect.histodiff import diff, same_process
 from agent.state.eventlog import EventLog
 from agent.state.histograms import HistogramStore
 from agent.state.store import Store
-from agent.watch.collector import Collector
 from agent.watch.tracker import Tracker
+from support.collector import one_instance_collector
 
 
 def snapshot(ts: float, rows: dict[str, tuple[float, float]], pid: int = 7, source: str = "jvm") -> Snapshot:
@@ -87,18 +86,9 @@ class BrokenHistograms(HistogramStore):
         raise StoreError("disk full")
 
 
-def _collector(store: Store, histos: HistogramStore | None = None) -> Collector:
-    config = validate_config({"instances": [{"name": "svc", "match": {"pid": os.getpid()}}]})
-    events = EventLog(store)
-    tracker = Tracker(config.instances, store, events)
-    state = tracker.states["svc"]
-    state.status, state.pid, state.start_time = "up", os.getpid(), 100.0
-    return Collector(tracker, store, events, [SnapshotProbe()], histograms=histos)
-
-
 def test_the_collector_stores_the_snapshots_probes_return(tmp_path):
     store = Store(tmp_path)
-    collector = _collector(store)
+    collector = one_instance_collector(store, [SnapshotProbe()])
     assert collector.run("slow", now=1.0) == 1
     collector.run("slow", now=2.0)
     assert [s.ts for s in HistogramStore(store).history("svc", "class", 0, 10)] == [1.0, 2.0]
@@ -106,7 +96,7 @@ def test_the_collector_stores_the_snapshots_probes_return(tmp_path):
 
 def test_a_snapshot_that_cannot_be_stored_is_a_partial_failure(tmp_path):
     store = Store(tmp_path)
-    collector = _collector(store, BrokenHistograms(store))
+    collector = one_instance_collector(store, [SnapshotProbe()], BrokenHistograms(store))
     assert collector.run("slow", now=1.0) == 1  # the samples are kept
     health = collector.tracker.states["svc"].probes["histo"]
     assert not health.ok and health.last_error == "disk full"

@@ -148,6 +148,7 @@ class Collector:
                 f"{health.unavailable}",
                 instance=state.name,
                 probe=probe.name,
+                after="unavailable",
                 unavailable_for=round(now - (since or now), 3),
             )
         health.unavailable = None
@@ -157,9 +158,10 @@ class Collector:
             if not health.ok:
                 self.events.emit(
                     "probe_recovered",
-                    f"probe {probe.name} works again",
+                    f"probe {probe.name} works again, after: {health.last_error}",
                     instance=state.name,
                     probe=probe.name,
+                    after="error",
                 )
             health.ok, health.last_error = True, None
             self.observe(probe.name, elapsed, True)
