@@ -170,4 +170,6 @@ def test_offline_heap_diff_of_two_files(binary, tmp_path):
     broken = tmp_path / "broken.heap"
     broken.write_bytes(final.read_bytes()[:200])
     failed = medic_cli("heap", "--file", str(broken), timeout=60)
-    assert failed.returncode == 1 and "truncated" in failed.stderr and str(broken) in failed.stderr
+    assert failed.returncode == 2 and "truncated" in failed.stderr and str(broken) in failed.stderr
+    missing = medic_cli("heap", "--file", str(tmp_path / "missing.heap"), timeout=60)
+    assert missing.returncode == 2 and "missing.heap" in missing.stderr

@@ -142,14 +142,17 @@ def render_attribution(body: dict) -> str:
 def _local(args: argparse.Namespace) -> int:
     from agent.core.histograms import HistogramRow, Snapshot
     from agent.detect.histodiff import diff
-    from native_hooks.heapprofile import read_heap_profile
+    from native_hooks.heapprofile import HeapProfileError, read_heap_profile
     from native_hooks.heapsites import allocation_sites
     from native_hooks.symbolize import Symbolizer
 
     symbolizer = Symbolizer()
 
     def snapshot(path: str) -> Snapshot:
-        profile = read_heap_profile(path)
+        try:
+            profile = read_heap_profile(path)
+        except HeapProfileError as exc:  # a file given on the command line is input, like `medic analyze`'s
+            raise UsageError(str(exc)) from None
         sites = allocation_sites(profile, symbolizer, max(1, args.frames))
         rows = [HistogramRow(s.name, s.live_objects, s.live_bytes, " ← ".join(s.stack)) for s in sites]
         mtime = os.stat(path).st_mtime
