@@ -43,8 +43,9 @@ from agent.jobs.peers import PeersJob
 from agent.jobs.remediation import Remediation
 from agent.jobs.streak import SkippedRuns
 from agent.notify.service import start_notifier
+from agent.state import AGENT_FILE_NAME
 from agent.state.eventlog import EventLog
-from agent.state.lock import AGENT_FILE_NAME, hold_state_dir
+from agent.state.lock import hold_state_dir
 from agent.state.store import Store
 from agent.watch.collector import KEEPALIVE, SAMPLES_PER_BUCKET, Collector
 from agent.watch.supervisor import exit_status

@@ -16,7 +16,8 @@ import sys
 import pytest
 
 from agent.core.errors import ConfigError, UnsafePath
-from agent.state.lock import AGENT_FILE_NAME, LOCK_FILE_NAME, hold_state_dir
+from agent.state import AGENT_FILE_NAME
+from agent.state.lock import LOCK_FILE_NAME, hold_state_dir
 from probes.linux.fstrust import atomic_write, ensure_private_dir
 from support.procs import REPO
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from fastapi import HTTPException, Request
 
+from agent.state import TOKEN_FILE_NAME
 from probes.linux.fstrust import create_exclusive, ensure_private_dir
 from probes.linux.secrets import read_token
 
-TOKEN_FILE_NAME = "admin.token"
 MIN_TOKEN_CHARS = 16  # whoever guesses it can restart instances
 
 

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from agent.core.bounded import AnswerTooLarge, AnswerTooSlow, read_bounded
 from agent.core.errors import AgentUnreachable, ApiError, ProbeError, UnsafePath, UsageError
+from agent.state import AGENT_FILE_NAME, TOKEN_FILE_NAME
 from probes.linux.fstrust import read_private_file
 from probes.linux.procfs import read_tcp_listeners
 from probes.linux.secrets import read_token
@@ -49,7 +50,7 @@ def agent_url(explicit: str | None, state: str | None = None) -> str:
     if directory:
         _note_owner(Path(directory))
     if not url and directory:
-        url, source = _url_from_state(Path(directory) / "agent.json"), f"{directory}/agent.json"
+        url, source = _url_from_state(Path(directory) / AGENT_FILE_NAME), f"{directory}/{AGENT_FILE_NAME}"
     return check_url(url or DEFAULT_URL, source)
 
 
@@ -86,7 +87,7 @@ def admin_token(token_file: str | None, state: str | None = None) -> str:
     (default ./medic-state/admin.token); a file others may read is refused with the chmod that fixes it."""
     if not token_file and os.environ.get("MEDIC_TOKEN"):
         return os.environ["MEDIC_TOKEN"].strip()
-    default = Path(state_dir(state) or DEFAULT_STATE_DIR) / "admin.token"
+    default = Path(state_dir(state) or DEFAULT_STATE_DIR) / TOKEN_FILE_NAME
     if token_file:
         _note_owner(Path(token_file))
         return read_token(Path(token_file), "--token-file")

@@ -25,6 +25,7 @@ import agent
 from agent.core.errors import MedicError, ProbeError
 from agent.demo.config import SERVER_MODULE, DemoSettings, ServerSpec, demo_config, plan_servers
 from agent.demo.model import build_model
+from agent.state import AGENT_FILE_NAME
 from probes.linux.fstrust import atomic_write, ensure_private_dir
 from probes.linux.procfs import read_cmdline
 
@@ -84,7 +85,7 @@ class Fleet:
         config = demo_config(self.settings, self.servers, model, self.state_dir)
         config_path = self.state_dir / "medic.yaml"
         _write_private(config_path, json.dumps(config, indent=2))  # JSON is YAML
-        (self.state_dir / "agent" / "agent.json").unlink(missing_ok=True)
+        (self.state_dir / "agent" / AGENT_FILE_NAME).unlink(missing_ok=True)
         argv = [sys.executable, "-m", "agent.cli.main", "run", "--config", str(config_path)]
         with open(self.log_path, "ab") as log:
             self.agent = subprocess.Popen(
@@ -107,7 +108,7 @@ class Fleet:
     def _wait_for_agent(self, timeout: float) -> str:
         import httpx
 
-        info = self.state_dir / "agent" / "agent.json"
+        info = self.state_dir / "agent" / AGENT_FILE_NAME
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.check()

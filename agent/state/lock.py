@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 from agent.core.errors import ConfigError, MedicError
+from agent.state import AGENT_FILE_NAME
 from probes.linux.fstrust import ensure_private_file, read_private_file
 
 LOCK_FILE_NAME = "lock"
-AGENT_FILE_NAME = "agent.json"  # written by the runtime once it listens
 
 
 class StateDirLock:
