@@ -84,7 +84,7 @@ shape = st.fixed_dictionaries(
         "event": st.floats(0, 3 * 3600),
         "length": st.floats(60, 7200),
         "size": st.floats(0.3, 12),
-        "gap": st.tuples(st.floats(0, 4 * 3600), st.floats(0, 3600)),
+        "gap": st.tuples(st.floats(0, 4 * 3600), st.floats(0, 7200)),  # past the history: skipped ticks
         "restart": st.booleans(),
         "starts": st.booleans(),
         "jitter": st.booleans(),
@@ -162,3 +162,24 @@ def test_a_replay_without_the_screen_is_the_same(tmp_path):
             {name: [(f.id, f.opened_at, f.resolved_at) for f in a.findings] for name, a in analyses.items()}
         )
     assert out[0] == out[1] and out[0]["i0"] and not out[0]["i1"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("slo", [None, Slo(0.99, 0.1, 300.0)])
+def test_a_gap_in_every_member_skips_its_ticks_and_changes_no_finding(seed, slo):
+    """The whole fleet goes quiet for two hours in the middle of a slow episode (the agent was
+    away): the replay skips the ticks that see no sample, and finds what judging them all finds."""
+    quiet = (2 * 3600.0, 2 * 3600.0)
+    slow = dict(base=0.05, noise=0.05, kind="slow", event=1.5 * 3600, length=3 * 3600, size=6, gap=quiet,
+                restart=False, starts=False, jitter=False)  # fmt: skip
+    calm = {**slow, "kind": "none"}
+    members = fleet(seed, [slow, calm, calm, calm], 60.0, 6.0, None)
+    slos = {m.instance: slo for m in members}
+    expected = reference(members, DEFAULT_SLOW, slos)
+    analyses = {m.instance: InstanceAnalysis(m.instance, [], [], [], None, None) for m in members}
+    ticks = analyze_slow([members], analyses, DEFAULT_SLOW, slos=slos)
+    got = {f.id: (f, a.at_open.get(f.id)) for a in analyses.values() for f in a.findings}
+    assert expected and got == expected
+    assert (
+        ticks < len(grid(T0, T0 + 6 * 3600, DEFAULT_SLOW)) - 3600 / DEFAULT_SLOW.step
+    )  # an hour of ticks skipped

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.detect.context import Context
+from agent.detect.coverage import seen_from, steps_seen
 from agent.detect.fragmentation import judge_fragmentation, note_both
 from agent.detect.growth import time_to_limit
 from agent.detect.leak import judge_leak, leak_series
@@ -142,8 +143,17 @@ class InstanceAnalysis:
         }
 
 
-def analyze_instance(series: InstanceSeries, params: DetectParams = DEFAULT_PARAMS) -> InstanceAnalysis:
-    """Replay the online path over the whole of `series`, tick by tick."""
+def judged_reach(params: DetectParams) -> tuple[float, float]:
+    """How far before and after its instant a judgement may read samples, with a step to spare each
+    way: every detector fits the last `window` of buckets, and answers "unknown" without them."""
+    return params.window + 2 * params.step, params.step
+
+
+def analyze_instance(
+    series: InstanceSeries, params: DetectParams = DEFAULT_PARAMS, every_tick: bool = False
+) -> InstanceAnalysis:
+    """Replay the online path over the whole of `series`, tick by tick; the ticks that see no sample
+    are skipped (`agent.detect.coverage`) unless `every_tick` (the reference the skipping is held to)."""
     prep = Prepared(series, params)
     first, last = series.first_ts(), series.last_ts()
     out = InstanceAnalysis(series.instance, [], [], [], first, last, prep.starts[1:])
@@ -154,7 +164,9 @@ def analyze_instance(series: InstanceSeries, params: DetectParams = DEFAULT_PARA
     active: list[Finding] = []
     opened: dict[str, Finding] = {}
     observations: list[Observation] = []
-    for k in range(math.floor(first / width) + 1, math.floor(last / width + 1e-9) + 1):
+    ks = range(math.floor(first / width) + 1, math.floor(last / width + 1e-9) + 1)
+    seen = seen_from(series.series.values(), *judged_reach(params))
+    for k in ks if every_tick else steps_seen(seen, width, ks.start, ks.stop - 1):
         observations = judge(prep, k * width, skip_quiet=not active)
         if not observations:
             continue

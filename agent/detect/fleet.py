@@ -22,7 +22,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
-from agent.detect.engine import InstanceAnalysis, judge
+from agent.detect.coverage import Sight, seen_from, steps_seen, union
+from agent.detect.engine import InstanceAnalysis, judge, judged_reach
 from agent.detect.lifecycle import update
 from agent.detect.model import Finding, InstanceSeries, Observation
 from agent.detect.params import DetectParams
@@ -339,9 +340,12 @@ def _needs_everyone(
     return sorted(needed)
 
 
-def _replay(fleet: list[InstanceSeries], params: DetectParams) -> list[InstanceAnalysis]:
+def _replay(
+    fleet: list[InstanceSeries], params: DetectParams, every_tick: bool = False
+) -> list[InstanceAnalysis]:
     """`analyze_instance` for every instance of one fleet, tick by tick together, with
-    `fleet_evidence` applied at each tick."""
+    `fleet_evidence` applied at each tick; the ticks that see no sample are skipped unless
+    `every_tick` (the reference the skipping is held to)."""
     preps = [Prepared(s, params) for s in fleet]
     outs = [
         InstanceAnalysis(s.instance, [], [], [], s.first_ts(), s.last_ts(), p.starts[1:])
@@ -360,13 +364,25 @@ def _replay(fleet: list[InstanceSeries], params: DetectParams) -> list[InstanceA
     active: list[list[Finding]] = [[] for _ in fleet]
     opened: list[dict[str, Finding]] = [{} for _ in fleet]
     last_obs: list[list[Observation]] = [[] for _ in fleet]
-    for k in range(math.floor(first / width) + 1, math.floor(last / width + 1e-9) + 1):
+    # a tick at which no instance sees a sample changes nothing; an instance that sees none and
+    # has no finding is judged to nothing (`judge` with `skip_quiet` would say the same, slower)
+    back, ahead = judged_reach(params)
+    seen = [seen_from(s.series.values(), back, ahead) for s in fleet]
+    sights = [Sight(intervals) for intervals in seen]
+    ks = range(math.floor(first / width) + 1, math.floor(last / width + 1e-9) + 1)
+    anyone = union(interval for intervals in seen for interval in intervals)
+    for k in ks if every_tick else steps_seen(anyone, width, ks.start, ks.stop - 1):
         tick = k * width
         live = [
             i for i, (a, b) in enumerate(spans)
             if a is not None and b is not None and a < tick <= math.floor(b / width + 1e-9) * width
         ]  # fmt: skip
-        per = {i: judge(preps[i], tick, skip_quiet=not active[i]) for i in live}
+        per = {
+            i: judge(preps[i], tick, skip_quiet=not active[i])
+            if every_tick or active[i] or sights[i].sees(tick)
+            else []
+            for i in live
+        }
         rejudge = _needs_everyone(per, preps, tick, params) if len(live) > 1 else []
         if rejudge is not None:
             for i in rejudge:

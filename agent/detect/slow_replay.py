@@ -25,6 +25,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from itertools import compress
 
+from agent.detect.coverage import Interval, seen_from, steps_seen
 from agent.detect.engine import InstanceAnalysis
 from agent.detect.latency_rules import CANARY, QUANTILE_METRICS, LatencyView, Slo, SlowParams
 from agent.detect.lifecycle import update
@@ -98,14 +99,18 @@ def analyze_slow(
     return judged
 
 
-def grid(first: float, last: float, params: SlowParams) -> list[float]:
-    """The judgement ticks over samples from `first` to `last`, as the agent's job makes them."""
-    ticks = []
-    tick = tick_for(first, params) + params.step
-    while tick <= last + 1e-9:
-        ticks.append(tick)
-        tick += params.step
-    return ticks
+def grid(
+    first: float, last: float, params: SlowParams, seen: Sequence[Interval] | None = None
+) -> list[float]:
+    """The judgement ticks over samples from `first` to `last`, as the agent's job makes them (the
+    multiples of the step); with `seen`, only those in its intervals (`agent.detect.coverage`)."""
+    step = params.step
+    k_first = math.floor(first / step + 1e-9) + 1
+    k_last = math.floor(last / step + 1e-9) + 1
+    while k_last * step > last + 1e-9:
+        k_last -= 1
+    steps = range(k_first, k_last + 1) if seen is None else steps_seen(seen, step, k_first, k_last)
+    return [k * step for k in steps]
 
 
 class _FleetReplay:
@@ -125,7 +130,11 @@ class _FleetReplay:
         self.names = [w.series.instance for w in self.windows]
         first = min(min(points[0][0] for points in w.metrics.values()) for w in self.windows)
         last = max(max(points[-1][0] for points in w.metrics.values()) for w in self.windows)
-        self.ticks = grid(first, last, params)  # when the samples are loaded …
+        # a tick where no member has a sample in the history it loads judges them all "unknown"
+        seen = seen_from(
+            (p for w in self.windows for p in w.metrics.values()), self.span + params.step, params.step
+        )
+        self.ticks = grid(first, last, params, seen)  # when the samples are loaded …
         self.judged = [tick_for(tick, params) for tick in self.ticks]  # … and the instant judged
         self.tick_array, self.judged_array = array("d", self.ticks), array("d", self.judged)
         self._screen_instants = (self.tick_array.tobytes(), self.judged_array.tobytes())
