@@ -39,6 +39,9 @@ def _plain_spans(points, gap):
 def test_the_spans_are_those_a_scan_of_every_point_finds(ts, gap):
     points = [(t, 0.0) for t in ts]
     assert sample_spans(points, gap) == _plain_spans(points, gap)
+    assert sample_spans(ts, gap, key=None) == _plain_spans(
+        points, gap
+    )  # bare times, as the slow replay has them
 
 
 @given(

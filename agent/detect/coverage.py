@@ -4,49 +4,54 @@ each of their ticks to nothing.
 
 A judgement at `t` reads only samples in `[t - back, t + ahead]` (its windows): where a series has
 none, every detector answers "unknown", which changes no finding, so the ticks there can be left
-out. The spans of a series are found by halving index ranges whose ends are more than `back` apart,
-which costs O(duration / back · log n) instead of reading every point: a replay of weeks of
-one-minute samples pays a few thousand comparisons per series for it.
+out. The spans of a series are found by bisection, which costs O(duration / back · log n) instead of
+reading every point: a replay of weeks of one-minute samples pays a few thousand comparisons per
+series for it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from operator import itemgetter
+from typing import Any
 
 Interval = tuple[float, float]
+_time = itemgetter(0)
 
 
-def sample_spans(points: Sequence[tuple[float, float]], gap: float) -> list[Interval]:
-    """`(first, last)` of each run of `points` (sorted by time) with no gap wider than `gap` inside."""
+def sample_spans(
+    points: Sequence[Any], gap: float, key: Callable[[Any], float] | None = _time
+) -> list[Interval]:
+    """`(first, last)` of each run of `points` (sorted by time) with no gap wider than `gap` inside;
+    `key` reads a point's time (default: `(ts, value)` pairs; None: the points are times).
+
+    From each point it jumps to the last one within `gap` of it (a bisection): two jumps cover at
+    least `gap` of time, so a dense series costs O(duration / gap · log n), not a look at each point."""
     n = len(points)
     if n == 0:
         return []
-    cuts: list[int] = []  # i where points[i] and points[i + 1] are more than `gap` apart
-    pending = [(0, n - 1)]
-    while pending:
-        i, j = pending.pop()
-        if points[j][0] - points[i][0] <= gap:
+    at = key or float
+    spans, first, i = [], 0, 0
+    while i < n - 1:
+        j = bisect_right(points, at(points[i]) + gap, lo=i + 1, key=key) - 1
+        if j > i:
+            i = j
             continue
-        if j == i + 1:
-            cuts.append(i)
-            continue
-        mid = (i + j) // 2
-        pending.append((mid, j))
-        pending.append((i, mid))  # the left half first: the cuts come out in order
-    spans, start = [], 0
-    for i in cuts:
-        spans.append((points[start][0], points[i][0]))
-        start = i + 1
-    spans.append((points[start][0], points[-1][0]))
+        spans.append((at(points[first]), at(points[i])))  # the next point is more than `gap` away
+        first = i = i + 1
+    spans.append((at(points[first]), at(points[-1])))
     return spans
 
 
-def seen_from(series: Iterable[Sequence[tuple[float, float]]], back: float, ahead: float) -> list[Interval]:
+def seen_from(
+    series: Iterable[Sequence[Any]], back: float, ahead: float, key: Callable[[Any], float] | None = _time
+) -> list[Interval]:
     """The instants `t` at which one of the series has a sample in `[t - back, t + ahead]`, as
-    sorted, disjoint intervals."""
+    sorted, disjoint intervals (`key` as for `sample_spans`)."""
     return union(
-        (first - ahead, last + back) for points in series for first, last in sample_spans(points, back)
+        (first - ahead, last + back) for points in series for first, last in sample_spans(points, back, key)
     )
 
 

@@ -132,7 +132,10 @@ class _FleetReplay:
         last = max(max(points[-1][0] for points in w.metrics.values()) for w in self.windows)
         # a tick where no member has a sample in the history it loads judges them all "unknown"
         seen = seen_from(
-            (p for w in self.windows for p in w.metrics.values()), self.span + params.step, params.step
+            (times for w in self.windows for times in w.times.values()),
+            self.span + params.step,
+            params.step,
+            None,
         )
         self.ticks = grid(first, last, params, seen)  # when the samples are loaded …
         self.judged = [tick_for(tick, params) for tick in self.ticks]  # … and the instant judged
