@@ -13,7 +13,10 @@ RSS of that process. Target: under 10 s each on one core. The inputs:
   hours), judged with `--slo 250ms`;
 - `buckets.prom.json`: the same latency as a histogram's cumulative `_bucket` counters
   (14 bounds and `+Inf`, about 300 requests a minute), judged the same way;
-- `memory+p99.prom.json`: memory and p99 in one export (both judgements).
+- `memory+p99.prom.json`: memory and p99 in one export (both judgements);
+- `strays.prom.json`: the same with one more sample at the start of every series, stamped
+  1990-01-01 (a clock not yet set): the replays skip the 36 years between, so it takes the time
+  of `memory+p99.prom.json`.
 """
 
 from __future__ import annotations
@@ -148,7 +151,9 @@ CASES = {  # name: (file, extra arguments of medic analyze)
     "p99": (("p99.prom.json", SLO_ARGS),),
     "buckets": (("buckets.prom.json", SLO_ARGS),),
     "combined": (("memory+p99.prom.json", SLO_ARGS),),
+    "strays": (("strays.prom.json", SLO_ARGS),),
 }
+STRAY_TIME = 631_152_000  # 1990-01-01 UTC
 
 
 def write_inputs(out_dir: Path, instances: int, days: float, wanted: set[str]) -> None:
@@ -156,12 +161,12 @@ def write_inputs(out_dir: Path, instances: int, days: float, wanted: set[str]) -
     traces: list[Trace] = fleet(instances)
     points = sum(len(t.points) for t in traces)
     prom = out_dir / "memory.prom.json"
-    if wanted & {"memory", "combined"}:
+    if wanted & {"memory", "combined", "strays"}:
         write_prometheus(traces, prom)
     if "memory" in wanted:
         write_jsonl(traces, out_dir / "memory.jsonl", instance_names=True)
     print(f"{instances} instances, {points} RSS points (14 d × 1 min, some cut at their OOM)")
-    if wanted & {"p99", "buckets", "combined"}:
+    if wanted & {"p99", "buckets", "combined", "strays"}:
         latency = latency_fleet(instances, days)
         print(f"latency: {sum(map(len, latency.values()))} p99 points ({days:g} d × 1 min)")
         if "p99" in wanted:
@@ -170,6 +175,17 @@ def write_inputs(out_dir: Path, instances: int, days: float, wanted: set[str]) -
             write_buckets(latency, out_dir / "buckets.prom.json")
         if "combined" in wanted:
             write_latency(latency, out_dir / "memory+p99.prom.json", memory=prom)
+        if "strays" in wanted:
+            write_latency(latency, out_dir / "strays.prom.json", memory=prom)
+            with_strays(out_dir / "strays.prom.json")
+
+
+def with_strays(path: Path) -> None:
+    """Put one sample stamped `STRAY_TIME` at the start of every series of the export at `path`."""
+    doc = json.loads(path.read_text())
+    for series in doc["data"]["result"]:
+        series["values"].insert(0, [STRAY_TIME, series["values"][0][1]])
+    path.write_text(json.dumps(doc))
 
 
 def main() -> int:
