@@ -5,6 +5,8 @@ for a target that never was medic."""
 from __future__ import annotations
 
 import socket
+import time
+from datetime import datetime
 
 import httpx
 import pytest
@@ -59,6 +61,17 @@ def firing(prom, name: str) -> list[dict]:
     return [a for a in prom.alerts() if a["labels"]["alertname"] == name and a["state"] == "firing"]
 
 
+def rules_evaluated_after(prom, when: float) -> bool:
+    """Whether every rule group was last evaluated after `when` (unix seconds)."""
+    groups = httpx.get(f"{prom.url}/api/v1/rules", timeout=5).json()["data"]["groups"]
+    return bool(groups) and all(_unix(g["lastEvaluation"]) > when for g in groups)
+
+
+def _unix(stamp: str) -> float:
+    """An RFC 3339 time of Prometheus's API (`2026-12-02T04:05:06.123456789Z`), its fraction dropped."""
+    return datetime.fromisoformat(stamp.split(".")[0].removesuffix("Z") + "+00:00").timestamp()
+
+
 def test_medic_agent_down_fires_under_every_scrape_setup(agent, workload, spawn, tmp_path):
     shipped, rules = fast_rules(tmp_path)
     exprs = [r["expr"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
@@ -76,8 +89,13 @@ def test_medic_agent_down_fires_under_every_scrape_setup(agent, workload, spawn,
 
     wait_until(lambda: len(prom.query("medic_build_info")) == len(jobs), 30, interval=0.5)
     assert {s["metric"]["job"] for s in prom.query("medic_build_info")} == set(jobs)
-    assert prom.query('up{job="kubernetes-pods"} == 0'), "the pod that is not medic is down all along"
-    assert firing(prom, "MedicAgentDown") == [], (
+    # the pod that is not medic is down all along: once Prometheus has scraped it (each target at
+    # its own offset in the interval) and every rule has been evaluated past the `for:` since
+    down = wait_until(lambda: prom.query('up{job="kubernetes-pods"} == 0'), 15, interval=0.2)
+    assert [s["metric"]["instance"] for s in down] == [jobs["kubernetes-pods"][1]]
+    seen = time.time()
+    wait_until(lambda: rules_evaluated_after(prom, seen + 2.0), 15, interval=0.2)
+    assert [a for a in prom.alerts() if a["labels"]["alertname"] == "MedicAgentDown"] == [], (
         "a down target that never served medic_build_info is not medic"
     )
     assert httpx.get(f"{prom.url}/api/v1/rules", timeout=5).json()["status"] == "success"
