@@ -10,12 +10,12 @@ same times.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent.detect.context import Context
-from agent.detect.coverage import seen_from, steps_seen
+from agent.detect.coverage import Interval, seen_from, steps_seen
 from agent.detect.fragmentation import judge_fragmentation, note_both
 from agent.detect.growth import time_to_limit
 from agent.detect.leak import judge_leak, leak_series
@@ -149,6 +149,15 @@ def judged_reach(params: DetectParams) -> tuple[float, float]:
     return params.window + 2 * params.step, params.step
 
 
+def replay_steps(
+    first: float, last: float, params: DetectParams, seen: Sequence[Interval], every_tick: bool = False
+) -> Iterable[int]:
+    """The step numbers a replay of samples from `first` to `last` judges: each whose instant
+    `seen` covers (`agent.detect.coverage`), or every one with `every_tick`."""
+    steps = range(math.floor(first / params.step) + 1, math.floor(last / params.step + 1e-9) + 1)
+    return steps if every_tick else steps_seen(seen, params.step, steps.start, steps.stop - 1)
+
+
 def analyze_instance(
     series: InstanceSeries, params: DetectParams = DEFAULT_PARAMS, every_tick: bool = False
 ) -> InstanceAnalysis:
@@ -164,9 +173,8 @@ def analyze_instance(
     active: list[Finding] = []
     opened: dict[str, Finding] = {}
     observations: list[Observation] = []
-    ks = range(math.floor(first / width) + 1, math.floor(last / width + 1e-9) + 1)
     seen = seen_from(series.series.values(), *judged_reach(params))
-    for k in ks if every_tick else steps_seen(seen, width, ks.start, ks.stop - 1):
+    for k in replay_steps(first, last, params, seen, every_tick):
         observations = judge(prep, k * width, skip_quiet=not active)
         if not observations:
             continue

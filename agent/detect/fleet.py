@@ -22,8 +22,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
-from agent.detect.coverage import Sight, seen_from, steps_seen, union
-from agent.detect.engine import InstanceAnalysis, judge, judged_reach
+from agent.detect.coverage import Sight, seen_from, union
+from agent.detect.engine import InstanceAnalysis, judge, judged_reach, replay_steps
 from agent.detect.lifecycle import update
 from agent.detect.model import Finding, InstanceSeries, Observation
 from agent.detect.params import DetectParams
@@ -369,9 +369,8 @@ def _replay(
     back, ahead = judged_reach(params)
     seen = [seen_from(s.series.values(), back, ahead) for s in fleet]
     sights = [Sight(intervals) for intervals in seen]
-    ks = range(math.floor(first / width) + 1, math.floor(last / width + 1e-9) + 1)
     anyone = union(interval for intervals in seen for interval in intervals)
-    for k in ks if every_tick else steps_seen(anyone, width, ks.start, ks.stop - 1):
+    for k in replay_steps(first, last, params, anyone, every_tick):
         tick = k * width
         live = [
             i for i, (a, b) in enumerate(spans)
