@@ -2,6 +2,8 @@
 
 `smaps_rollup` makes the kernel walk the target's page tables under its mmap lock: about 11 ms per
 GiB of RSS, more with many mappings. So it runs on the slow schedule, and full `smaps` is never read.
+Each worker of the instance (`target.workers`) is read too, into `ProbeResult.processes`: summed,
+their PSS is the tree's memory with each shared (copy-on-write) page counted once.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from agent.core.errors import ProbeError, ProbeUnavailable, TargetGone
-from agent.core.records import ProbeResult, ProbeTarget
+from agent.core.records import ProbeResult, ProbeTarget, ProcessIdentity
 from probes.base import Schedule
 from probes.linux import procfs
 from probes.process import add_samples
@@ -35,6 +37,12 @@ class SmapsProbe:
                 ) from None
             raise
         result = ProbeResult()
+        main = ProcessIdentity(target.pid, target.start_time)
+        result.processes[main] = {"pss_bytes": rollup.pss_bytes, "uss_bytes": rollup.uss_bytes}
+        for worker in target.workers:
+            figures = self._worker(worker, result)
+            if figures is not None:
+                result.processes[worker] = figures
         add_samples(
             result,
             target,
@@ -46,6 +54,18 @@ class SmapsProbe:
             },
         )
         return result
+
+    def _worker(self, worker: ProcessIdentity, result: ProbeResult) -> dict[str, float] | None:
+        """PSS and USS of one worker; None when it exited meanwhile or could not be read (a problem)."""
+        try:
+            rollup = procfs.read_smaps_rollup(worker.pid, self.root)
+            procfs.read_live_stat(worker.pid, worker.start_time, self.root)  # still the same process
+        except TargetGone:
+            return None
+        except ProbeError as exc:
+            result.problems.append(exc)
+            return None
+        return {"pss_bytes": rollup.pss_bytes, "uss_bytes": rollup.uss_bytes}
 
     def forget(self, target: ProbeTarget) -> None:
         """Nothing is cached per target."""

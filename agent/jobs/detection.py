@@ -19,6 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 from agent.core.sql import where_clause
+from agent.core.units import format_bytes
 from agent.detect import DetectParams, Finding, InstanceSeries, Observation, Transition, tick_for, update
 from agent.detect.attribution import explain
 from agent.detect.fleet import judge_fleet, with_priors
@@ -32,6 +33,7 @@ from agent.detect.model import (
     RESIDENT,
     RSS,
     START_TIME,
+    TREE_MEMORY,
 )
 from agent.detect.priors import PriorBook, WorkloadProfile, merge, workload_key
 from agent.detect.slow import INPUT_METRICS as SLOW_METRICS
@@ -45,7 +47,17 @@ from agent.watch.tracker import Tracker
 log = logging.getLogger("medic.detection")
 
 EXPLAINED_KINDS = ("leak", "oom-risk")
-MEMORY_METRICS = (RSS, ALLOCATED, ACTIVE, RESIDENT, JVM_HEAP_AFTER_GC, PYMALLOC, *LIMIT_METRICS, *REQUESTS)
+MEMORY_METRICS = (
+    RSS,
+    TREE_MEMORY,
+    ALLOCATED,
+    ACTIVE,
+    RESIDENT,
+    JVM_HEAP_AFTER_GC,
+    PYMALLOC,
+    *LIMIT_METRICS,
+    *REQUESTS,
+)
 SUB_BUCKETS = 10  # store reads per detection bucket: min and max of each
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS findings (
@@ -228,6 +240,7 @@ class Detection:
                 by_instance[finding.instance].append(latest[finding.id])
         for instance, findings in by_instance.items():
             since = max(max(f.lifetime_start for f in findings), now - self.params.long_window)
+            self._name_process(instance, findings, since, now)
             try:
                 explanation = explain(self.store, instance, since, now)
             except Exception:  # a bad snapshot must not stop detection
@@ -235,6 +248,27 @@ class Detection:
                 continue
             for finding in findings:
                 finding.evidence |= explanation
+
+    def _name_process(self, instance: str, findings: list[Finding], since: float, now: float) -> None:
+        """On an instance of several processes (a server and its workers), name the one whose memory
+        grew most since `since` (`evidence.process`, and the summary): the instance's total is judged,
+        the process is its cause. Its history is the tracker's, kept since medic first saw it."""
+        with self.tracker.lock:
+            state = self.tracker.states.get(instance)
+            cause = (
+                state.tree.cause(since, now) if state is not None and len(state.tree.members) > 1 else None
+            )
+        for finding in findings:
+            finding.evidence.pop("process", None)
+            if cause is None:
+                continue
+            finding.evidence["process"] = cause
+            text = (
+                f"; it grows in {cause['role']} pid {cause['pid']} "
+                f"(+{format_bytes(cause['growth_bytes'])}, {format_bytes(cause['growth_bytes_per_hour'])}/h)"
+            )
+            if "; it grows in " not in finding.summary:
+                finding.summary += text
 
     # ------------------------------------------------------------------------------ queries
     def findings(
