@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from agent.config.model import InstanceSpec
 from agent.core.errors import ProbeError
 from agent.core.records import ProcessIdentity
 from agent.state.eventlog import EventLog
 from agent.watch.instances import InstanceState
+from agent.watch.tree import Member
 from probes.linux.procfs import HOST_ROOT, same_process
 from probes.linux.proctree import ProcessTable, describe, read_process_table
 
@@ -36,7 +38,7 @@ ORPHAN_GRACE = 10.0  # seconds a server's workers may take to exit after it befo
 
 
 class Claims:
-    def __init__(self, events: EventLog, root=HOST_ROOT) -> None:
+    def __init__(self, events: EventLog, root: Path = HOST_ROOT) -> None:
         self.events = events
         self.root = root
         self._table: ProcessTable | None = None
@@ -90,9 +92,11 @@ class Claims:
     def candidates(
         self, spec: InstanceSpec, matches: list[ProcessIdentity], states: Mapping[str, InstanceState]
     ) -> list[ProcessIdentity]:
-        """The `cmdline` matches that may be this spec's server: no orphan, and with `children` no
-        process below another match (a worker of that one)."""
-        kept = [m for m in matches if m not in self.orphans]
+        """The `cmdline` matches that may be this spec's server: no worker of an instance (also one
+        whose server has just gone: its workers are orphans, not its successor), no orphan, and with
+        `children` no process below another match (a worker of that one)."""
+        workers = {w for state in states.values() for w in state.tree.workers}
+        kept = [m for m in matches if m not in self.orphans and m not in workers]
         if not spec.match.children or len(kept) < 2:
             return kept
         table = self.table()
@@ -155,7 +159,7 @@ class Claims:
                     start_time=identity.start_time,
                 )
 
-    def _changed(self, state: InstanceState, started: list, ended: list, now: float) -> None:
+    def _changed(self, state: InstanceState, started: list[Member], ended: list[Member], now: float) -> None:
         if not started and not ended:
             return
         state.tree.worker_restarts += len(ended)

@@ -119,7 +119,6 @@ class InstanceState:
             "workers": len(self.tree.workers) if self.status == "up" else None,
             "worker_restarts": self.tree.worker_restarts,
             "workers_not_followed": self.tree.capped,
-            "processes": self.tree.to_list(now) if self.status == "up" else [],
             "latest": dict(sorted(self.latest.items())),
             "settings": self.settings,
         }
