@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -250,3 +251,42 @@ def test_a_restart_restarts_the_server_and_its_workers_together(agent):
     assert not set(old) & set(new)
     wait_until(lambda: not any(alive(pid) for pid in old), 20)  # no worker of the old server left behind
     assert not kinds(agent, "instance_orphans")
+
+
+MEMORY_ROOT = Path("/sys/fs/cgroup/memory")  # cgroup v1 memory controller
+
+
+@pytest.fixture
+def memory_group():
+    """A fresh v1 memory cgroup with a 512 MiB limit, removed at teardown (its processes moved out first)."""
+    if os.geteuid() != 0 or not (MEMORY_ROOT / "memory.limit_in_bytes").exists():
+        pytest.skip("needs root and the cgroup v1 memory controller")
+    group = MEMORY_ROOT / f"medic-tree-{os.getpid()}"
+    group.mkdir()
+    (group / "memory.limit_in_bytes").write_text(str(512 * MiB))
+    yield group
+    for pid in (group / "cgroup.procs").read_text().split():
+        try:
+            (MEMORY_ROOT / "cgroup.procs").write_text(pid)
+        except OSError:
+            pass  # it exited meanwhile
+    wait_until(lambda: not (group / "cgroup.procs").read_text().split(), 10)
+    group.rmdir()
+
+
+@pytest.mark.root
+def test_an_instance_that_owns_its_cgroup_is_judged_on_the_cgroup_and_its_limit(agent, spawn, memory_group):
+    tag = f"cgroup-{os.getpid()}"
+    argv = ["sh", "-c", f"echo $$ > {memory_group}/cgroup.procs && exec {PYTHON} {FORKER} --children 2 {tag}"]
+    server = spawn(argv, stdout=subprocess.PIPE, text=True)
+    wait_ready(server, timeout=30)
+    agent.start({"agent": FAST, "instances": [{"name": "cg", "match": {"pid": server.pid}}]})
+    detail = wait_until(lambda: (d := agent.instance("cg")).get("memory_source") == "cgroup" and d, 30)
+    assert detail["workers"] == 2
+    assert (detail["memory_limit_source"], detail["memory_limit_bytes"]) == ("cgroup", 512 * MiB)
+    latest = detail["latest"]
+    assert latest["tree_memory_bytes"] == latest["cgroup_memory_working_set_bytes"]
+    # another process in the cgroup: the cgroup is no longer the instance's alone
+    stranger = spawn(["sh", "-c", f"echo $$ > {memory_group}/cgroup.procs && exec sleep 600"])
+    wait_until(lambda: agent.instance("cg").get("memory_source") == "pss", 30)
+    stranger.kill()
