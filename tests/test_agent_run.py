@@ -135,7 +135,8 @@ def test_cmdline_instances_newest_and_all(agent, spawn):
     marker = f"medic-test-{os.getpid()}-{time.monotonic_ns()}"
     argv = [PYTHON, "-c", "import time; time.sleep(120)", f"{marker}-newest"]
     every = [PYTHON, "-c", "import time; time.sleep(120)", f"{marker}-every"]
-    one, two = spawn(argv), spawn(argv)
+    spawn(argv)  # the older match: `newest` must take the other
+    two = spawn(argv)
     first, second = spawn(every), spawn(every)
     agent.start(
         {
