@@ -94,8 +94,10 @@ def test_a_worker_leak_is_found_on_its_instance_against_the_shared_limit_naming_
     assert evidence["process"]["pid"] == leaker and evidence["process"]["role"] == "worker"
     assert evidence["process"]["growth_bytes"] > 10 * MiB
     assert f"it grows in worker pid {leaker}" in leak["summary"]
-    opened = kinds(agent, "finding_opened", "uv")
-    assert any(f"worker pid {leaker}" in e["message"] for e in opened)
+    assert "in the memory of its" in leak["summary"] and "rss_bytes" not in leak["summary"]
+    opened = [e for e in kinds(agent, "finding_opened", "uv") if e["data"]["finding"]["kind"] == "leak"]
+    assert f"worker pid {leaker}" in opened[0]["message"]
+    assert opened[0]["message"].count("confidence") == 1  # the summary said once
 
     detail = agent.instance("uv")
     assert detail["memory_source"] == "pss" and detail["restarts"] == 0

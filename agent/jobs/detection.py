@@ -47,6 +47,7 @@ from agent.watch.tracker import Tracker
 log = logging.getLogger("medic.detection")
 
 EXPLAINED_KINDS = ("leak", "oom-risk")
+PROCESS_TAIL = "; it grows in "  # the summary's tail naming the process of a tree that grows
 MEMORY_METRICS = (
     RSS,
     TREE_MEMORY,
@@ -259,16 +260,17 @@ class Detection:
                 state.tree.cause(since, now) if state is not None and len(state.tree.members) > 1 else None
             )
         for finding in findings:
+            if PROCESS_TAIL in finding.summary:
+                continue  # named already at this judgement (the same finding, listed twice)
             finding.evidence.pop("process", None)
             if cause is None:
                 continue
             finding.evidence["process"] = cause
-            text = (
-                f"; it grows in {cause['role']} pid {cause['pid']} "
+            finding.summary = tree_words(finding.summary, cause["processes"])
+            finding.summary += (
+                f"{PROCESS_TAIL}{cause['role']} pid {cause['pid']} "
                 f"(+{format_bytes(cause['growth_bytes'])}, {format_bytes(cause['growth_bytes_per_hour'])}/h)"
             )
-            if "; it grows in " not in finding.summary:
-                finding.summary += text
 
     # ------------------------------------------------------------------------------ queries
     def findings(
@@ -336,7 +338,9 @@ class Detection:
         finding = change.finding
         severity = finding.severity if change.change != "resolved" else "info"
         # the summary is said once: a reason that repeats it (an opening, an update's tail) adds only the rest
-        reason = change.reason.removesuffix(finding.summary).removesuffix(": ")
+        process = finding.evidence.get("process") if PROCESS_TAIL in finding.summary else None
+        said = tree_words(change.reason, process["processes"]) if isinstance(process, dict) else change.reason
+        reason = said.removesuffix(finding.summary.split(PROCESS_TAIL)[0]).removesuffix(": ")
         self.events.emit(
             f"finding_{change.change}",
             f"{finding.kind} {change.change}: {finding.summary}" + (f" ({reason})" if reason else ""),
@@ -345,6 +349,14 @@ class Detection:
             finding=_public(asdict(finding)),
             reason=change.reason,
         )
+
+
+def tree_words(text: str, processes: int) -> str:
+    """A detector's words for an instance of several processes: it judges their total under the name
+    of RSS (`agent.detect.model`), which a person reading "RSS" would take for one process's."""
+    return text.replace("in rss_bytes", f"in the memory of its {processes} processes").replace(
+        " RSS peaks ", " memory peaks "
+    )
 
 
 def _dump(finding: Finding) -> str:
