@@ -7,13 +7,15 @@ Starts a real forking server per case (a parent with 32 MiB that its workers sha
 and 8 MiB of each worker's own), then times with `time.thread_time()` (CPU time of this thread,
 user plus system, so the kernel's work behind each /proc read counts), per round:
 
-- `table`: one pass over `/proc/*/stat` (who descends from whom); once per tick for every instance
-  together, so it depends on how many processes the machine runs (printed), not on the instance;
+- `table`: one pass over `/proc/*/stat` (who descends from whom): made by the discovery job (every
+  10 s) for every instance together, and on a fast tick only when a server is new or a worker gone;
+  it depends on how many processes the machine runs (printed), not on the instance;
+- `alive`: whether each worker still runs (one `stat` read each), on every fast tick;
 - `process`: the `process` probe over the server and its workers;
 - `tree`: the instance's figures made of them (`ProcessTree.observe` and `samples`) and whether it
   owns its cgroup (one `cgroup.procs` read);
-- `fast`: the three together, the fast schedule's cost for the instance (the `cgroup` probe, which
-  reads the cgroup once whatever the number of processes, is not in it);
+- `fast`: `alive`, `process` and `tree` together, the fast schedule's cost for the instance (the
+  `cgroup` probe, which reads the cgroup once whatever the number of processes, is not in it);
 - `smaps`: the `smaps` probe over all of them, on the slow schedule (every 60 s by default).
 
 The first round warms caches and is not counted. Prints the median and 90th percentile in µs.
@@ -33,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.core.records import ProbeTarget
+from agent.watch.discovery import by_pid
 from agent.watch.tree import CgroupOwnership, ProcessTree
 from probes.linux.procfs import process_identity
 from probes.linux.proctree import read_process_table
@@ -102,12 +105,17 @@ def measure(workers: int, rounds: int) -> dict[str, object]:
             ownership.owns(server, list(tree.members), now[0])
             tree.samples("bench", now[0], None)
 
+        def alive() -> None:
+            for worker in target.workers:
+                by_pid(worker.pid)
+
         def fast() -> None:
-            read_process_table()
+            alive()
             tree_step()
 
         figures = {
             "table": timed(rounds, read_process_table),
+            "alive": timed(rounds, alive),
             "process": timed(rounds, lambda: process.collect(target, 0.0)),
             "tree": timed(
                 rounds,
@@ -142,16 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
-    print(
-        f"{'workers':>7} {'table':>8} {'process':>8} {'tree':>8} {'fast':>8} {'smaps':>8}  (µs of CPU, median / p90)"
-    )
+    columns = ("table", "alive", "process", "tree", "fast", "smaps")
+    print(f"{'workers':>7} " + " ".join(f"{c:>9}" for c in columns) + "  (µs of CPU, median/p90)")
     for r in results:
-        cells = [
-            f"{r[f'{k}_median_us']:.0f}/{r[f'{k}_p90_us']:.0f}"
-            for k in ("table", "process", "tree", "fast", "smaps")
-        ]
-        print(f"{r['workers']:>7} " + " ".join(f"{c:>8}" for c in cells)
-              + f"   RSS summed {r['tree_rss_mib']} MiB, counted once {r['tree_memory_mib']} MiB")  # fmt: skip
+        cells = [f"{r[f'{k}_median_us']:.0f}/{r[f'{k}_p90_us']:.0f}" for k in columns]
+        memory = f"RSS summed {r['tree_rss_mib']} MiB, counted once {r['tree_memory_mib']} MiB"
+        print(f"{r['workers']:>7} " + " ".join(f"{c:>9}" for c in cells) + "   " + memory)
     print(f"processes on this machine: {results[-1]['processes_on_machine']} (the table pass reads each)")
     return 0
 

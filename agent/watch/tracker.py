@@ -260,7 +260,7 @@ class Tracker:
                 else:
                     self._last_errors.pop(spec.name, None)
             try:
-                self.claims.refresh(self.states, now)
+                self.claims.refresh(self.states, now, full=scan)
             except Exception:  # the workers are extra figures: the servers stay watched whatever happens here
                 log.exception("refreshing the instances' workers failed")
 

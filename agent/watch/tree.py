@@ -124,6 +124,7 @@ class ProcessTree:
     source: Source | None = None
     worker_restarts: int = 0  # workers that ended while the server ran on
     capped: int = 0  # descendants beyond `match.max_children`, not followed, as of the last refresh
+    refreshed: bool = False  # its workers were looked for since its server was attached
 
     @property
     def workers(self) -> tuple[ProcessIdentity, ...]:
@@ -133,6 +134,7 @@ class ProcessTree:
         """A new server (or none): the old members are forgotten."""
         self.members.clear()
         self.source = None
+        self.refreshed = False
         if server is not None:
             self.members[server] = Member(server, "server", 0, command, now)
 
@@ -171,9 +173,10 @@ class ProcessTree:
         memory: float | None = None
         if cgroup_working_set is not None:
             memory, self.source = cgroup_working_set, "cgroup"
+        elif len(members) == 1 and fresh:
+            memory, self.source = fresh[0].rss, "rss"  # one process: its RSS, as the detectors always judged
         elif len(fresh) == len(members):
-            memory = math.fsum(m.memory or 0.0 for m in fresh)
-            self.source = "rss" if len(members) == 1 else "pss"
+            memory, self.source = math.fsum(m.memory or 0.0 for m in fresh), "pss"
         if memory is not None:
             out.append(Sample(instance, "tree_memory_bytes", now, memory))
         return out
