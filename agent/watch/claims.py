@@ -93,10 +93,11 @@ class Claims:
     def candidates(
         self, spec: InstanceSpec, matches: list[ProcessIdentity], states: Mapping[str, InstanceState]
     ) -> list[ProcessIdentity]:
-        """The `cmdline` matches that may be this spec's server: no worker of an instance (also one
-        whose server has just gone: its workers are orphans, not its successor), no orphan, and with
-        `children` no process below another match (a worker of that one)."""
-        workers = {w for state in states.values() for w in state.tree.workers}
+        """The `cmdline` matches that may be this spec's server: none of its own instances' workers
+        (also when their server has just gone: they are orphans, not its successor), no orphan, and
+        with `children` no process below another match (a worker of that one). A worker of another
+        instance that this spec matches is this spec's: its match is explicit (`refresh` says so)."""
+        workers = {w for s in states.values() if s.spec is spec or s.status != "up" for w in s.tree.workers}
         kept = [m for m in matches if m not in self.orphans and m not in workers]
         if not spec.match.children or len(kept) < 2:
             return kept
@@ -124,20 +125,20 @@ class Claims:
             return
         self._orphans(table, now)
         servers = {s.pid: s for s in up if s.pid is not None}
-        for state in up:
-            if not state.spec.match.children or state.pid is None:
+        for state in trees:
+            if state.pid is None:
                 continue
-            skip = [pid for pid in servers if pid != state.pid]
-            found, beyond = table.descendants(state.pid, state.spec.match.max_children, skip)
-            for pid, other in servers.items():
-                if pid != state.pid and state.pid in table.ancestors(pid):
-                    self._overlap(
-                        other.name,
-                        pid,
-                        state.name,
-                        f"pid {pid} runs below instance {state.name!r}'s process but is watched as "
-                        f"{other.name!r}: it stays {other.name!r}'s alone, and {state.name!r}'s tree leaves it out",
-                    )
+            met: list[int] = []
+            found, beyond = table.descendants(state.pid, state.spec.match.max_children, servers.keys(), met)
+            for pid in met:
+                other = servers[pid]
+                self._overlap(
+                    other.name,
+                    pid,
+                    state.name,
+                    f"pid {pid} runs below instance {state.name!r}'s process but is watched as "
+                    f"{other.name!r}: it stays {other.name!r}'s alone, and {state.name!r}'s tree leaves it out",
+                )
             state.tree.refreshed = True
             started, ended = state.tree.update(
                 ((e.identity, e.ppid, e) for e in found),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,18 +45,24 @@ class ProcessTable:
     entries: Mapping[int, TreeEntry]
     children: Mapping[int, tuple[int, ...]]
 
-    def descendants(self, pid: int, limit: int, skip: Iterable[int] = ()) -> tuple[list[TreeEntry], int]:
+    def descendants(
+        self, pid: int, limit: int, skip: Collection[int] = (), met: list[int] | None = None
+    ) -> tuple[list[TreeEntry], int]:
         """The processes below `pid`, nearest first, at most `limit`; and how many more there were.
 
-        A pid in `skip` (the process of another instance) is left out with everything below it."""
-        skipped = set(skip)
+        A pid in `skip` (the process of another instance) is left out with everything below it, and
+        appended to `met` when given."""
         found: list[TreeEntry] = []
         beyond = 0
         queue = deque(self.children.get(pid, ()))
         seen = {pid}
         while queue:
             child = queue.popleft()
-            if child in seen or child in skipped:
+            if child in seen:
+                continue
+            if child in skip:
+                if met is not None:
+                    met.append(child)
                 continue
             seen.add(child)
             if len(found) < limit:
