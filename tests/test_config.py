@@ -287,3 +287,26 @@ def test_two_specs_on_one_pid_pidfile_or_regex_are_refused_at_load(matches) -> N
     with pytest.raises(ConfigError) as refused:
         validate_config({"instances": specs}, "medic.yaml")
     assert "medic.yaml" in str(refused.value) and "'s0' and 's1' both match" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "match, error",
+    [
+        ({"pid": 10, "max_children": 0}, "instances[0].match.max_children: "),
+        ({"pid": 10, "max_children": 5000}, "less than or equal to 4096"),
+        (
+            {"pid": 10, "children": False, "max_children": 8},
+            "max_children applies only with `children: true`",
+        ),
+        ({"pid": 10, "children": "sometimes"}, "instances[0].match.children: "),
+    ],
+)
+def test_children_and_their_bound_are_checked_with_the_key_path(match, error) -> None:
+    with pytest.raises(ConfigError) as refused:
+        validate_config({"instances": [{"name": "svc", "match": match}]}, "medic.yaml")
+    assert error in str(refused.value)
+
+
+def test_workers_come_with_their_server_by_default() -> None:
+    match = validate_config({"instances": [{"name": "svc", "match": {"pid": 10}}]}).instances[0].match
+    assert (match.children, match.max_children) == (True, 256)

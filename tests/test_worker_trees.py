@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from test_dashboard_web import Dom, dump_dom, needs_chromium
 
 from support.compressed import DETECT, FAST
 from support.procs import PYTHON, REPO, free_port, wait_ready, wait_until
@@ -292,3 +293,23 @@ def test_an_instance_that_owns_its_cgroup_is_judged_on_the_cgroup_and_its_limit(
     stranger = spawn(["sh", "-c", f"echo $$ > {memory_group}/cgroup.procs && exec sleep 600"])
     wait_until(lambda: agent.instance("cg").get("memory_source") == "pss", 30)
     stranger.kill()
+
+
+@needs_chromium
+def test_the_dashboard_lists_the_processes_of_an_instance(agent, tmp_path):
+    tag = f"dashboard-{os.getpid()}"
+    agent.start(
+        {
+            "agent": FAST,
+            "instances": [{"name": "srv", "match": {"command": [PYTHON, FORKER, "--children", "2", tag]}}],
+        }
+    )
+    detail = wait_until(lambda: (d := agent.instance("srv")).get("workers") == 2 and d, 30)
+    wait_until(lambda: agent.instance("srv")["latest"].get("tree_memory_bytes"), 30)
+    dom = Dom(dump_dom(agent.url + "/#instance=srv", tmp_path / "profile"))
+    rows = dom.find("tr", "process-server") + dom.find("tr", "process-worker")
+    assert len(rows) == 3 and str(detail["pid"]) in rows[0]["text"] and "server" in rows[0]["text"]
+    assert all("worker" in row["text"] and tag in row["text"] for row in rows[1:])
+    facts = " ".join(e["text"] for e in dom.find("div", "fact"))
+    assert "server + workers" in facts
+    assert dom.find("polyline", "series-tree")  # the instance's memory beside the server's RSS
