@@ -9,7 +9,7 @@ and CPU go to `ProbeResult.processes`; a worker that exited meanwhile is left ou
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
@@ -30,6 +30,22 @@ def try_read(result: ProbeResult, read: Callable[[], T]) -> T | None:
     except ProbeError as exc:
         result.problems.append(exc)
         return None
+
+
+def add_workers(
+    result: ProbeResult,
+    workers: Iterable[ProcessIdentity],
+    read: Callable[[ProcessIdentity], dict[str, float]],
+) -> None:
+    """Each worker's figures (`read(worker)`) into `result.processes`: a worker that exited meanwhile
+    is left out (the tracker says so), one that cannot be read is a problem of the run."""
+    for worker in workers:
+        try:
+            result.processes[worker] = read(worker)
+        except TargetGone:
+            continue
+        except ProbeError as exc:
+            result.problems.append(exc)
 
 
 def add_samples(
@@ -67,10 +83,7 @@ class ProcessProbe:
             add_samples(result, target, now, {"rss_bytes": statm.rss_bytes, "vms_bytes": statm.vms_bytes})
             main = ProcessIdentity(target.pid, target.start_time)
             result.processes[main] = {"rss_bytes": statm.rss_bytes, "cpu_seconds_total": stat.cpu_seconds}
-        for worker in target.workers:
-            figures = self._worker(worker, result)
-            if figures is not None:
-                result.processes[worker] = figures
+        add_workers(result, target.workers, self._worker)
         status = try_read(result, lambda: procfs.read_status(target.pid, self.root))
         if status:
             add_samples(
@@ -95,16 +108,10 @@ class ProcessProbe:
         )
         return result
 
-    def _worker(self, worker: ProcessIdentity, result: ProbeResult) -> dict[str, float] | None:
-        """RSS and CPU of one worker; None when it exited meanwhile or could not be read (a problem)."""
-        try:
-            stat = procfs.read_live_stat(worker.pid, worker.start_time, self.root)
-            statm = procfs.read_statm(worker.pid, self.root)
-        except TargetGone:
-            return None
-        except ProbeError as exc:
-            result.problems.append(exc)
-            return None
+    def _worker(self, worker: ProcessIdentity) -> dict[str, float]:
+        """RSS and CPU of one worker."""
+        stat = procfs.read_live_stat(worker.pid, worker.start_time, self.root)
+        statm = procfs.read_statm(worker.pid, self.root)
         return {"rss_bytes": statm.rss_bytes, "cpu_seconds_total": stat.cpu_seconds}
 
     def forget(self, target: ProbeTarget) -> None:

@@ -15,7 +15,14 @@ from agent.core.errors import ProbeError, ProbeUnavailable, TargetGone
 from agent.core.records import ProbeResult, ProbeTarget, ProcessIdentity
 from probes.base import Schedule
 from probes.linux import procfs
-from probes.process import add_samples
+from probes.process import add_samples, add_workers
+
+
+def read_pss(process: ProcessIdentity, root: Path = procfs.HOST_ROOT) -> dict[str, float]:
+    """PSS and USS of one process of a tree, checked to be still the same process after the read."""
+    rollup = procfs.read_smaps_rollup(process.pid, root)
+    procfs.read_live_stat(process.pid, process.start_time, root)
+    return {"pss_bytes": rollup.pss_bytes, "uss_bytes": rollup.uss_bytes}
 
 
 class SmapsProbe:
@@ -39,10 +46,7 @@ class SmapsProbe:
         result = ProbeResult()
         main = ProcessIdentity(target.pid, target.start_time)
         result.processes[main] = {"pss_bytes": rollup.pss_bytes, "uss_bytes": rollup.uss_bytes}
-        for worker in target.workers:
-            figures = self._worker(worker, result)
-            if figures is not None:
-                result.processes[worker] = figures
+        add_workers(result, target.workers, lambda worker: read_pss(worker, self.root))
         add_samples(
             result,
             target,
@@ -54,18 +58,6 @@ class SmapsProbe:
             },
         )
         return result
-
-    def _worker(self, worker: ProcessIdentity, result: ProbeResult) -> dict[str, float] | None:
-        """PSS and USS of one worker; None when it exited meanwhile or could not be read (a problem)."""
-        try:
-            rollup = procfs.read_smaps_rollup(worker.pid, self.root)
-            procfs.read_live_stat(worker.pid, worker.start_time, self.root)  # still the same process
-        except TargetGone:
-            return None
-        except ProbeError as exc:
-            result.problems.append(exc)
-            return None
-        return {"pss_bytes": rollup.pss_bytes, "uss_bytes": rollup.uss_bytes}
 
     def forget(self, target: ProbeTarget) -> None:
         """Nothing is cached per target."""

@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from agent.core.errors import ProbeError
-from agent.core.records import ProcessIdentity, Sample
-from probes.linux import procfs
+from agent.core.records import ProbeResult, ProcessIdentity, Sample
 from probes.linux.cgroupfiles import cgroup_members
 from probes.linux.cgroupfs import ControllerDir, locate_cgroups
 from probes.linux.procfs import HOST_ROOT
+from probes.process import add_workers
+from probes.smaps import read_pss
 
 T = TypeVar("T")
 Role = Literal["server", "worker"]
@@ -236,16 +237,11 @@ def first_pss(
     identities: Iterable[ProcessIdentity], root: Path = HOST_ROOT
 ) -> dict[ProcessIdentity, dict[str, float]]:
     """PSS of processes seen for the first time, so that a new worker's shared pages are not counted
-    again until the next slow run (a `smaps_rollup` read costs about 11 ms per GiB of RSS)."""
-    found: dict[ProcessIdentity, dict[str, float]] = {}
-    for identity in identities:
-        try:
-            rollup = procfs.read_smaps_rollup(identity.pid, root)
-            procfs.read_live_stat(identity.pid, identity.start_time, root)
-        except ProbeError:
-            continue  # exited, or not ours to read: the slow probe says so if it persists
-        found[identity] = {"pss_bytes": rollup.pss_bytes, "uss_bytes": rollup.uss_bytes}
-    return found
+    again until the next slow run (a `smaps_rollup` read costs about 11 ms per GiB of RSS). One that
+    cannot be read is simply left out: the `smaps` probe says so if it persists."""
+    result = ProbeResult()
+    add_workers(result, identities, lambda process: read_pss(process, root))
+    return result.processes
 
 
 class CgroupOwnership:
