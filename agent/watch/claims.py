@@ -21,6 +21,7 @@ The rules, applied at every reconcile (the tracker calls them):
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -125,13 +126,16 @@ class Claims:
             return
         self._orphans(table, now)
         servers = {s.pid: s for s in up if s.pid is not None}
+        skip = {*servers, os.getpid()}  # medic itself is never a worker (its children are instances)
         for state in trees:
             if state.pid is None:
                 continue
             met: list[int] = []
-            found, beyond = table.descendants(state.pid, state.spec.match.max_children, servers.keys(), met)
+            found, beyond = table.descendants(state.pid, state.spec.match.max_children, skip, met)
             for pid in met:
-                other = servers[pid]
+                other = servers.get(pid)
+                if other is None:
+                    continue
                 self._overlap(
                     other.name,
                     pid,
