@@ -15,7 +15,8 @@ The rules, applied at every reconcile (the tracker calls them):
   `instance_orphans` event, and no `cmdline` instance adopts them as its server (a restart would
   otherwise stop one worker alone). They are forgotten once they exit.
 - At most `match.max_children` descendants are followed, nearest first; one `instance_tree_capped`
-  event per streak says how many were left out.
+  event per streak says how many were left out (as `instance_cap_reached` does for `select: all`
+  matches beyond `match.max_instances`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class Claims:
         self.root = root
         self._table: ProcessTable | None = None
         self._reported: set[tuple[str, int, str]] = set()  # (instance, pid, other): overlaps already said
-        self._capped: set[str] = set()
+        self._capped: set[tuple[str, str]] = set()  # bounds exceeded and reported: (which, instance)
         # workers left by a server that went away: identity -> (instance, when it went away, reported)
         self.orphans: dict[ProcessIdentity, tuple[str, float, bool]] = {}
 
@@ -192,25 +193,43 @@ class Claims:
             workers=len(state.tree.workers),
         )
 
+    def report_cap(self, spec: InstanceSpec, cap: int, beyond: int) -> None:
+        """`select: all` matches beyond `max_instances`: one event per streak."""
+        self._streak(
+            ("instances", spec.name),
+            beyond,
+            "instance_cap_reached",
+            f"{beyond} more process(es) match {spec.match.cmdline!r} beyond match.max_instances={cap}; "
+            "they are not followed: narrow the regex or raise max_instances",
+            spec.name,
+            max_instances=cap,
+        )
+
     def _cap(self, state: InstanceState, beyond: int) -> None:
         state.tree.capped = beyond
-        if not beyond:
-            self._capped.discard(state.name)
-            return
-        if state.name in self._capped:
-            return
-        self._capped.add(state.name)
         limit = state.spec.match.max_children
-        self.events.emit(
+        self._streak(
+            ("children", state.name),
+            beyond,
             "instance_tree_capped",
             f"{beyond} more descendant process(es) of pid {state.pid} beyond match.max_children={limit} "
             "are not followed (their memory is not in the instance's figures, unless its cgroup's is): "
             "raise max_children if they are workers",
-            instance=state.name,
-            severity="warning",
+            state.name,
             max_children=limit,
-            not_followed=beyond,
         )
+
+    def _streak(
+        self, key: tuple[str, str], beyond: int, kind: str, message: str, instance: str, **data: int
+    ) -> None:
+        """One event when processes go beyond a bound (not one per reconcile); again after it cleared."""
+        if not beyond:
+            self._capped.discard(key)
+            return
+        if key in self._capped:
+            return
+        self._capped.add(key)
+        self.events.emit(kind, message, instance=instance, severity="warning", **data, not_followed=beyond)
 
     def _overlap(self, instance: str, pid: int, other: str, message: str) -> None:
         key = (instance, pid, other)

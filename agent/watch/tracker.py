@@ -69,7 +69,6 @@ class Tracker:
         self.ledger = IdentityLedger(store.dir)
         self.adoption = Adoption(self.ledger, events)
         self._children_checked = False
-        self._capped: set[str] = set()  # `select: all` specs whose cap was reported
         self.claims = Claims(events)  # one watcher per process; each server's workers
         for spec in specs:
             if spec.match.select == "all" and spec.match.cmdline is not None:
@@ -358,25 +357,7 @@ class Tracker:
                 slots.append(state)
             self._follow(state, identity, now)
             alive[identity] = state
-        self._report_cap(spec, cap, beyond)
-
-    def _report_cap(self, spec: InstanceSpec, cap: int, beyond: int) -> None:
-        """One event when matches go beyond `max_instances` (not one per scan); again after it clears."""
-        if not beyond:
-            self._capped.discard(spec.name)
-            return
-        if spec.name in self._capped:
-            return
-        self._capped.add(spec.name)
-        self.events.emit(
-            "instance_cap_reached",
-            f"{beyond} more process(es) match {spec.match.cmdline!r} beyond match.max_instances={cap}; "
-            "they are not followed: narrow the regex or raise max_instances",
-            instance=spec.name,
-            severity="warning",
-            max_instances=cap,
-            not_followed=beyond,
-        )
+        self.claims.report_cap(spec, cap, beyond)
 
     def _alive(self, state: InstanceState) -> ProcessIdentity | None:
         """The followed process if it still runs as the same process (pid not reused)."""
