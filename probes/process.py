@@ -3,16 +3,18 @@
 Reads the cheapest /proc files that hold each figure, every tick: `stat` (CPU, threads, faults, and
 the identity check), `statm` (RSS, VMS), `status` (RSS by kind, peak, swap, context switches) and the
 entries of `fd`. About 100 µs of CPU per process; `smaps_rollup` is left to the slow `smaps` probe.
+The workers of the instance (`target.workers`) cost one `stat` and one `statm` read each: their RSS
+and CPU go to `ProbeResult.processes`; a worker that exited meanwhile is left out (the tracker says so).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
 from agent.core.errors import ProbeError, TargetGone
-from agent.core.records import ProbeResult, ProbeTarget, Sample
+from agent.core.records import ProbeResult, ProbeTarget, ProcessIdentity, Sample
 from probes.base import Schedule
 from probes.linux import procfs
 
@@ -28,6 +30,22 @@ def try_read(result: ProbeResult, read: Callable[[], T]) -> T | None:
     except ProbeError as exc:
         result.problems.append(exc)
         return None
+
+
+def add_workers(
+    result: ProbeResult,
+    workers: Iterable[ProcessIdentity],
+    read: Callable[[ProcessIdentity], dict[str, float]],
+) -> None:
+    """Each worker's figures (`read(worker)`) into `result.processes`: a worker that exited meanwhile
+    is left out (the tracker says so), one that cannot be read is a problem of the run."""
+    for worker in workers:
+        try:
+            result.processes[worker] = read(worker)
+        except TargetGone:
+            continue
+        except ProbeError as exc:
+            result.problems.append(exc)
 
 
 def add_samples(
@@ -63,6 +81,9 @@ class ProcessProbe:
         statm = try_read(result, lambda: procfs.read_statm(target.pid, self.root))
         if statm:
             add_samples(result, target, now, {"rss_bytes": statm.rss_bytes, "vms_bytes": statm.vms_bytes})
+            main = ProcessIdentity(target.pid, target.start_time)
+            result.processes[main] = {"rss_bytes": statm.rss_bytes, "cpu_seconds_total": stat.cpu_seconds}
+        add_workers(result, target.workers, self._worker)
         status = try_read(result, lambda: procfs.read_status(target.pid, self.root))
         if status:
             add_samples(
@@ -86,6 +107,12 @@ class ProcessProbe:
             {"open_fds": try_read(result, lambda: procfs.count_fds(target.pid, self.root))},
         )
         return result
+
+    def _worker(self, worker: ProcessIdentity) -> dict[str, float]:
+        """RSS and CPU of one worker."""
+        stat = procfs.read_live_stat(worker.pid, worker.start_time, self.root)
+        statm = procfs.read_statm(worker.pid, self.root)
+        return {"rss_bytes": statm.rss_bytes, "cpu_seconds_total": stat.cpu_seconds}
 
     def forget(self, target: ProbeTarget) -> None:
         """Nothing is cached per target."""

@@ -131,30 +131,40 @@ def test_follows_restarts_and_survives_kill_9(agent, workload, spawn, tmp_path):
 
 
 def test_cmdline_instances_newest_and_all(agent, spawn):
+    # one process has one watcher (two specs on one regex are refused): each spec has its own processes
     marker = f"medic-test-{os.getpid()}-{time.monotonic_ns()}"
-    argv = [PYTHON, "-c", "import time; time.sleep(120)", marker]
-    one, two = spawn(argv), spawn(argv)
+    argv = [PYTHON, "-c", "import time; time.sleep(120)", f"{marker}-newest"]
+    every = [PYTHON, "-c", "import time; time.sleep(120)", f"{marker}-every"]
+    spawn(argv)  # the older match: `newest` must take the other
+    two = spawn(argv)
+    first, second = spawn(every), spawn(every)
     agent.start(
         {
             "agent": FAST,
             "instances": [
-                {"name": "newest", "match": {"cmdline": marker}},
-                {"name": "every", "match": {"cmdline": marker, "select": "all"}},
+                {"name": "newest", "match": {"cmdline": f"{marker}-newest"}},
+                {"name": "every", "match": {"cmdline": f"{marker}-every", "select": "all"}},
             ],
         }
     )
     wait_until(lambda: agent.instance("newest")["status"] == "up", 10)
     assert agent.instance("newest")["pid"] == two.pid
     wait_until(
-        lambda: {agent.instance("every-0")["pid"], agent.instance("every-1")["pid"]} == {one.pid, two.pid}, 10
+        lambda: (
+            {agent.instance("every-0")["pid"], agent.instance("every-1")["pid"]} == {first.pid, second.pid}
+        ),
+        10,
     )
     two.kill()
     three = spawn(argv)
     wait_until(lambda: agent.instance("newest")["pid"] == three.pid, 10)
+    second.kill()
+    third = spawn(every)
     slots = {agent.instance(f"every-{i}")["pid"] for i in range(2)}
-    wait_until(lambda: {agent.instance(f"every-{i}")["pid"] for i in range(2)} == {one.pid, three.pid}, 10)
+    wait_until(lambda: {agent.instance(f"every-{i}")["pid"] for i in range(2)} == {first.pid, third.pid}, 10)
     assert len(slots) == 2
     assert "every-2" not in {i["name"] for i in agent.get("/api/v1/instances")["instances"]}
+    assert not [e for e in agent.events() if e["kind"] == "instance_overlap"]
 
 
 def test_history_and_identity_survive_an_agent_restart(agent, workload):

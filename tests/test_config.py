@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from agent.cli.main import main
 from agent.config.detect import MemoryDetection, SlowDetection
-from agent.config.loader import load_config, parse_config
+from agent.config.loader import load_config, parse_config, validate_config
 from agent.core.errors import ConfigError
 from agent.detect.latency_rules import SlowParams
 from agent.detect.params import DetectParams
@@ -272,3 +272,41 @@ def test_any_aliases_give_a_config_or_a_config_error_quickly(text):
         parse_config(text)
     except ConfigError as exc:
         assert "\n" not in str(exc) or all(line.startswith("<config>") for line in str(exc).splitlines())
+
+
+@pytest.mark.parametrize(
+    "matches",
+    [
+        [{"pid": 4242}, {"pid": 4242}],
+        [{"pidfile": "/run/x.pid"}, {"pidfile": "/run/x.pid"}],
+        [{"cmdline": "gunicorn"}, {"cmdline": "gunicorn"}],
+    ],
+)
+def test_two_specs_on_one_pid_pidfile_or_regex_are_refused_at_load(matches) -> None:
+    specs = [{"name": f"s{i}", "match": match} for i, match in enumerate(matches)]
+    with pytest.raises(ConfigError) as refused:
+        validate_config({"instances": specs}, "medic.yaml")
+    assert "medic.yaml" in str(refused.value) and "'s0' and 's1' both match" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "match, error",
+    [
+        ({"pid": 10, "max_children": 0}, "instances[0].match.max_children: "),
+        ({"pid": 10, "max_children": 5000}, "less than or equal to 4096"),
+        (
+            {"pid": 10, "children": False, "max_children": 8},
+            "max_children applies only with `children: true`",
+        ),
+        ({"pid": 10, "children": "sometimes"}, "instances[0].match.children: "),
+    ],
+)
+def test_children_and_their_bound_are_checked_with_the_key_path(match, error) -> None:
+    with pytest.raises(ConfigError) as refused:
+        validate_config({"instances": [{"name": "svc", "match": match}]}, "medic.yaml")
+    assert error in str(refused.value)
+
+
+def test_workers_come_with_their_server_by_default() -> None:
+    match = validate_config({"instances": [{"name": "svc", "match": {"pid": 10}}]}).instances[0].match
+    assert (match.children, match.max_children) == (True, 256)

@@ -67,7 +67,7 @@ class Receiver:
             {
                 "instances": [
                     {"name": "serving-0", "match": {"pid": os.getpid()}},
-                    {"name": "serving-1", "match": {"pid": os.getpid()}},
+                    {"name": "serving-1", "match": {"pid": os.getppid()}},  # one watcher per process
                 ],
                 "notify": {"receiver": {"secret_env": "RECEIVER_SECRET", **receiver}},
             }

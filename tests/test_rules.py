@@ -39,7 +39,7 @@ def test_promtool_unit_tests_pass():
 
 def test_the_checks_can_fail(tmp_path):
     broken = RULES.read_text().replace(
-        "medic_rss_bytes / on (job, instance, name)", "medic_rss_bytes / on (job"
+        "medic_rss_bytes) / on (job, instance, name)", "medic_rss_bytes) / on (job"
     )
     (tmp_path / "medic-rules.yml").write_text(broken)
     result = promtool("check", "rules", "medic-rules.yml", cwd=tmp_path)

@@ -228,14 +228,16 @@ def test_cpu_throttled_instance_is_a_peer_outlier_with_throttling_as_cause(agent
 
 def test_broken_targets_give_probe_errors_and_no_finding(agent, spawn):
     app = start_app(spawn, "--load", "10")
+    # one process has one watcher: the other two instances are idle processes whose latency the app serves
+    idle = [spawn([PYTHON, "-c", "import time; time.sleep(600)"]).pid for _ in range(2)]
     instances = [
         {"name": "garbage", "match": {"pid": app.proc.pid}, "latency": latency_config(app, path="/garbage")},
         {
             "name": "hangs",
-            "match": {"pid": app.proc.pid},
+            "match": {"pid": idle[0]},
             "latency": latency_config(app, path="/hang", timeout="0.3s"),
         },
-        {"name": "closes", "match": {"pid": app.proc.pid}, "latency": latency_config(app, path="/close")},
+        {"name": "closes", "match": {"pid": idle[1]}, "latency": latency_config(app, path="/close")},
     ]
     agent.start({"agent": FAST, "instances": instances})
 

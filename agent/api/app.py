@@ -204,6 +204,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
         state = instance_or_404(name)
         with ctx.tracker.lock:
             detail = state.to_dict(now)
+            # its server and workers, with what each holds (the list of instances gives only counts)
+            detail["processes"] = state.tree.to_list(now) if state.status == "up" else []
         detail["metrics"] = ctx.store.metrics(name)
         detail["events"] = [e.to_dict() for e in ctx.store.events(instance=name, limit=20)]
         return {"now": now, "instance": detail}

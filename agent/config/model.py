@@ -88,6 +88,10 @@ class MatchSpec(Strict):
     select: Literal["newest", "all"] = "newest"
     # `select: all` follows at most this many matches (a fork-heavy target must not flood medic)
     max_instances: int = Field(default=64, ge=1, le=1024)
+    # the matched process brings its descendants (a server's workers) into the instance; at most
+    # `max_children` of them are followed, nearest first (a fork-heavy target must not flood medic)
+    children: bool = True
+    max_children: int = Field(default=256, ge=1, le=4096)
     command: list[str] | None = None
     cwd: Path | None = None
     env: dict[str, str] = Field(default_factory=dict)
@@ -121,6 +125,8 @@ class MatchSpec(Strict):
             raise ValueError("command must not be empty")
         if "max_instances" in self.model_fields_set and not (self.cmdline and self.select == "all"):
             raise ValueError("max_instances applies only to `cmdline` with `select: all`; remove it here")
+        if "max_children" in self.model_fields_set and not self.children:
+            raise ValueError("max_children applies only with `children: true`; remove it here")
         return self
 
     @property
@@ -266,6 +272,33 @@ class Config(Strict):
             if spec.name in seen:
                 raise ValueError(f"instance name {spec.name!r} is used twice")
             seen.add(spec.name)
+        return self
+
+    @model_validator(mode="after")
+    def _one_watcher_per_process(self) -> Config:
+        """Two instances that name the same pid, pidfile or regex would probe and restart one process
+        twice: refused here; overlaps only visible at run time are reported then (agent/watch/claims.py)."""
+        first: dict[tuple[str, str], str] = {}
+        for spec in self.instances:
+            match = spec.match
+            key = (
+                ("pid", str(match.pid))
+                if match.pid is not None
+                else ("pidfile", str(match.pidfile))
+                if match.pidfile is not None
+                else ("cmdline", match.cmdline)
+                if match.cmdline is not None
+                else None
+            )
+            if key is None:
+                continue
+            if key in first:
+                raise ValueError(
+                    f"instances {first[key]!r} and {spec.name!r} both match {key[0]} {key[1]!r}: one process "
+                    "would be probed and restarted twice; keep one of them (its workers come with it: "
+                    "match.children)"
+                )
+            first[key] = spec.name
         return self
 
     @model_validator(mode="after")

@@ -63,6 +63,29 @@ _SPECS = [
     MetricSpec("pss_bytes", "gauge", "Proportional set size (shared pages divided among sharers).", "smaps"),
     MetricSpec("uss_bytes", "gauge", "Unique set size (private pages): what a restart would free.", "smaps"),
     MetricSpec("swap_pss_bytes", "gauge", "Proportional swap usage.", "smaps"),
+    # the instance's process tree (its process and the workers below it): agent/watch/tree.py
+    MetricSpec(
+        "tree_processes", "gauge", "Processes of the instance: its own and the workers below it.", "process"
+    ),
+    MetricSpec(
+        "tree_rss_bytes",
+        "gauge",
+        "RSS of the instance's processes summed (a page they share counts in each).",
+        "process",
+    ),
+    MetricSpec(
+        "tree_pss_bytes",
+        "gauge",
+        "PSS of the instance's processes summed (shared pages counted once).",
+        "smaps",
+    ),
+    MetricSpec(
+        "tree_memory_bytes",
+        "gauge",
+        "Memory of the instance as judged: its cgroup's working set when it owns the cgroup, else "
+        "its processes' RSS less the pages they share.",
+        "process",
+    ),
     # cgroup probe: v1 or v2, detected at run time
     MetricSpec(
         "cgroup_memory_limit_bytes", "gauge", "Effective memory limit of the instance's cgroup.", "cgroup"

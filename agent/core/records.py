@@ -33,23 +33,30 @@ class ProcessIdentity:
 
 @dataclass(frozen=True, slots=True)
 class ProbeTarget:
-    """What a probe is pointed at: one live process of one instance."""
+    """What a probe is pointed at: one live process of one instance, and the workers descended from it.
+
+    Probes that read per-process figures (`process`, `smaps`) read the workers too and return their
+    figures in `ProbeResult.processes`; the others speak for the instance's own process alone."""
 
     instance: str
     pid: int
     start_time: float
     labels: Mapping[str, str] = field(default_factory=dict)
     settings: Mapping[str, Any] = field(default_factory=dict)  # the instance's config, as plain data
+    workers: tuple[ProcessIdentity, ...] = ()
 
 
 @dataclass(slots=True)
 class ProbeResult:
     """Samples a probe read, the histogram snapshots it took (the collector stores both), plus the
-    figures it could not read (partial failure)."""
+    figures it could not read (partial failure) and the per-process figures of a process tree."""
 
     samples: list[Sample] = field(default_factory=list)
     problems: list[Exception] = field(default_factory=list)
     snapshots: list[Snapshot] = field(default_factory=list)
+    # figures of each process of the instance (its own and its workers'), metric → value; the
+    # collector sums them into the instance's `tree_*` figures and keeps them for the breakdown
+    processes: dict[ProcessIdentity, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

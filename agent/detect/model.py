@@ -6,7 +6,8 @@ build the same `InstanceSeries` and get the same `Observation`s and `Finding`s b
 Metric roles. Detectors read series by the names of `agent.core.catalog`, plus names that the
 allocator and JVM probes will emit; each role takes the first name present:
 
-- memory judged against the limit: `rss_bytes`
+- memory judged against the limit: `tree_memory_bytes` (the instance's processes together: a server
+  and its workers, see agent/watch/tree.py), else `rss_bytes`; the detectors read it under `RSS`
 - live bytes (what a leak grows): `allocator_allocated_bytes`, else `jvm_heap_after_gc_bytes`,
   else `rss_bytes`; a Python target's small objects live in pymalloc's arenas, outside malloc's
   figures (`pymalloc_allocated_blocks` says pymalloc is there), so its RSS is judged as well
@@ -35,6 +36,7 @@ JVM_HEAP_AFTER_GC = "jvm_heap_after_gc_bytes"
 PYMALLOC = "pymalloc_allocated_blocks"
 LIMIT_METRICS = ("memory_limit_bytes", "cgroup_memory_limit_bytes")
 START_TIME = "process_start_time_seconds"
+TREE_MEMORY = "tree_memory_bytes"
 
 Verdict = Literal["leak", "fragmentation", "allocator-retention", "working-set-plateau"]
 State = Literal["firing", "holding", "clear", "unknown"]
@@ -62,6 +64,11 @@ class InstanceSeries:
     started_at: float | None = None
     prior: WorkloadProfile | None = None
     """What the instance's workload is known to do (`agent.detect.priors`), for a new process."""
+
+    def __post_init__(self) -> None:
+        tree = self.series.get(TREE_MEMORY)
+        if tree:  # the memory of the whole instance is what grows toward its limit, not its first process's
+            self.series = {**self.series, RSS: tree}
 
     def first_ts(self) -> float | None:
         starts = [points[0][0] for points in self.series.values() if points]

@@ -19,6 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 from agent.core.sql import where_clause
+from agent.core.units import format_bytes
 from agent.detect import DetectParams, Finding, InstanceSeries, Observation, Transition, tick_for, update
 from agent.detect.attribution import explain
 from agent.detect.fleet import judge_fleet, with_priors
@@ -32,6 +33,7 @@ from agent.detect.model import (
     RESIDENT,
     RSS,
     START_TIME,
+    TREE_MEMORY,
 )
 from agent.detect.priors import PriorBook, WorkloadProfile, merge, workload_key
 from agent.detect.slow import INPUT_METRICS as SLOW_METRICS
@@ -45,7 +47,18 @@ from agent.watch.tracker import Tracker
 log = logging.getLogger("medic.detection")
 
 EXPLAINED_KINDS = ("leak", "oom-risk")
-MEMORY_METRICS = (RSS, ALLOCATED, ACTIVE, RESIDENT, JVM_HEAP_AFTER_GC, PYMALLOC, *LIMIT_METRICS, *REQUESTS)
+PROCESS_TAIL = "; it grows in "  # the summary's tail naming the process of a tree that grows
+MEMORY_METRICS = (
+    RSS,
+    TREE_MEMORY,
+    ALLOCATED,
+    ACTIVE,
+    RESIDENT,
+    JVM_HEAP_AFTER_GC,
+    PYMALLOC,
+    *LIMIT_METRICS,
+    *REQUESTS,
+)
 SUB_BUCKETS = 10  # store reads per detection bucket: min and max of each
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS findings (
@@ -228,6 +241,7 @@ class Detection:
                 by_instance[finding.instance].append(latest[finding.id])
         for instance, findings in by_instance.items():
             since = max(max(f.lifetime_start for f in findings), now - self.params.long_window)
+            self._name_process(instance, findings, since, now)
             try:
                 explanation = explain(self.store, instance, since, now)
             except Exception:  # a bad snapshot must not stop detection
@@ -235,6 +249,28 @@ class Detection:
                 continue
             for finding in findings:
                 finding.evidence |= explanation
+
+    def _name_process(self, instance: str, findings: list[Finding], since: float, now: float) -> None:
+        """On an instance of several processes (a server and its workers), name the one whose memory
+        grew most since `since` (`evidence.process`, and the summary): the instance's total is judged,
+        the process is its cause. Its history is the tracker's, kept since medic first saw it."""
+        with self.tracker.lock:
+            state = self.tracker.states.get(instance)
+            cause = (
+                state.tree.cause(since, now) if state is not None and len(state.tree.members) > 1 else None
+            )
+        for finding in findings:
+            if PROCESS_TAIL in finding.summary:
+                continue  # named already at this judgement (the same finding, listed twice)
+            finding.evidence.pop("process", None)
+            if cause is None:
+                continue
+            finding.evidence["process"] = cause
+            finding.summary = tree_words(finding.summary, cause["processes"])
+            finding.summary += (
+                f"{PROCESS_TAIL}{cause['role']} pid {cause['pid']} "
+                f"(+{format_bytes(cause['growth_bytes'])}, {format_bytes(cause['growth_bytes_per_hour'])}/h)"
+            )
 
     # ------------------------------------------------------------------------------ queries
     def findings(
@@ -302,7 +338,9 @@ class Detection:
         finding = change.finding
         severity = finding.severity if change.change != "resolved" else "info"
         # the summary is said once: a reason that repeats it (an opening, an update's tail) adds only the rest
-        reason = change.reason.removesuffix(finding.summary).removesuffix(": ")
+        process = finding.evidence.get("process") if PROCESS_TAIL in finding.summary else None
+        said = tree_words(change.reason, process["processes"]) if isinstance(process, dict) else change.reason
+        reason = said.removesuffix(finding.summary.split(PROCESS_TAIL)[0]).removesuffix(": ")
         self.events.emit(
             f"finding_{change.change}",
             f"{finding.kind} {change.change}: {finding.summary}" + (f" ({reason})" if reason else ""),
@@ -311,6 +349,14 @@ class Detection:
             finding=_public(asdict(finding)),
             reason=change.reason,
         )
+
+
+def tree_words(text: str, processes: int) -> str:
+    """A detector's words for an instance of several processes: it judges their total under the name
+    of RSS (`agent.detect.model`), which a person reading "RSS" would take for one process's."""
+    return text.replace("in rss_bytes", f"in the memory of its {processes} processes").replace(
+        " RSS peaks ", " memory peaks "
+    )
 
 
 def _dump(finding: Finding) -> str:

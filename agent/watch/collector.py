@@ -14,12 +14,13 @@ import time
 from collections.abc import Callable
 
 from agent.core.errors import ProbeError, ProbeUnavailable, StoreError, TargetGone
-from agent.core.records import Event, ProbeResult, ProbeTarget, Sample
+from agent.core.records import Event, ProbeResult, ProbeTarget, ProcessIdentity, Sample
 from agent.state.eventlog import EventLog
 from agent.state.histograms import HistogramStore
 from agent.state.store import Store
 from agent.watch.instances import InstanceState, ProbeHealth
 from agent.watch.tracker import Tracker
+from agent.watch.tree import CgroupOwnership, first_pss
 from probes.base import Probe, Schedule
 
 log = logging.getLogger("medic.collector")
@@ -63,7 +64,11 @@ class Collector:
         # instance → metric → (value, ts); nested rather than keyed by pairs: a pair tuple per series
         # cost as much as the value it keys
         self._stored: dict[str, dict[str, tuple[float, float]]] = {}
+        self.ownership = CgroupOwnership()
         tracker.forget_hooks.extend(probe.forget for probe in probes)
+        tracker.forget_hooks.append(
+            lambda target: self.ownership.forget(ProcessIdentity(target.pid, target.start_time))
+        )
         tracker.forget_hooks.append(self._forget_stored)
         events.subscribe(self._on_event)
 
@@ -84,8 +89,13 @@ class Collector:
         now_ = time.time() if now is None else now  # one timestamp per tick: series line up
         for state, target in self.tracker.up_targets():
             samples: list[Sample] = []
+            processes: dict[ProcessIdentity, dict[str, float]] = {}
             for probe in probes:
-                samples.extend(self._run_probe(state, target, probe, now_))
+                result = self._run_probe(state, target, probe, now_)
+                samples.extend(result.samples)
+                for identity, figures in result.processes.items():
+                    processes.setdefault(identity, {}).update(figures)
+            samples.extend(self._tree_samples(state, target, schedule, processes, samples, now_))
             if schedule == "fast":
                 samples.append(Sample(state.name, "process_start_time_seconds", now_, target.start_time))
                 if state.memory_limit:
@@ -118,25 +128,54 @@ class Collector:
         for key in [k for k in self._unavailable_since if k[0] == target.instance]:
             del self._unavailable_since[key]
 
-    def _run_probe(self, state: InstanceState, target: ProbeTarget, probe: Probe, now: float) -> list[Sample]:
+    def _tree_samples(
+        self,
+        state: InstanceState,
+        target: ProbeTarget,
+        schedule: Schedule,
+        processes: dict[ProcessIdentity, dict[str, float]],
+        samples: list[Sample],
+        now: float,
+    ) -> list[Sample]:
+        """The instance's `tree_*` figures from its processes' (agent/watch/tree.py says which); the
+        reads happen outside the tracker's lock."""
+        with self.tracker.lock:
+            if state.pid != target.pid:
+                return []
+            fresh = state.tree.unmeasured() if schedule == "fast" else []
+            members = list(state.tree.members)
+        for identity, figures in first_pss(fresh).items():
+            processes.setdefault(identity, {}).update(figures)
+        working_set = next((s.value for s in samples if s.metric == "cgroup_memory_working_set_bytes"), None)
+        server = ProcessIdentity(target.pid, target.start_time)
+        owned = working_set is not None and self.ownership.owns(server, members, now)
+        with self.tracker.lock:
+            if state.pid != target.pid:
+                return []
+            state.tree.observe(now, processes)
+            if schedule != "fast":
+                return state.tree.pss_sample(state.name, now, processes)
+            return state.tree.samples(state.name, now, working_set if owned else None)
+
+    def _run_probe(self, state: InstanceState, target: ProbeTarget, probe: Probe, now: float) -> ProbeResult:
         health = state.probes.setdefault(probe.name, ProbeHealth())
         if health.unavailable is not None and now < health.retry_at:
-            return []
+            return ProbeResult()
         started = time.perf_counter()
         try:
             result = probe.collect(target, now)
         except TargetGone:
-            return []  # the tracker records the disappearance on its next reconcile
+            return ProbeResult()  # the tracker records the disappearance on its next reconcile
         except ProbeUnavailable as exc:  # not an error: this figure does not exist for this instance
             self._unavailable(state, target, probe, health, str(exc), now)
-            return []
+            return ProbeResult()
         except ProbeError as exc:
             self._failed(state, probe.name, health, exc, started)
-            return []
+            return ProbeResult()
         except Exception as exc:  # a probe bug must not take the agent down
             log.exception("probe %s crashed on %s", probe.name, state.name)
             self._failed(state, probe.name, health, exc, started)
-            return []
+            return ProbeResult()
         self._store_snapshots(result)
         elapsed = time.perf_counter() - started
         health.last_duration = elapsed
@@ -166,7 +205,7 @@ class Collector:
             health.ok, health.last_error = True, None
             self.observe(probe.name, elapsed, True)
         health.last_success = now
-        return result.samples
+        return result
 
     def _unavailable(
         self,

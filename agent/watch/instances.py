@@ -9,6 +9,7 @@ from typing import Any, Literal
 from agent.config.model import InstanceSpec
 from agent.core.records import ProcessIdentity
 from agent.state.identities import AdoptedProcess
+from agent.watch.tree import ProcessTree
 
 Status = Literal["up", "down", "waiting", "exited"]
 
@@ -45,6 +46,7 @@ class InstanceState:
     probes: dict[str, ProbeHealth] = field(default_factory=dict)
     adopted: AdoptedProcess | None = None  # what the followed process matched when it was adopted
     refused: ProcessIdentity | None = None  # a process at the instance's pid that is not the instance
+    tree: ProcessTree = field(default_factory=ProcessTree)  # its process and the workers below it
     _last_cpu: tuple[float, float] | None = None
     _settings: dict[str, Any] | None = None
 
@@ -75,6 +77,7 @@ class InstanceState:
     def to_dict(self, now: float | None = None) -> dict[str, Any]:
         now = time.time() if now is None else now
         rss = self.latest.get("rss_bytes")
+        memory = self.latest.get("tree_memory_bytes", rss)
         errors = sum(p.errors_total for p in self.probes.values())
         return {
             "name": self.name,
@@ -90,7 +93,13 @@ class InstanceState:
             "rss_bytes": rss,
             "memory_limit_bytes": self.memory_limit,
             "memory_limit_source": self.memory_limit_source,
-            "memory_used_ratio": (rss / self.memory_limit) if rss and self.memory_limit else None,
+            "memory_bytes": memory,
+            "memory_source": self.tree.source
+            if "tree_memory_bytes" in self.latest
+            else "rss"
+            if rss
+            else None,
+            "memory_used_ratio": (memory / self.memory_limit) if memory and self.memory_limit else None,
             "cpu_percent": self.cpu_percent,
             "threads": self.latest.get("threads"),
             "last_probe": self.last_probe,
@@ -107,6 +116,9 @@ class InstanceState:
                 }
                 for name, health in sorted(self.probes.items())
             },
+            "workers": len(self.tree.workers) if self.status == "up" else None,
+            "worker_restarts": self.tree.worker_restarts,
+            "workers_not_followed": self.tree.capped,
             "latest": dict(sorted(self.latest.items())),
             "settings": self.settings,
         }

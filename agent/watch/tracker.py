@@ -35,11 +35,13 @@ from agent.state.identities import AdoptedProcess, IdentityLedger, PidfileStamp,
 from agent.state.store import InstanceRecord, Store
 from agent.watch import discovery
 from agent.watch.adoption import Adoption, is_process
+from agent.watch.claims import Claims
 from agent.watch.instances import InstanceState
 from agent.watch.runs import ProcessRuns
 from agent.watch.supervisor import ManagedProcess, Run, exit_status
 from probes.linux.cgroupfiles import cgroup_memory_limit
 from probes.linux.procfs import host_memory_total, same_process
+from probes.linux.proctree import describe
 
 log = logging.getLogger("medic.tracker")
 
@@ -67,7 +69,7 @@ class Tracker:
         self.ledger = IdentityLedger(store.dir)
         self.adoption = Adoption(self.ledger, events)
         self._children_checked = False
-        self._capped: set[str] = set()  # `select: all` specs whose cap was reported
+        self.claims = Claims(events)  # one watcher per process; each server's workers
         for spec in specs:
             if spec.match.select == "all" and spec.match.cmdline is not None:
                 continue  # slots are created as matches appear
@@ -88,7 +90,7 @@ class Tracker:
     def up_targets(self) -> list[tuple[InstanceState, ProbeTarget]]:
         with self.lock:
             return [
-                (s, ProbeTarget(s.name, s.pid, s.start_time, s.labels, s.settings))
+                (s, ProbeTarget(s.name, s.pid, s.start_time, s.labels, s.settings, s.tree.workers))
                 for s in self.states.values()
                 if s.status == "up" and s.pid is not None and s.start_time is not None
             ]
@@ -235,6 +237,7 @@ class Tracker:
         """
         now = time.time() if now is None else now
         with self.lock:
+            self.claims.begin()
             for spec in self.specs:
                 try:
                     if spec.match.managed:
@@ -255,6 +258,10 @@ class Tracker:
                     self._last_errors[spec.name] = message
                 else:
                     self._last_errors.pop(spec.name, None)
+            try:
+                self.claims.refresh(self.states, now, full=scan)
+            except Exception:  # the workers are extra figures: the servers stay watched whatever happens here
+                log.exception("refreshing the instances' workers failed")
 
     def _reconcile_managed(self, state: InstanceState, now: float) -> None:
         managed = self.managed[state.name]
@@ -307,7 +314,9 @@ class Tracker:
             self._follow(state, current, now)
             return
         if scan or state.status == "up":  # just vanished: look for its successor at once
-            matches = discovery.by_cmdline(spec.match.cmdline or "")
+            matches = self.claims.candidates(
+                spec, discovery.by_cmdline(spec.match.cmdline or ""), self.states
+            )
             self._follow(state, matches[-1] if matches else None, now, "no process matches the cmdline regex")
 
     def _reconcile_all(self, spec: InstanceSpec, now: float, scan: bool) -> None:
@@ -326,8 +335,14 @@ class Tracker:
         if not scan:
             return
         cap, beyond = spec.match.max_instances, 0
-        for identity in discovery.by_cmdline(spec.match.cmdline or ""):
+        for identity in self.claims.candidates(
+            spec, discovery.by_cmdline(spec.match.cmdline or ""), self.states
+        ):
             if identity in alive:
+                continue
+            owner = self.claims.owner(None, identity, self.states.values())
+            if owner is not None:
+                self.claims.refuse(spec.name, owner, identity)
                 continue
             if len(alive) >= cap:
                 beyond += 1
@@ -342,25 +357,7 @@ class Tracker:
                 slots.append(state)
             self._follow(state, identity, now)
             alive[identity] = state
-        self._report_cap(spec, cap, beyond)
-
-    def _report_cap(self, spec: InstanceSpec, cap: int, beyond: int) -> None:
-        """One event when matches go beyond `max_instances` (not one per scan); again after it clears."""
-        if not beyond:
-            self._capped.discard(spec.name)
-            return
-        if spec.name in self._capped:
-            return
-        self._capped.add(spec.name)
-        self.events.emit(
-            "instance_cap_reached",
-            f"{beyond} more process(es) match {spec.match.cmdline!r} beyond match.max_instances={cap}; "
-            "they are not followed: narrow the regex or raise max_instances",
-            instance=spec.name,
-            severity="warning",
-            max_instances=cap,
-            not_followed=beyond,
-        )
+        self.claims.report_cap(spec, cap, beyond)
 
     def _alive(self, state: InstanceState) -> ProcessIdentity | None:
         """The followed process if it still runs as the same process (pid not reused)."""
@@ -408,6 +405,10 @@ class Tracker:
         )
         if same and state.status == "up":
             self.adoption.restamp(state, identity, stamp)
+            return
+        owner = self.claims.owner(state, identity, self.states.values())
+        if owner is not None:  # another instance watches it: never probed or restarted twice
+            self._follow(state, None, now, self.claims.refuse(state.name, owner, identity))
             return
         if self.adoption.already_refused(state, identity, stamp):
             return  # an unrelated process at the instance's pid, already reported
@@ -472,6 +473,7 @@ class Tracker:
         state.pid, state.start_time = identity.pid, identity.start_time
         state.status, state.status_reason, state.exit_code = "up", "running", None
         state.reset_process()
+        state.tree.reset(identity, describe(identity.pid), now)
         self.adoption.remember(state, identity, stamp)
         self.resolve_memory_limit(state)
         self.store.remember_instance(state.name, identity.pid, identity.start_time, now)
@@ -488,6 +490,8 @@ class Tracker:
             target = ProbeTarget(state.name, state.pid, state.start_time, state.labels)
             for forget in self.forget_hooks:
                 forget(target)
+        self.claims.leave(state, time.time())
+        state.tree.reset(None)
         state.reset_process()
 
     def resolve_memory_limit(self, state: InstanceState) -> None:

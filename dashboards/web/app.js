@@ -10,6 +10,7 @@ const SUSPECTS_EVERY_MS = 30000;
 const WINDOWS = ["15m", "1h", "6h", "24h"];
 const MEMORY_SERIES = [
   { metric: "rss_bytes", label: "RSS", cls: "series-rss" },
+  { metric: "tree_memory_bytes", label: "instance (server + workers)", cls: "series-tree" },
   { metric: "allocator_resident_bytes", label: "allocator resident", cls: "series-resident" },
   { metric: "allocator_allocated_bytes", label: "allocator allocated", cls: "series-allocated" },
 ];
@@ -289,6 +290,7 @@ async function loadInstanceDetail() {
     state.suspectsAt = now;
     state.suspectsFor = name;
   }
+  requests.detail = `/api/v1/instances/${encodeURIComponent(name)}`;
   for (const spec of MEMORY_SERIES) delete state.data[`series:${spec.metric}`];
   await load(requests);
 }
@@ -436,6 +438,40 @@ function findingChip(f) {
   return h("span", { class: ["chip", `sev-${f.severity}`], title: f.summary || "" }, f.kind || "finding");
 }
 
+// the instance's memory as judged: its processes together (server and workers), else its RSS
+function memoryOf(inst) {
+  return isNum(inst.memory_bytes) ? inst.memory_bytes : inst.rss_bytes;
+}
+
+const MEMORY_SOURCES = {
+  cgroup: "its cgroup's working set",
+  pss: "server + workers, shared pages once",
+  rss: "RSS of its process",
+};
+
+function renderProcesses(name) {
+  const body = state.data.detail;
+  const detail = body && body.instance && body.instance.name === name ? body.instance : null;
+  const processes = (detail && Array.isArray(detail.processes) && detail.processes) || [];
+  if (processes.length < 2) {
+    fill("processes", h("p", { class: "muted" }, processes.length ? "One process, no workers." : "No process to show."));
+    return;
+  }
+  const rows = processes.map((p) =>
+    row(
+      p.role === "server" ? "process-server" : "process-worker",
+      String(p.pid ?? "–"),
+      p.role || "?",
+      fmtDuration(p.age_seconds),
+      fmtBytes(p.rss_bytes),
+      fmtBytes(p.pss_bytes),
+      fmtBytes(p.memory_bytes),
+      h("code", { class: "small" }, p.command || ""),
+    ),
+  );
+  fill("processes", table(["pid", "role", "age", "RSS", "PSS", "counts", "command"], rows, "processes"));
+}
+
 function renderFleet() {
   sectionError("fleet-section", ["instances", "findings"]);
   const list = instances();
@@ -460,11 +496,12 @@ function renderFleet() {
       h(
         "td",
         { class: "memory" },
-        memoryBar(inst.rss_bytes, inst.memory_limit_bytes),
+        memoryBar(memoryOf(inst), inst.memory_limit_bytes),
         h(
           "span",
           { class: "small" },
-          ` ${fmtBytes(inst.rss_bytes)} / ${fmtBytes(inst.memory_limit_bytes)} (${fmtPercent(inst.memory_used_ratio)})`,
+          ` ${fmtBytes(memoryOf(inst))} / ${fmtBytes(inst.memory_limit_bytes)} (${fmtPercent(inst.memory_used_ratio)})`,
+          inst.workers ? h("span", { class: "muted" }, ` · ${inst.workers} worker${inst.workers > 1 ? "s" : ""}`) : null,
         ),
       ),
       timeToOomCell(projection, tto),
@@ -518,6 +555,7 @@ function renderInstance() {
     fill("memory-chart");
     fill("memory-legend");
     fill("findings");
+    fill("processes");
     fill("suspects");
     return;
   }
@@ -529,7 +567,8 @@ function renderInstance() {
     fact("pid", inst.pid ?? "–"),
     fact("uptime", fmtDuration(inst.uptime_seconds)),
     fact("restarts", inst.restarts ?? "–"),
-    fact("RSS", fmtBytes(inst.rss_bytes)),
+    fact("memory", `${fmtBytes(memoryOf(inst))}${MEMORY_SOURCES[inst.memory_source] ? ` (${MEMORY_SOURCES[inst.memory_source]})` : ""}`),
+    fact("processes", inst.status === "up" ? 1 + (inst.workers || 0) : "–"),
     fact("limit", `${fmtBytes(inst.memory_limit_bytes)}${inst.memory_limit_source ? ` (${inst.memory_limit_source})` : ""}`),
     fact("p99", fmtLatency((inst.latest || {}).latency_p99_seconds)),
     fact("last probe", `${fmtDuration(inst.last_probe_age_seconds)} ago`),
@@ -552,6 +591,7 @@ function renderInstance() {
   );
   const findings = openFindings(inst.name);
   fill("findings", findings.length ? findings.map((f) => findingCard(f, now)) : h("p", { class: "muted" }, "No open findings."));
+  renderProcesses(inst.name);
   renderSuspects(inst);
 }
 

@@ -10,6 +10,7 @@ and is left out (None); a file that cannot be read is recorded in the caller's `
 from __future__ import annotations
 
 import errno
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -303,3 +304,26 @@ def cgroup_memory_limit(pid: int, root: Path = HOST_ROOT) -> int | None:
     if problems:
         raise problems[0]
     return limit
+
+
+# --------------------------------------------------------------------------- who is in a cgroup
+
+
+def parse_cgroup_procs(data: bytes, what: str = "cgroup.procs") -> list[int]:
+    """The pids of a `cgroup.procs` file, one per line."""
+    return [to_int(line, what, data) for line in data.split()]
+
+
+def cgroup_members(directory: ControllerDir, limit: int) -> tuple[int, ...] | None:
+    """The pids in `directory` when it holds at most `limit` processes and has no child cgroups;
+    None otherwise, or when it cannot be read: the cgroup then holds more than one instance's tree
+    (its usage is not the instance's), so the caller falls back to per-process figures."""
+    try:
+        with os.scandir(directory.path) as entries:
+            if any(entry.is_dir(follow_symlinks=False) for entry in entries):
+                return None
+        data = read_raw(directory.path + "/cgroup.procs")
+        pids = parse_cgroup_procs(data[: 16 * (limit + 1)])
+    except (OSError, ProbeError):
+        return None
+    return tuple(pids) if len(pids) <= limit else None
