@@ -18,8 +18,9 @@ import string
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from agent.core.timescale import EVIDENCE_SAMPLES, RECHECK_SAMPLES, TimeScale
 from agent.core.types import (
     DAY,
     HOUR,
@@ -359,10 +360,54 @@ class RemediationSection(Strict):
     verify: VerifySection = Field(default_factory=VerifySection)
     instances: dict[str, InstanceRemediationSection] = Field(default_factory=dict)  # per-instance overrides
     retention: PositiveDuration = 30 * 86400.0  # ledger decisions and closed cases
+    _scale: TimeScale = PrivateAttr(default_factory=TimeScale)  # the axis of `scaled()`
+
+    def scaled(self, scale: TimeScale) -> RemediationSection:
+        """This section on the agent's time scale (`agent.time_scale`): what the engine judges or
+        waits by (spacing, cooldown, the hour of `max_per_hour`, margins, the ladder's waits, crash-loop
+        windows, min_uptime, escalation expiry) divided by it; a wait after which a finding is judged
+        again held at the samples that judgement needs. What runs in real time is not: a restart's own
+        timeouts, grace, drain, verification and warm-up, the coordinator's leases, the schedule,
+        retention and the wall clock's windows. `restart_duration` stops at `verify.stable_for`,
+        the least a restart takes."""
+        if not scale.compressed:
+            return self
+        span, b, p, lad, loop = scale.span, self.budget, self.plan, self.ladder, self.ladder.crash_loop
+        settle = scale.samples(EVIDENCE_SAMPLES)
+        section = self.model_copy(
+            update={
+                "budget": b.model_copy(
+                    update={"min_interval": span(b.min_interval), "cooldown": span(b.cooldown)}
+                ),
+                "plan": p.model_copy(
+                    update={
+                        "safety_margin": span(p.safety_margin),
+                        "restart_duration": span(p.restart_duration, self.verify.stable_for),
+                        "deadline_granularity": span(p.deadline_granularity),
+                    }
+                ),
+                "ladder": lad.model_copy(
+                    update={
+                        "purge_settle": span(lad.purge_settle, settle),
+                        "slow_confirm": span(lad.slow_confirm, settle),
+                        "clear_check": span(lad.clear_check, scale.samples(RECHECK_SAMPLES)),
+                        "escalation_expiry": scale.optional(lad.escalation_expiry),
+                        "crash_loop": loop.model_copy(
+                            update={"window": span(loop.window), "reset_after": span(loop.reset_after)}
+                        ),
+                    }
+                ),
+                "blockers": self.blockers.model_copy(update={"min_uptime": span(self.blockers.min_uptime)}),
+            }
+        )
+        section._scale = scale
+        return section
 
     def limits(self) -> BudgetLimits:
         b = self.budget
-        return BudgetLimits(b.max_concurrent, b.min_interval, b.max_per_hour, b.cooldown)
+        return BudgetLimits(
+            b.max_concurrent, b.min_interval, b.max_per_hour, b.cooldown, self._scale.span(HOUR)
+        )
 
     def plan_settings(self) -> PlanSettings:
         p = self.plan
