@@ -100,6 +100,19 @@ def test_a_memory_detector_too_compressed_for_the_interval_is_compressed_less_as
     assert "compressed 180x, not 1000x" in said and "lower agent.interval to 900ms" in said
 
 
+def test_real_time_schedules_slower_than_the_compressed_grid_they_serve_are_said():
+    """The schedules are not scaled: at their defaults the compressed detectors would judge every 15 s
+    and the engine step every 10 s against a 20 s safety margin. The lab sets both to 1 s."""
+    said = notes(parse_config("agent: {interval: 1s, time_scale: 180}"))
+    assert any(
+        n.startswith("detect.interval (15s) is longer than the compressed judgement step (2.5s)")
+        for n in said
+    )
+    assert any(n.startswith("remediation.interval (10s) is more than a quarter") for n in said)
+    lab = notes(load_config(LAB))
+    assert not [n for n in lab if n.startswith(("detect.interval", "remediation.interval"))]
+
+
 def test_uncompressed_buckets_shorter_than_the_sampling_interval_are_refused():
     with pytest.raises(ConfigError, match=r"shorter than agent\.interval"):
         parse_config("agent: {interval: 5s}\ndetect: {memory: {window: 1m, long_window: 2m, season: 10m}}")

@@ -7,8 +7,9 @@ each instance's SLO window (through `TimeAxis.scale`, in the detection job) and 
 section, each record applying `agent.core.timescale.TimeScale.span` to its own durations.
 `problems(config)` is why a config cannot judge (a window or a stale limit shorter than the
 interval its samples arrive at), each with its fix; `Config` refuses those on load. `scaled(config)`
-lists every duration the scale changed, and `notes(config)` the ones it held at a floor, for
-`medic config check` and the agent's start.
+lists every duration the scale changed, and `notes(config)` the ones it held at a floor and the
+real-time schedules slower than the compressed grid they serve, for `medic config check` and the
+agent's start.
 """
 
 from __future__ import annotations
@@ -106,6 +107,27 @@ def notes(config: Config) -> list[str]:
                 f"{item.key}: {format_fine_duration(item.written)} / {factor:g} would be "
                 f"{format_fine_duration(item.written / factor)}, held at {format_fine_duration(item.used)} ({floor})"
             )
+    return found + _slow_schedules(config, axis)
+
+
+def _slow_schedules(config: Config, axis: TimeAxis) -> list[str]:
+    """Schedules run in real time: one longer than the compressed grid it serves makes the agent judge
+    or act only every so often."""
+    found = []
+    grid = min(axis.memory.step, axis.slow.step)
+    if config.detect.interval > grid * (1 + 1e-9):
+        found.append(
+            f"detect.interval ({format_fine_duration(config.detect.interval)}) is longer than the compressed "
+            f"judgement step ({format_fine_duration(grid)}): the detectors judge only that often; set it to "
+            f"{format_fine_duration(grid)} or less"
+        )
+    margin, every = axis.remediation.plan.safety_margin, config.remediation.interval
+    if config.remediation.mode != "off" and every > margin / 4 * (1 + 1e-9):
+        found.append(
+            f"remediation.interval ({format_fine_duration(every)}) is more than a quarter of the compressed "
+            f"plan.safety_margin ({format_fine_duration(margin)}): a restart may start up to "
+            f"{format_fine_duration(every)} after its slot; set it to {format_fine_duration(margin / 4)} or less"
+        )
     return found
 
 
