@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import string
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
@@ -39,6 +39,7 @@ from remediation.planner import PlanSettings
 from remediation.policy import LadderSettings
 from remediation.windows import TimeWindow, Windows, parse_days
 
+_Section = TypeVar("_Section", bound=Strict)
 TEMPLATE_FIELDS = frozenset({"instance", "pid", "fleet", "finding_id", "kind"})
 KUBERNETES_NOT_YET = (
     "the kubernetes backend (Lease objects + the Eviction API honouring PodDisruptionBudgets) is designed "
@@ -363,42 +364,36 @@ class RemediationSection(Strict):
     _scale: TimeScale = PrivateAttr(default_factory=TimeScale)  # the axis of `scaled()`
 
     def scaled(self, scale: TimeScale) -> RemediationSection:
-        """This section on the agent's time scale (`agent.time_scale`): what the engine judges or
-        waits by (spacing, cooldown, the hour of `max_per_hour`, margins, the ladder's waits, crash-loop
-        windows, min_uptime, escalation expiry) divided by it; a wait after which a finding is judged
-        again held at the samples that judgement needs. What runs in real time is not: a restart's own
-        timeouts, grace, drain, verification and warm-up, the coordinator's leases, the schedule,
-        retention and the wall clock's windows. `restart_duration` stops at `verify.stable_for`,
-        the least a restart takes."""
+        """This section on the agent's time scale (`agent.time_scale`, docs/detection.md): what the
+        engine judges or waits by divided by it, a wait before a finding is judged again held at the
+        samples that judgement needs, `restart_duration` at `verify.stable_for` (the least a restart
+        takes); what runs in real time (a restart's own timeouts, leases, the schedule) as written."""
         if not scale.compressed:
             return self
-        span, b, p, lad, loop = scale.span, self.budget, self.plan, self.ladder, self.ladder.crash_loop
+        span, b, p, lad = scale.span, self.budget, self.plan, self.ladder
         settle = scale.samples(EVIDENCE_SAMPLES)
-        section = self.model_copy(
-            update={
-                "budget": b.model_copy(
-                    update={"min_interval": span(b.min_interval), "cooldown": span(b.cooldown)}
+        section = _with(
+            self,
+            budget=_with(b, min_interval=span(b.min_interval), cooldown=span(b.cooldown)),
+            plan=_with(
+                p,
+                safety_margin=span(p.safety_margin),
+                restart_duration=span(p.restart_duration, self.verify.stable_for),
+                deadline_granularity=span(p.deadline_granularity),
+            ),
+            ladder=_with(
+                lad,
+                purge_settle=span(lad.purge_settle, settle),
+                slow_confirm=span(lad.slow_confirm, settle),
+                clear_check=span(lad.clear_check, scale.samples(RECHECK_SAMPLES)),
+                escalation_expiry=scale.optional(lad.escalation_expiry),
+                crash_loop=_with(
+                    lad.crash_loop,
+                    window=span(lad.crash_loop.window),
+                    reset_after=span(lad.crash_loop.reset_after),
                 ),
-                "plan": p.model_copy(
-                    update={
-                        "safety_margin": span(p.safety_margin),
-                        "restart_duration": span(p.restart_duration, self.verify.stable_for),
-                        "deadline_granularity": span(p.deadline_granularity),
-                    }
-                ),
-                "ladder": lad.model_copy(
-                    update={
-                        "purge_settle": span(lad.purge_settle, settle),
-                        "slow_confirm": span(lad.slow_confirm, settle),
-                        "clear_check": span(lad.clear_check, scale.samples(RECHECK_SAMPLES)),
-                        "escalation_expiry": scale.optional(lad.escalation_expiry),
-                        "crash_loop": loop.model_copy(
-                            update={"window": span(loop.window), "reset_after": span(loop.reset_after)}
-                        ),
-                    }
-                ),
-                "blockers": self.blockers.model_copy(update={"min_uptime": span(self.blockers.min_uptime)}),
-            }
+            ),
+            blockers=_with(self.blockers, min_uptime=span(self.blockers.min_uptime)),
         )
         section._scale = scale
         return section
@@ -432,3 +427,7 @@ class RemediationSection(Strict):
 
     def excluded(self, name: str) -> bool:
         return name in self.exclude or self.for_instance(name).exclude
+
+
+def _with(section: _Section, **changes: object) -> _Section:
+    return section.model_copy(update=changes)
