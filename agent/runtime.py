@@ -34,6 +34,7 @@ from agent.api.guard import allowed_hosts, is_loopback
 from agent.api.metrics import Telemetry
 from agent.api.server import server_config
 from agent.config.model import Config
+from agent.config.timescale import notes, time_axis
 from agent.core.errors import ConfigError, StoreError
 from agent.jobs.detection import Detection
 from agent.jobs.history import TICK as HISTORY_TICK
@@ -149,25 +150,32 @@ class Agent:
         disable_created_metrics()  # no `_created` series; a process-wide switch, so set by the agent
         self.telemetry = Telemetry(self.tracker)
         self.notifier = start_notifier(self)  # events → Alertmanager/webhook/Slack (agent/notify)
-        memory_params = self.config.detect.memory_params()
+        axis = time_axis(self.config)  # every duration medic judges or waits by, on agent.time_scale
+        for note in notes(self.config):
+            log.info("agent.time_scale %g: %s", axis.scale.factor, note)
+        memory_params = axis.memory
         # a flat series must still fill every detection bucket, or the detectors see no data and a
-        # finding about a leak that stopped would never clear (it matters only for short windows)
+        # finding about a leak that stopped would never clear (it matters only for short windows);
+        # and it is stored again before the slow detector would read it as stale
         self.collector = Collector(
             self.tracker,
             self.store,
             self.events,
             probes,
             self.telemetry.observe_probe,
-            keepalive=min(KEEPALIVE, memory_params.bucket / SAMPLES_PER_BUCKET),
+            keepalive=max(
+                0.0,
+                min(KEEPALIVE, memory_params.bucket / SAMPLES_PER_BUCKET, axis.slow.stale - 2 * cfg.interval),
+            ),
         )
         self.detection = Detection(
             self.tracker,
             self.store,
             self.events,
             memory_params,
-            self.config.detect.slow_params(),
+            axis.slow,
             workload_label=self.config.detect.workload_label,
-            time_scale=self.config.detect.time_scale,
+            scale=axis.scale,
         )
         self.telemetry.watch_findings(self.detection)
         history = self.config.history.prometheus  # the workloads' past, for new processes
@@ -179,7 +187,7 @@ class Agent:
             else None
         )
         self.remediation = Remediation(
-            self.config.remediation, self.tracker, self.store, self.events, self.detection
+            axis.remediation, self.tracker, self.store, self.events, self.detection
         )
         engine = self.remediation.engine  # the fleet's profiles travel through its coordinator
         self.peers = (
@@ -228,7 +236,7 @@ class Agent:
                 notify=self.config.notify,
                 allowed_hosts=allowed_hosts(cfg.host, cfg.allowed_hosts),
                 max_body=cfg.http.max_body,
-                time_scale=self.config.detect.time_scale,
+                time_scale=self.config.agent.time_scale,
             )
             # FastAPI asks, for every route parameter, whether it is a pydantic.v1 model by importing
             # pydantic.v1 (0.9 MiB of RSS kept for the agent's life); medic has none, so in the agent's

@@ -4,7 +4,7 @@ start, and if not, why and when it could.
 Four limits, all per fleet except the cooldown, which is per instance:
   max_concurrent  restarts in flight at once (a restart is in flight until verified or timed out)
   min_interval    between the starts of two restarts
-  max_per_hour    starts in any sliding hour
+  max_per_hour    starts in any sliding hour (`hour`: shorter on a compressed time axis)
   cooldown        after an instance's last restart ended, before it may be restarted again
 
 The state comes from the coordinator (every agent's restarts), so it survives an agent restart.
@@ -31,18 +31,19 @@ class BudgetLimits:
     min_interval: float = 600.0
     max_per_hour: int | None = 6  # None: no hourly limit
     cooldown: float = 3600.0
+    hour: float = HOUR  # the window of max_per_hour: `agent.time_scale` compresses it as the rest
 
     def __post_init__(self) -> None:
         if self.max_concurrent < 1:
             raise ValueError("max_concurrent must be at least 1")
         if self.max_per_hour is not None and self.max_per_hour < 1:
             raise ValueError("max_per_hour must be at least 1 (or None for no hourly limit)")
-        if self.min_interval < 0 or self.cooldown < 0:
-            raise ValueError("min_interval and cooldown must not be negative")
+        if self.min_interval < 0 or self.cooldown < 0 or not self.hour > 0:
+            raise ValueError("min_interval and cooldown must not be negative, and the hour must be positive")
 
     def gap(self, restart_duration: float) -> float:
         """The even spacing between starts that keeps every fleet-wide limit on a long run."""
-        hourly = HOUR / self.max_per_hour if self.max_per_hour else 0.0
+        hourly = self.hour / self.max_per_hour if self.max_per_hour else 0.0
         return max(self.min_interval, restart_duration / self.max_concurrent, hourly)
 
 
@@ -173,7 +174,7 @@ def admit(state: BudgetState, fleet: str, instance: str, t: float, limits: Budge
                 after + limits.min_interval,
             )
     if limits.max_per_hour is not None:
-        hourly = _hourly(state, fleet, t, limits.max_per_hour)
+        hourly = _hourly(state, fleet, t, limits.max_per_hour, limits.hour)
         if hourly is not None:
             return hourly
     last = state.last_end(instance)
@@ -187,22 +188,24 @@ def admit(state: BudgetState, fleet: str, instance: str, t: float, limits: Budge
     return Decision.allow(STAGE, "within the restart budget")
 
 
-def _hourly(state: BudgetState, fleet: str, t: float, limit: int) -> Decision | None:
+def _hourly(state: BudgetState, fleet: str, t: float, limit: int, hour: float) -> Decision | None:
     """Would a start at `t` put `limit` + 1 starts in some sliding hour, before or after `t`?"""
-    before = state.starts_between(fleet, t - HOUR, t)
+    the_hour = "the hour" if hour == HOUR else f"the hour (compressed to {span(hour)})"
+    before = state.starts_between(fleet, t - hour, t)
     if len(before) >= limit:
         return Decision.block(
             STAGE,
             "max-per-hour",
-            f"fleet {fleet} had {len(before)} restarts in the hour before {at(t)}; max_per_hour is {limit}",
-            before[len(before) - limit] + HOUR,
+            f"fleet {fleet} had {len(before)} restarts in {the_hour} before {at(t)}; max_per_hour is {limit}",
+            before[len(before) - limit] + hour,
         )
-    for later in state.starts_between(fleet, t, t + HOUR - 1e-6):  # planned starts whose hour holds t
-        if len(state.starts_between(fleet, later - HOUR, later)) >= limit:
+    for later in state.starts_between(fleet, t, t + hour - 1e-6):  # planned starts whose hour holds t
+        if len(state.starts_between(fleet, later - hour, later)) >= limit:
             return Decision.block(
                 STAGE,
                 "max-per-hour",
-                f"fleet {fleet} has {limit} restarts planned in the hour up to {at(later)}; max_per_hour is {limit}",
+                f"fleet {fleet} has {limit} restarts planned in {the_hour} up to {at(later)}; "
+                f"max_per_hour is {limit}",
                 later + 1e-6,
             )
     return None

@@ -37,11 +37,10 @@ HOSTILE = '<img src=x id=pwned onerror="document.title=1"><b id=bold>bold</b>'
 # Compressed time (see tests/test_agent_detection.py): 4 MiB/s against a 200 MiB limit is about 40 s
 # from OOM, so the detector needs only ~8 s of history; the leak stops at its cap just under the limit.
 CONFIG = {
-    "agent": {"interval": "0.2s", "slow_interval": "2s", "flush_interval": "0.3s"},
+    # compressed 2x, so the page must say so: the detectors see 6 s, 12 s, 1 s, 2 s and 30 min
+    "agent": {"interval": "0.2s", "slow_interval": "2s", "flush_interval": "0.3s", "time_scale": 2},
     "detect": {
         "interval": "0.5s",
-        # compressed 2x, so the page must say so: the detectors see 6 s, 12 s, 1 s, 2 s and 30 min
-        "time_scale": 2,
         "memory": {"window": "12s", "long_window": "24s", "warmup": "2s", "season": "4s", "horizon": "1h"},
     },
     "instances": [

@@ -6,7 +6,6 @@ import os
 import re
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -161,34 +160,6 @@ def test_peer_outlier_among_five_real_instances(agent, spawn):
     assert "svc-3 is slow" in slowed.summary and "the median of 4 peers" in slowed.summary
     for name in ("svc-0", "svc-1", "svc-2", "svc-4"):  # may hold on a busy host, never fire
         assert observations[name].state != "firing", observations[name].summary
-
-
-CPU_ROOT = Path("/sys/fs/cgroup/cpu")  # cgroup v1 cpu controller (REFERENCE §5.3)
-
-
-@pytest.fixture
-def cpu_quota():
-    """`cpu_quota(pid, cores)`: put a process in a fresh v1 cpu cgroup with that CFS quota; undone at teardown."""
-    if os.geteuid() != 0 or not (CPU_ROOT / "cpu.cfs_quota_us").exists():
-        pytest.skip("needs root and the cgroup v1 cpu controller")
-    made: list[Path] = []
-
-    def limit(pid: int, cores: float) -> None:
-        group = CPU_ROOT / f"medic-test-{os.getpid()}-{len(made)}"
-        group.mkdir()
-        made.append(group)
-        (group / "cpu.cfs_period_us").write_text("100000")
-        (group / "cpu.cfs_quota_us").write_text(str(int(cores * 100000)))
-        (group / "cgroup.procs").write_text(str(pid))
-
-    yield limit
-    for group in made:
-        for pid in (group / "cgroup.procs").read_text().split():
-            try:
-                (CPU_ROOT / "cgroup.procs").write_text(pid)  # back to the root cgroup
-            except OSError:
-                pass  # it exited meanwhile
-        group.rmdir()
 
 
 @pytest.mark.root

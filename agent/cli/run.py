@@ -6,9 +6,11 @@ medic run -- python serve.py --port 80   launch a command as instance `main` and
 medic run --pid 1234 --match 'NAME=model_server'   watch processes named on the command line
 medic run --port 9500 --json             listen on 127.0.0.1:9500; print {"url", "state_dir", "pid", "version"}
                                          as one JSON line once listening
-medic run                                 no config: the built-in demo (a leaking and a stable
-                                         sample workload, relaunched if they exit), on a
-                                         compressed time axis: a leak finding within 2 minutes
+medic run                                 no config: the built-in demo (sample workloads: one
+                                         leaking, one slow among three fast peers), on a
+                                         compressed time axis, in enforce mode: a slow and a
+                                         leak finding within 2 minutes, the leak restarted
+                                         before its limit
 """
 
 from __future__ import annotations
@@ -97,45 +99,56 @@ def build_config(args: argparse.Namespace) -> tuple[object, str | None, bool]:
     return validate_config(data, source=args.config or "command line"), main, demo
 
 
-# The built-in demo shows a finding within two minutes: the leaking workload is judged against a small
-# limit, and detection runs on a compressed time axis (a day of production windows in 4 minutes).
+# The built-in demo shows its findings within two minutes and restarts the leak before its limit: the
+# leaking workload is judged against a small limit, one of four workloads answering HTTP is slow, and
+# every duration medic judges or waits by runs on a compressed time axis (a day in 4 minutes). medic
+# acts only on the workloads it launched itself, so the demo runs in enforce mode.
 DEMO_LIMIT = "160Mi"
-DEMO_LEAK_RATE = "512Ki"
+DEMO_LEAK_RATE = "2Mi"
+DEMO_SLOW_DELAY = "150ms"
 DEMO_TIME_SCALE = 360
-# production's shape (a 3 h trend window, 6 h for slow leaks, a daily cycle learnt over 36 min of
-# history) divided by the time scale: judged over 30 s, 60 s and 6 s
-DEMO_DETECT = {
+DEMO_AGENT = {
     "interval": "1s",
     "time_scale": DEMO_TIME_SCALE,
+    "flush_interval": "1s",
+    "discovery_interval": "2s",
+}
+# production's shape for memory (a 3 h trend window, 6 h for slow leaks, a daily cycle learnt over
+# 36 min of history): judged over 30 s, 60 s and 6 s; a fast server starved of CPU for a moment by a
+# busy host is not the slow one: 20 ms above its peers at least (production: 5 ms)
+DEMO_DETECT = {
+    "interval": "1s",
     "memory": {"window": "3h", "long_window": "6h", "season": "36m"},
+    "slow": {"peer_floor": "20ms"},
 }
-DEMO_AGENT = {"interval": "1s", "flush_interval": "1s", "discovery_interval": "2s"}
-# the planner on the same short axis (dry-run: it plans and records, restarts nothing)
-DEMO_REMEDIATION = {
-    "interval": "2s",
-    "budget": {"min_interval": "15s", "cooldown": "60s"},
-    "plan": {"safety_margin": "30s", "restart_duration": "10s", "deadline_granularity": "1s"},
-    "blockers": {"min_uptime": "10s"},
-}
+DEMO_REMEDIATION = {"mode": "enforce", "interval": "1s"}  # production's budget, plan and ladder, compressed
 
 
 def demo_instances() -> list[dict]:
+    """demo-leaky and demo-stable (memory), demo-fast and demo-slow: four peers whose latency a canary
+    times, one of them 150 ms slow."""
+    from agent.demo.fleet import free_ports
+
     py = sys.executable
-    leak = [py, "-m", "agent.demo.workload", "leak", "--rate", DEMO_LEAK_RATE, "--cap", "192Mi"]
-    return [
-        {
-            "name": "demo-leaky",
-            "labels": {"fleet": "demo"},
-            "match": {"command": leak},
-            "memory_limit": DEMO_LIMIT,
-        },
-        {
-            "name": "demo-stable",
-            "labels": {"fleet": "demo"},
-            "match": {"command": [py, "-m", "agent.demo.workload", "stable", "--size", "48Mi"]},
-            "memory_limit": DEMO_LIMIT,
-        },
-    ]
+    serving = {"labels": {"fleet": "demo"}, "memory_limit": DEMO_LIMIT}
+    workloads = {
+        "demo-leaky": ["leak", "--rate", DEMO_LEAK_RATE, "--cap", "192Mi"],
+        "demo-stable": ["stable", "--size", "48Mi"],
+        "demo-fast": ["stable", "--size", "16Mi"],
+        "demo-slow": ["stable", "--size", "16Mi", "--delay", DEMO_SLOW_DELAY],
+    }
+    instances = []
+    for (name, args), port in zip(workloads.items(), free_ports(len(workloads)), strict=True):
+        canary = {"url": f"http://127.0.0.1:{port}/", "interval": "1s", "timeout": "2s"}
+        instances.append(
+            {
+                "name": name,
+                "match": {"command": [py, "-m", "agent.demo.workload", *args, "--port", str(port)]},
+                "latency": {"canary": canary},
+                **serving,
+            }
+        )
+    return instances
 
 
 class PrintableFormatter(logging.Formatter):
@@ -181,14 +194,15 @@ def demo_banner(listen: str) -> str:
     """What the built-in demo is, said plainly: its windows are not production's."""
     return (
         "medic: no config given: running the built-in demo.\n"
-        f"  demo-leaky grows {DEMO_LEAK_RATE}B/s, demo-stable holds 48 MiB, both judged against a "
-        f"{DEMO_LIMIT} memory limit.\n"
-        f"  DEMO TIME: detection windows are compressed {DEMO_TIME_SCALE}x (detect.time_scale: a 3 h "
-        "trend window takes 30 s), so a leak\n"
-        "  finding with its time to OOM and a planned restart (dry-run) appear within 2 minutes; "
-        "a real config keeps production windows.\n"
+        f"  demo-leaky grows {DEMO_LEAK_RATE}B/s against a {DEMO_LIMIT} memory limit; demo-slow answers "
+        f"{DEMO_SLOW_DELAY} slower than its three peers.\n"
+        f"  DEMO TIME: compressed {DEMO_TIME_SCALE}x (agent.time_scale: a 3 h trend window takes 30 s, a 1 h "
+        "safety margin 10 s), so a slow and a leak\n"
+        "  finding appear within 2 minutes, and medic restarts demo-leaky before its limit (enforce mode: "
+        "it acts only on the demo's\n"
+        "  own workloads); a real config keeps production windows.\n"
         f"  Dashboard: http://{listen}/   API and /metrics on the same address; "
-        "in another shell: `medic leaks`, `medic plan`. Ctrl-C stops."
+        "in another shell: `medic status`, `medic leaks`, `medic plan`, `medic actions`. Ctrl-C stops."
     )
 
 

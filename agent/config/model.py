@@ -15,8 +15,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from agent.config.detect import DetectSection, history_problems
+from agent.config.detect import DetectSection, Number
 from agent.config.history import HistorySection
+from agent.config.timescale import problems as time_problems
 from agent.core.types import DAY, HOUR, Duration, Interval, Strict, within
 from agent.core.units import parse_size
 from agent.notify.config import NotifySection
@@ -54,6 +55,9 @@ class AgentSection(Strict):
     http: HttpSection = Field(default_factory=HttpSection)
     state_dir: Path = Path("./medic-state")  # one agent per state dir (state_dir/lock)
     interval: Interval = 5.0
+    # production seconds per real second, for a lab, a test or a demo: divides every duration medic
+    # judges or waits by, detection's and remediation's (agent/config/timescale.py, docs/detection.md)
+    time_scale: Annotated[Number, Field(ge=1, le=100_000)] = 1.0
     slow_interval: Annotated[Duration, within(0.05, DAY)] = 60.0
     discovery_interval: Interval = 10.0
     flush_interval: Interval = 2.0
@@ -302,9 +306,10 @@ class Config(Strict):
         return self
 
     @model_validator(mode="after")
-    def _history_kept(self) -> Config:
-        """The store must keep the history the memory detectors read, at their resolution."""
-        problems = history_problems(self.detect, self.agent.raw_retention, self.agent.interval)
+    def _judges(self) -> Config:
+        """Every window medic judges holds samples, and the store keeps the history the memory
+        detectors read at their resolution (`agent.config.timescale.problems`)."""
+        problems = time_problems(self)
         if problems:
             raise ValueError("; ".join(problems))
         return self

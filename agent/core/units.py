@@ -109,3 +109,9 @@ def format_duration(seconds: float | None) -> str:
         if len(parts) == 2:
             break
     return "".join(parts)
+
+
+def format_fine_duration(seconds: float) -> str:
+    """`170ms`, `2.5s`, `2m30s`: `format_duration`, in milliseconds under a second (a compressed
+    window often is)."""
+    return f"{seconds * 1000:.3g}ms" if 0 < seconds < 1 else format_duration(seconds)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from agent.core.timescale import EVIDENCE_SAMPLES, STALE_SAMPLES, WINDOW_SAMPLES, TimeScale
 from agent.core.units import format_duration
 from agent.detect.model import START_TIME, InstanceSeries, Points, State
 from agent.detect.trend import Trend, mann_kendall, median, remove_steps, trend
@@ -71,10 +72,20 @@ class SlowParams:
                 "invalid slow detection parameters: peer_min, open_after, resolve_after >= 1, trend_buckets >= 6"
             )
 
-    def scaled(self, factor: float) -> SlowParams:
-        """The same detector on a time axis `factor` times shorter (for tests)."""
-        names = ("step", "stale", "peer_window", "trend_window", "horizon")
-        return replace(self, **{name: getattr(self, name) / factor for name in names})
+    def scaled(self, scale: TimeScale | float) -> SlowParams:
+        """The same detector on a shorter time axis (`agent.core.timescale`), each window held at the
+        samples it judges: a value holds `STALE_SAMPLES` probe intervals, the peer window spans
+        `WINDOW_SAMPLES`, each trend bucket one, and the judgements that open a finding
+        (`open_after` x `step`) `EVIDENCE_SAMPLES`."""
+        axis = TimeScale.of(scale)
+        return replace(
+            self,
+            step=axis.span(self.step, axis.samples(max(1.0, EVIDENCE_SAMPLES / self.open_after))),
+            stale=axis.span(self.stale, axis.samples(STALE_SAMPLES)),
+            peer_window=axis.span(self.peer_window, axis.samples(WINDOW_SAMPLES)),
+            trend_window=axis.span(self.trend_window, axis.samples(self.trend_buckets)),
+            horizon=axis.span(self.horizon),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -27,6 +27,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agent.core.timescale import WINDOW_SAMPLES, TimeScale
 from agent.detect.causes import likely_causes
 from agent.detect.latency_rules import (
     CANARY,
@@ -79,14 +80,16 @@ def history(params: SlowParams = DEFAULT_SLOW, slos: Mapping[str, Slo | None] | 
     return max(windows) + params.stale + params.step
 
 
-def slo_from_settings(settings: Mapping[str, Any] | None, time_scale: float = 1.0) -> Slo | None:
+def slo_from_settings(settings: Mapping[str, Any] | None, scale: TimeScale | float = 1.0) -> Slo | None:
     """The SLO in an instance's config as plain data (`latency.slo`), or None when it has none. Its
-    `for` is a detection window: divided by `time_scale` (`detect.time_scale`) as the others are."""
+    `for` is a detection window: on the agent's time scale, held at `WINDOW_SAMPLES` probe intervals
+    as the peer window is (`agent.core.timescale`)."""
     latency = (settings or {}).get("latency")
     slo = latency.get("slo") if isinstance(latency, Mapping) else None
     if not isinstance(slo, Mapping):
         return None
-    window = float(slo.get("for", slo.get("for_", 300.0))) / time_scale
+    axis = TimeScale.of(scale)
+    window = axis.span(float(slo.get("for", slo.get("for_", 300.0))), axis.samples(WINDOW_SAMPLES))
     return Slo(float(slo.get("quantile", 0.99)), float(slo.get("threshold", 0.25)), window)
 
 

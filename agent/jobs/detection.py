@@ -19,6 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 from agent.core.sql import where_clause
+from agent.core.timescale import TimeScale
 from agent.core.units import format_bytes
 from agent.detect import DetectParams, Finding, InstanceSeries, Observation, Transition, tick_for, update
 from agent.detect.attribution import explain
@@ -78,10 +79,10 @@ class Detection:
         params: DetectParams,
         slow: SlowParams,
         workload_label: str = "fleet",
-        time_scale: float = 1.0,
+        scale: TimeScale | None = None,
     ) -> None:
         self.workload_label = workload_label
-        self.time_scale = time_scale  # detect.time_scale: the SLOs' `for` windows are divided by it too
+        self.scale = scale or TimeScale()  # agent.time_scale: the SLOs' `for` windows are on it too
         self.priors = PriorBook()  # peers' and Prometheus' profiles are offered here (`PriorBook.offer`)
         self._learned: dict[tuple[str, float], WorkloadProfile | None] = {}
         self._keys: dict[str, str] = {}  # instance -> workload key, as of the last judgement
@@ -117,7 +118,7 @@ class Detection:
         with self.tracker.lock:
             states = [(s.name, dict(s.settings), s.memory_limit) for s in self.tracker.states.values()]
         upto = max(memory_tick, slow_tick)
-        slos = {name: slo_from_settings(settings, self.time_scale) for name, settings, _ in states}
+        slos = {name: slo_from_settings(settings, self.scale) for name, settings, _ in states}
         series = [
             self.load_series(name, upto, limit, judge_memory, judge_slow, slos[name])
             for name, _, limit in states

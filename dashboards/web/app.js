@@ -399,7 +399,7 @@ function renderHeader() {
   document.title = state.unreachableSince !== null ? "medic (unreachable)" : `medic · ${openFindings().length} open`;
 }
 
-// A demo (`make run`, detect.time_scale) judges on a compressed clock: say so, or its minutes read as hours.
+// A demo (`make run`, agent.time_scale) judges on a compressed clock: say so, or its minutes read as hours.
 function renderTimeScale() {
   const body = state.data.instances;
   const scale = body && isNum(body.time_scale) ? body.time_scale : 1;
@@ -411,7 +411,7 @@ function renderTimeScale() {
   const factor = Number.isInteger(scale) ? String(scale) : scale.toFixed(1);
   el.textContent =
     `Compressed time: ${factor}x \u2014 detection windows and deadlines are scaled for a demo ` +
-    `(detect.time_scale: ${factor}), so findings open ${factor} times sooner than with production settings.`;
+    `(agent.time_scale: ${factor}), so findings open and restarts come ${factor} times sooner than with production settings.`;
   el.hidden = false;
 }
 
