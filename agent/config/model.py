@@ -144,34 +144,73 @@ _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 SLO_QUANTILES = (0.5, 0.9, 0.99, 0.999)  # the quantiles the latency probe stores
 
 
+class LatencyCounters(Strict):
+    """Two counters that a server keeps instead of a histogram (TorchServe, Triton): the time spent
+    on requests and the requests counted; their increases give the mean latency of each interval."""
+
+    total: str  # the running total of request time, e.g. ts_inference_latency_microseconds
+    count: str  # the requests that time was spent on, e.g. ts_inference_requests_total
+
+    @field_validator("total", "count")
+    @classmethod
+    def _names(cls, value: str) -> str:
+        return _metric_name(value)
+
+
 class PrometheusLatency(Strict):
-    """The instance's own `/metrics`: a latency histogram and optional request/error counters."""
+    """The instance's own `/metrics`: a latency histogram, summary or pair of counters, and optional
+    request/error counters."""
 
     url: HttpUrl
-    histogram: str  # the family name, without `_bucket`
+    histogram: str | None = None  # the family name, without `_bucket`
+    summary: str | None = None  # the family name, without `_sum`/`_count`
+    counters: LatencyCounters | None = None
+    unit: Literal["seconds", "milliseconds", "microseconds"] = "seconds"  # of the source's figures
     labels: dict[str, str] = Field(default_factory=dict)  # only series with these label values
     errors_counter: str | None = None
-    requests_counter: str | None = None  # default: the histogram's `_count`
+    requests_counter: str | None = None  # default: the source's own count
     timeout: Annotated[Duration, within(0.01, 60)] = 2.0
 
-    @field_validator("histogram", "errors_counter", "requests_counter")
+    @field_validator("errors_counter", "requests_counter")
     @classmethod
     def _names(cls, value: str | None) -> str | None:
-        if value is not None and not _METRIC_NAME.match(value):
-            raise ValueError(
-                f"expected a Prometheus metric name such as request_latency_seconds, got {value!r}"
-            )
-        return value
+        return None if value is None else _metric_name(value)
 
-    @field_validator("histogram")
+    @field_validator("histogram", "summary")
     @classmethod
-    def _family(cls, value: str) -> str:
+    def _family(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        _metric_name(value)
         for suffix in ("_bucket", "_count", "_sum"):
             if value.endswith(suffix):
-                raise ValueError(
-                    f"give the histogram's family name without {suffix!r}: {value[: -len(suffix)]}"
-                )
+                raise ValueError(f"give the family name without {suffix!r}: {value[: -len(suffix)]}")
         return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PrometheusLatency:
+        given = [key for key in SOURCES if getattr(self, key) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"give exactly one of {', '.join(SOURCES)} (got {', '.join(given) or 'none'}): "
+                "histogram: request_latency_seconds, summary: model_infer_request_duration, or "
+                "counters: {total: ts_inference_latency_microseconds, count: ts_inference_requests_total}"
+            )
+        return self
+
+    @property
+    def source(self) -> str:
+        """Which of `SOURCES` the latency comes from."""
+        return next(key for key in SOURCES if getattr(self, key) is not None)
+
+
+SOURCES = ("histogram", "summary", "counters")
+
+
+def _metric_name(value: str) -> str:
+    if not _METRIC_NAME.match(value):
+        raise ValueError(f"expected a Prometheus metric name such as request_latency_seconds, got {value!r}")
+    return value
 
 
 class CanarySpec(Strict):
@@ -215,6 +254,16 @@ class LatencySpec(Strict):
     prometheus: PrometheusLatency | None = None
     canary: CanarySpec | None = None
     slo: SloSpec | None = None
+
+    @model_validator(mode="after")
+    def _slo_needs_quantiles(self) -> LatencySpec:
+        if self.slo is not None and self.prometheus is not None and self.prometheus.counters is not None:
+            raise ValueError(
+                f"slo: latency.prometheus.counters give a mean latency, not a p{self.slo.quantile * 100:g}: "
+                "an SLO on a quantile cannot be judged from a mean; remove slo (the peer and trend rules "
+                "judge the mean), or read a histogram or a summary with quantiles instead"
+            )
+        return self
 
 
 class HookSpec(Strict):
