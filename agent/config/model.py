@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -19,6 +20,7 @@ from agent.config.detect import DetectSection, history_problems
 from agent.config.history import HistorySection
 from agent.core.types import DAY, HOUR, Duration, Interval, Strict, within
 from agent.core.units import parse_size
+from agent.notify.config import HttpUrl as BaseUrl
 from agent.notify.config import NotifySection
 from probes.settings import HeapProfiles, JvmHistograms, PythonHistograms
 from remediation.config import RemediationSection
@@ -61,6 +63,20 @@ class AgentSection(Strict):
     rollup_retention: Duration = 30 * 86400.0
     probes: dict[str, bool] = Field(default_factory=dict)
     token_file: Path | None = None  # admin token for mutating endpoints; default: state_dir/admin.token
+    # the `agent` label of alerts and of /metrics' medic_build_info (docs/alerts.md); default: agent_name()
+    name: str | None = Field(None, min_length=1, max_length=253)
+    # where people reach this agent (an ingress, a port-forward): alerts link to its dashboard there;
+    # unset, alerts carry no link to the agent (its listen address is seldom one on-call can open)
+    external_url: BaseUrl | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and (not value.isprintable() or value.strip() != value):
+            raise ValueError(
+                f"expected a printable name without surrounding spaces, such as ranker-7f9c, got {value!r}"
+            )
+        return value
 
     @field_validator("listen")
     @classmethod
@@ -77,6 +93,20 @@ class AgentSection(Strict):
     @property
     def port(self) -> int:
         return int(self.listen.rpartition(":")[2])
+
+    def agent_name(self, environ: Mapping[str, str] | None = None) -> str:
+        """How this agent is named in alerts and metrics: `name`, else the pod's name (`POD_NAME`,
+        from the Downward API), else `HOSTNAME` (a container's is its pod's or its id), else the host's."""
+        import os
+        import socket
+
+        env = os.environ if environ is None else environ
+        return (
+            self.name
+            or env.get("POD_NAME", "").strip()
+            or env.get("HOSTNAME", "").strip()
+            or socket.gethostname()
+        )
 
 
 class MatchSpec(Strict):
