@@ -16,6 +16,8 @@ the standard library only. Nothing here stops the program: every failure is swal
 `MEDIC_HOOK_DEBUG=1` prints it on stderr.
 """
 
+from __future__ import annotations
+
 import os
 import stat
 import sys
@@ -24,7 +26,7 @@ _ENV_SOCKET = "MEDIC_HOOK_SOCKET"
 _ENV_DEBUG = "MEDIC_HOOK_DEBUG"
 
 
-def _untrusted(directory):
+def _untrusted(directory: str) -> str | None:
     """Why code in `directory` cannot be trusted by this process, or None."""
     owners = (0, os.geteuid())
     path = os.path.realpath(directory)
@@ -43,7 +45,7 @@ def _untrusted(directory):
         path, final = parent, False
 
 
-def _start(here):
+def _start(here: str) -> None:
     import importlib.util
 
     package = os.path.join(here, "medic_hook")
@@ -59,7 +61,7 @@ def _start(here):
     medic_hook.start()
 
 
-def _chain(here):
+def _chain(here: str) -> None:
     """Run the `sitecustomize` this one hides: the next one on `sys.path` after this directory."""
     import importlib.machinery
     import importlib.util
@@ -73,7 +75,7 @@ def _chain(here):
     spec.loader.exec_module(module)
 
 
-def _main():
+def _main() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     if os.environ.get(_ENV_SOCKET):
         try:
