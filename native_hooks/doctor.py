@@ -124,8 +124,9 @@ def diagnose(
     hook = _probe_hook(socket or find_socket(pid, root), timeout, pid, root)
     allocator = hook.allocator or (detected.allocator if detected else "unknown")
     report = DoctorReport(pid=pid, allocator=allocator, detected=detected, hook=hook, problems=problems)
-    if not hook.reachable and detected is not None and detected.is_python:
-        report.missing = python_hook_gaps(pid, socket, root)
+    shimmed = detected is not None and any("medic_shim" in os.path.basename(p) for p in detected.preload)
+    if not hook.reachable and detected is not None and detected.is_python and not shimmed:
+        report.missing = python_hook_gaps(pid, socket, root)  # the in-process hook: what it lacks
     report.advice = advise(report)
     return report
 

@@ -82,7 +82,12 @@ def test_mistakes_are_one_clear_line(section, message):
 def test_summary_and_counters_sources():
     summary = parse_config(BASE % "{prometheus: {url: 'http://x/m', summary: model_infer_request_duration}}")
     spec = summary.instances[0].latency.prometheus
-    assert (spec.source, spec.unit, spec.histogram) == ("summary", "seconds", None)
+    assert (spec.summary, spec.unit, spec.histogram, spec.counters) == (
+        "model_infer_request_duration",
+        "seconds",
+        None,
+        None,
+    )
     counters = parse_config(
         BASE
         % (
@@ -91,7 +96,7 @@ def test_summary_and_counters_sources():
         )
     )
     spec = counters.instances[0].latency.prometheus
-    assert spec.source == "counters" and spec.counters.total == "ts_inference_latency_microseconds"
+    assert spec.summary is None and spec.counters.total == "ts_inference_latency_microseconds"
     again = validate_config(counters.model_dump(mode="json", exclude_defaults=True))
     assert again.instances[0].latency.prometheus.unit == "microseconds"
     # a summary may have quantiles: its SLO is judged when it does (docs/latency.md)

@@ -228,11 +228,6 @@ class PrometheusLatency(Strict):
             )
         return self
 
-    @property
-    def source(self) -> str:
-        """Which of `SOURCES` the latency comes from."""
-        return next(key for key in SOURCES if getattr(self, key) is not None)
-
 
 SOURCES = ("histogram", "summary", "counters")
 
