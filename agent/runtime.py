@@ -148,7 +148,10 @@ class Agent:
             inherit_output=[self.main_instance] if self.main_instance else [],
         )
         disable_created_metrics()  # no `_created` series; a process-wide switch, so set by the agent
-        self.telemetry = Telemetry(self.tracker)
+        self.agent_name = cfg.agent_name()  # the `agent` label of its alerts and of medic_build_info
+        self.telemetry = Telemetry(
+            self.tracker, agent=self.agent_name, fleet_label=self.config.notify.fleet_label
+        )
         self.notifier = start_notifier(self)  # events → Alertmanager/webhook/Slack (agent/notify)
         axis = time_axis(self.config)  # every duration medic judges or waits by, on agent.time_scale
         for note in notes(self.config):
@@ -237,6 +240,7 @@ class Agent:
                 allowed_hosts=allowed_hosts(cfg.host, cfg.allowed_hosts),
                 max_body=cfg.http.max_body,
                 time_scale=self.config.agent.time_scale,
+                agent_name=self.agent_name,
             )
             # FastAPI asks, for every route parameter, whether it is a pydantic.v1 model by importing
             # pydantic.v1 (0.9 MiB of RSS kept for the agent's life); medic has none, so in the agent's

@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.cli.hook import INSTALLED_SHIM, find_library, install_hook
+from agent.cli.hook import INSTALLED_SHIM, PYTHON_DIR, find_library, install_hook
 from agent.config.loader import load_config, parse_config
 from agent.core.errors import UsageError
 from agent.core.units import parse_size
 from support.procs import REPO, wait_until
 
 MANIFEST = REPO / "deploy/kubernetes/sidecar.yaml"
+MANIFESTS = [MANIFEST, REPO / "deploy/kubernetes/sidecar-python.yaml"]  # a native server, a Python one
 UNIT = REPO / "deploy/systemd/medic@.service"
 
 
@@ -168,9 +169,9 @@ def test_the_image_runs_medic_as_a_non_root_user_in_exec_form(docker) -> None:
 
 
 # ----------------------------------------------------------------------------- Kubernetes manifests
-@pytest.fixture(scope="module")
-def manifests() -> dict[str, dict]:
-    docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+@pytest.fixture(scope="module", params=MANIFESTS, ids=lambda path: path.name)
+def manifests(request: pytest.FixtureRequest) -> dict[str, dict]:
+    docs = [d for d in yaml.safe_load_all(request.param.read_text()) if d]
     kinds = [d["kind"] for d in docs]
     assert len(kinds) == len(set(kinds)), kinds
     return {d["kind"]: d for d in docs}
@@ -302,7 +303,11 @@ def test_the_config_matches_the_server_container(manifests) -> None:
     installer = containers["medic-hook-install"]
     hook_dir = installer["args"][2]
     preload = server_env["LD_PRELOAD"].split(":")
-    assert preload == [f"{hook_dir}/libjemalloc.so.2", f"{hook_dir}/{INSTALLED_SHIM}"]
+    if "PYTHONPATH" in server_env:  # the in-process hook, from the copy `--python` makes; no shim beside it
+        assert "--python" in installer["args"] and server_env["PYTHONPATH"] == f"{hook_dir}/{PYTHON_DIR}"
+        assert preload == [f"{hook_dir}/libjemalloc.so.2"]
+    else:
+        assert preload == [f"{hook_dir}/libjemalloc.so.2", f"{hook_dir}/{INSTALLED_SHIM}"]
     assert {"name": "medic-hook", "mountPath": hook_dir, "readOnly": True} in server["volumeMounts"]
     server_port = {p["containerPort"] for p in server["ports"]}
     assert int(re.search(r":(\d+)/", instance.latency.prometheus.url).group(1)) in server_port

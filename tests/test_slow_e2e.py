@@ -232,3 +232,53 @@ def test_broken_targets_give_probe_errors_and_no_finding(agent, spawn):
         series = fetch_series(agent, name)
         assert series.series["latency_p99_seconds"] == []
         assert evaluate_slow([series], time.time(), PARAMS, slos={name: Slo()})[0].state == "unknown"
+
+
+def test_a_slow_instance_is_found_from_means_of_summaries_and_counters(agent, spawn):
+    """Servers that keep a summary without quantiles (MLServer) or two counters (TorchServe): the
+    agent's own detection job finds the slow one among its peers from the mean latency."""
+    apps = {
+        f"svc-{i}": start_app(spawn, "--base", "0.08" if i == 2 else "0.01", "--load", "15") for i in range(4)
+    }
+    sources = {
+        "svc-0": {"summary": "request_duration_seconds", "labels": {"route": "/work"}},
+        "svc-1": {"summary": "request_duration_seconds"},
+        "svc-2": {
+            "counters": {"total": "inference_latency_microseconds", "count": "inference_requests"},
+            "unit": "microseconds",
+        },
+        "svc-3": {
+            "counters": {"total": "inference_latency_microseconds", "count": "inference_requests_total"},
+            "unit": "microseconds",
+        },
+    }
+    slow = {"step": "0.5s", "stale": "60s", "peer_window": "3s", "trend_window": "10s"}
+    agent.start(
+        {
+            "agent": FAST,
+            "detect": {"interval": "0.25s", "slow": slow},
+            "instances": [
+                {
+                    "name": name,
+                    "match": {"pid": app.proc.pid},
+                    "labels": {"fleet": "ranker"},
+                    "latency": {"prometheus": {"url": app.url(), **sources[name]}},
+                }
+                for name, app in apps.items()
+            ],
+        }
+    )
+
+    def opened() -> list[dict]:
+        found = [e["data"]["finding"] for e in agent.events(kind="finding_opened")]
+        return [f for f in found if f.get("kind") == "slow"]
+
+    [finding] = wait_until(opened, 60, interval=0.5)
+    assert finding["instance"] == "svc-2", finding
+    assert finding["evidence"]["metric"] == "latency_mean_seconds"
+    assert finding["evidence"]["fired"] == ["peer"] and "mean latency" in finding["summary"]
+    for name in ("svc-0", "svc-1", "svc-3"):
+        latest = agent.instance(name)["latest"]
+        assert 0.005 < latest["latency_mean_seconds"] < 0.05 and "latency_p99_seconds" not in latest
+    metrics = agent.get("/metrics")
+    assert 'medic_latency_mean_seconds{name="svc-2"}' in metrics

@@ -20,6 +20,7 @@ from agent.detect.trend import _kernels
 
 T0 = 1_767_571_200.0
 P99 = "latency_p99_seconds"
+MEAN = "latency_mean_seconds"
 
 pytestmark = pytest.mark.skipif(_kernels is None, reason="the C screen is not built")
 
@@ -48,11 +49,15 @@ def fleet(draw_seed: int, shapes: list[dict], every: float, hours: float, decima
     rng = random.Random(draw_seed)
     members = []
     for n, shape in enumerate(shapes):
-        points, starts = [], []
+        points, means, starts = [], [], []
         start = T0
         ts = T0 + rng.uniform(0, every)
         while ts < T0 + hours * 3600:
-            if not (shape["gap"][0] <= ts - T0 < shape["gap"][0] + shape["gap"][1]):
+            in_gap = shape["gap"][0] <= ts - T0 < shape["gap"][0] + shape["gap"][1]
+            source = shape.get("source", "p99")
+            if source == "both" and in_gap:  # a histogram's quantiles gone, its mean kept
+                means.append((ts, shape["base"] * 0.5))
+            elif not in_gap:
                 value = shape["base"] * math.exp(rng.gauss(0, shape["noise"]))
                 at = ts - T0 - shape["event"]
                 if shape["kind"] == "slow" and 0 <= at < shape["length"]:
@@ -63,13 +68,16 @@ def fleet(draw_seed: int, shapes: list[dict], every: float, hours: float, decima
                     value *= shape["size"]
                 if decimals is not None:
                     value = round(value, decimals)
-                points.append((ts, value))
+                if source != "mean":
+                    points.append((ts, value))
+                if source != "p99":
+                    means.append((ts, value * 0.5))
             if shape["restart"] and ts - T0 >= shape["event"] and start == T0:
                 start = ts
             if shape["starts"]:
                 starts.append((ts, start))
             ts += every * rng.choice((1, 1, 1, 2)) if shape["jitter"] else every
-        series = {P99: points}
+        series = {P99: points, MEAN: means}
         if starts:
             series[START_TIME] = starts
         members.append(InstanceSeries(f"i{n}", series))
@@ -88,8 +96,14 @@ shape = st.fixed_dictionaries(
         "restart": st.booleans(),
         "starts": st.booleans(),
         "jitter": st.booleans(),
+        # a histogram (p99, and its mean beside it), a summary or counters (a mean only)
+        "source": st.sampled_from(["p99", "p99", "both", "mean"]),
     }
 )
+
+
+def judged(members: list) -> list:
+    return [m for m in members if m.series[P99] or m.series[MEAN]]
 
 
 @settings(max_examples=40, deadline=None)
@@ -103,8 +117,7 @@ shape = st.fixed_dictionaries(
 )
 def test_the_screened_replay_finds_what_judging_every_tick_finds(seed, shapes, every, decimals, slo, scale):
     params = DEFAULT_SLOW if scale == 1.0 else DEFAULT_SLOW.scaled(scale)
-    members = fleet(seed, shapes, every / scale, 4.5 / scale, decimals)
-    members = [m for m in members if m.series[P99]]
+    members = judged(fleet(seed, shapes, every / scale, 4.5 / scale, decimals))
     if not members:
         return
     slos = {m.instance: slo for m in members}
@@ -126,7 +139,7 @@ def test_the_screened_replay_finds_what_judging_every_tick_finds(seed, shapes, e
     slo=st.sampled_from([None, Slo(0.99, 0.1, 300.0)]),
 )
 def test_the_screen_gives_each_tick_the_python_level_and_marks_every_firing_rule(seed, shapes, every, slo):
-    members = [m for m in fleet(seed, shapes, every, 3.0, None) if m.series[P99]]
+    members = judged(fleet(seed, shapes, every, 3.0, None))
     if not members:
         return
     params, slos = DEFAULT_SLOW, {m.instance: slo for m in members}

@@ -53,8 +53,9 @@ class InstanceCollector(Collector):
     time: a page of 50 instances holds ~2800 samples, and building them all before any is encoded
     was the scrape's peak (0.9 MiB of objects)."""
 
-    def __init__(self, tracker: Tracker) -> None:
+    def __init__(self, tracker: Tracker, fleet_label: str = "fleet") -> None:
         self.tracker = tracker
+        self.fleet_label = fleet_label
 
     def collect(self) -> Iterator[Metric]:
         with self.tracker.lock:
@@ -74,7 +75,7 @@ class InstanceCollector(Collector):
             ]
         # each family is built when the encoder asks for it, and dropped once encoded
         yield _instance_up(seen)
-        yield _instance_info(seen)
+        yield _instance_info(seen, self.fleet_label)
         yield _by_instance(
             CounterMetricFamily,
             "medic_instance_restarts",
@@ -118,9 +119,12 @@ def _instance_up(seen: list[_Seen]) -> Metric:
     return up
 
 
-def _instance_info(seen: list[_Seen]) -> Metric:
+def _instance_info(seen: list[_Seen], fleet_label: str) -> Metric:
     info = InfoMetricFamily("medic_instance", "The process an instance follows.", labels=["name"])
     for s in seen:
+        labels = {k: v for k, v in s.spec.labels.items() if k != "name"}
+        if fleet_label in s.spec.labels:  # `fleet`, whatever label names it: the rules' alerts read it here
+            labels["fleet"] = s.spec.labels[fleet_label]
         # no pid: a label that changes on every restart makes a new series each time
         info.add_metric(
             [s.name],
@@ -128,7 +132,7 @@ def _instance_info(seen: list[_Seen]) -> Metric:
                 "status": s.status,
                 "mode": "managed" if s.spec.match.managed else "attached",
                 "limit_source": s.limit_source or "",
-                **{k: v for k, v in s.spec.labels.items() if k != "name"},
+                **labels,
             },
         )
     return info
@@ -230,9 +234,9 @@ class Telemetry:
     """The agent's registry: instance snapshot, probe timings and the agent's own process
     (`process_*`, the names every client library's process collector exports)."""
 
-    def __init__(self, tracker: Tracker) -> None:
+    def __init__(self, tracker: Tracker, *, agent: str | None = None, fleet_label: str = "fleet") -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(InstanceCollector(tracker))
+        self.registry.register(InstanceCollector(tracker, fleet_label))
         ProcessCollector(registry=self.registry)
         self.probe_duration = Histogram(
             "medic_probe_duration_seconds",
@@ -247,8 +251,9 @@ class Telemetry:
             labelnames=["job"],
             registry=self.registry,
         )
-        build = InfoMetricFamily("medic_build", "medic's version.")
-        build.add_metric([], {"version": __version__})
+        # `agent`: the name alerts give this agent; the shipped rules read it here for theirs
+        build = InfoMetricFamily("medic_build", "medic's version, and the agent's name in alerts.")
+        build.add_metric([], {"version": __version__, **({"agent": agent} if agent else {})})
         self.registry.register(_Static([build]))
 
     def watch_findings(self, detection) -> None:

@@ -131,7 +131,7 @@ _SPECS = [
         "cgroup",
     ),
     MetricSpec("cgroup_cpu_throttled_seconds_total", "counter", "Time the cgroup spent throttled.", "cgroup"),
-    # latency probe: the instance's own Prometheus histogram, per scrape interval (docs/latency.md)
+    # latency probe: the instance's own histogram, summary or counters, per scrape interval (docs/latency.md)
     MetricSpec(
         "latency_p50_seconds",
         "gauge",

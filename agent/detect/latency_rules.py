@@ -24,6 +24,7 @@ QUANTILE_METRICS = {
     0.99: "latency_p99_seconds",
     0.999: "latency_p999_seconds",
 }
+MEAN = "latency_mean_seconds"  # from a histogram, a summary or a pair of counters: never a quantile
 CANARY = "canary_latency_seconds"
 
 
@@ -32,6 +33,13 @@ class Slo:
     quantile: float = 0.99
     threshold: float = 0.25  # seconds
     window: float = 300.0  # `for`: seconds over the threshold that make an instance slow
+
+
+def judged_metrics(slo: Slo | None) -> tuple[str, str, str]:
+    """The series the slow detector judges, in order of preference: the quantile the SLO names
+    (p99 without one), else the mean (what a summary without quantiles or a pair of counters gives),
+    else the canary's latency. The first one an instance has is the one judged."""
+    return QUANTILE_METRICS.get(slo.quantile if slo else 0.99, QUANTILE_METRICS[0.99]), MEAN, CANARY
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +119,7 @@ class LatencyView:
     @classmethod
     def at(cls, series: InstanceSeries, tick: float, slo: Slo | None) -> LatencyView:
         start = lifetime_start(series, tick)
-        wanted = QUANTILE_METRICS.get(slo.quantile if slo else 0.99, QUANTILE_METRICS[0.99])
-        metric = next((m for m in (wanted, CANARY) if series.series.get(m)), None)
+        metric = next((m for m in judged_metrics(slo) if series.series.get(m)), None)
         raw = (series.series.get(metric) or []) if metric else []
         points = [(ts, v) for ts, v in raw if start <= ts <= tick and math.isfinite(v)]
         return cls(series, slo, metric, points, start)
@@ -123,9 +130,11 @@ class LatencyView:
 
     @property
     def name(self) -> str:
-        """How people call the figure: `p99`, `p99.9`, `canary latency`."""
+        """How people call the figure: `p99`, `p99.9`, `mean latency`, `canary latency`."""
         if self.metric == CANARY:
             return "canary latency"
+        if self.metric == MEAN:
+            return "mean latency"
         return f"p{(self.slo.quantile if self.slo else 0.99) * 100:g}"
 
     def value_at(self, when: float, stale: float) -> float | None:
@@ -183,6 +192,12 @@ def judge_slo(view: LatencyView, tick: float, params: SlowParams) -> Rule:
         return Rule("unknown", "no SLO configured (latency.slo)")
     if view.metric is None:
         return Rule("unknown", "no latency data")
+    if view.metric == MEAN:
+        return Rule(
+            "unknown",
+            f"the SLO is on p{slo.quantile * 100:g}, and the latency source gives only a mean: a mean "
+            "cannot tell whether a quantile is over its threshold",
+        )
     window, since = slo.window, tick - slo.window
     covered, over = time_over(view.points, since, tick, slo.threshold, params.stale)
     _, near = time_over(view.points, since, tick, slo.threshold * params.clear_margin, params.stale)
@@ -221,7 +236,7 @@ def judge_peer(
         return Rule("unknown", "too few latency samples in the peer window")
     if len(peers) < params.peer_min:
         return Rule(
-            "unknown", f"{len(peers)} peer(s) with latency data; the peer rule needs {params.peer_min}"
+            "unknown", f"{len(peers)} peer(s) with {view.name} data; the peer rule needs {params.peer_min}"
         )
     values = list(peers.values())
     centre = median(values)

@@ -6,8 +6,9 @@ Entry point, mirroring the memory detectors' `evaluate`:
         -> list[Observation]          # one of kind "slow" per instance of `fleet`
 
 `fleet` is the `InstanceSeries` of the instances that are peers of one another (one fleet label
-on this agent); `remote_peers` adds the levels (median latency over `peer_window`) of peers on
-other hosts, from the Prometheus query API or the coordinator. Feed the observations to
+on this agent); `remote_peers` adds the levels (median p99 over `peer_window`) of peers on
+other hosts, from the Prometheus query API or the coordinator. Peers are compared on the same
+figure only: a p99 with p99s, a mean (a summary without quantiles, a pair of counters) with means. Feed the observations to
 `agent.detect.lifecycle.update(active, observations, params)`: `SlowParams` has the
 `open_after`/`resolve_after` it reads.
 
@@ -25,12 +26,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from agent.core.timescale import WINDOW_SAMPLES, TimeScale
 from agent.detect.causes import likely_causes
 from agent.detect.latency_rules import (
     CANARY,
+    MEAN,
     QUANTILE_METRICS,
     LatencyView,
     Rule,
@@ -47,6 +49,7 @@ __all__ = [
     "INPUT_METRICS",
     "KIND",
     "QUANTILE_METRICS",
+    "Level",
     "Slo",
     "SlowParams",
     "evaluate_slow",
@@ -62,6 +65,7 @@ DEFAULT_SLOW = SlowParams()
 # the series `evaluate_slow` reads: load these from the store for each instance
 INPUT_METRICS = (
     *QUANTILE_METRICS.values(),
+    MEAN,
     CANARY,
     "cgroup_cpu_periods_total",
     "cgroup_cpu_throttled_periods_total",
@@ -111,17 +115,35 @@ def evaluate_slow(
     slos = slos or {}
     views = [LatencyView.at(series, tick, slos.get(series.instance)) for series in fleet]
     levels = {view.instance: view.level(params.peer_window, tick, params) for view in views}
-    known = {name: level for name, level in levels.items() if level is not None}
-    known.update({f"remote:{k}": float(v) for k, v in (remote_peers or {}).items() if math.isfinite(v)})
+    known = {
+        view.instance: Level(level, view.metric)
+        for view in views
+        if (level := levels[view.instance]) is not None
+    }
+    remote = QUANTILE_METRICS[0.99]
+    known.update(
+        {f"remote:{k}": Level(float(v), remote) for k, v in (remote_peers or {}).items() if math.isfinite(v)}
+    )
     return [judge_view(view, levels[view.instance], known, tick, params) for view in views]
 
 
+class Level(NamedTuple):
+    """A peer's level (median latency over the peer window) and the series it was read from."""
+
+    seconds: float
+    metric: str | None
+
+
 def judge_view(
-    view: LatencyView, level: float | None, known: Mapping[str, float], tick: float, params: SlowParams
+    view: LatencyView, level: float | None, known: Mapping[str, Level], tick: float, params: SlowParams
 ) -> Observation:
-    """One instance's judgement at `tick`: its `level` against the `known` levels of its fleet
-    (its own left out), its SLO and its trend."""
-    peers = {name: value for name, value in known.items() if name != view.instance}
+    """One instance's judgement at `tick`: its `level` against the `known` levels of its fleet read
+    from the same series as its own (its own left out), its SLO and its trend."""
+    peers = {
+        name: peer.seconds
+        for name, peer in known.items()
+        if name != view.instance and peer.metric == view.metric
+    }
     rules = {
         "slo": judge_slo(view, tick, params),
         "peer": judge_peer(view, level, peers, params),

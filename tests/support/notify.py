@@ -147,21 +147,31 @@ class Alertmanager:
         return [s for s in self.silences() if s["status"]["state"] == "active"]
 
 
-def start_alertmanager(spawn, tmp_path: Path, webhooks: list[dict], name: str = "am") -> Alertmanager:
-    """Alertmanager 0.25 routing every alert to each of `webhooks` (webhook_config dicts), 1 s group timers."""
+def start_alertmanager(
+    spawn,
+    tmp_path: Path,
+    webhooks: list[dict],
+    name: str = "am",
+    group_by: list[str] | None = None,
+    inhibit_rules: list[dict] | None = None,
+) -> Alertmanager:
+    """Alertmanager 0.25 routing every alert to each of `webhooks` (webhook_config dicts), 1 s group
+    timers, grouped by `group_by` (default alertname and instance), with `inhibit_rules` if given."""
     binary = need("prometheus-alertmanager", "prometheus-alertmanager")
     home = tmp_path / name
     home.mkdir()
-    config = {
+    config: dict[str, Any] = {
         "route": {
             "receiver": "hooks",
-            "group_by": ["alertname", "instance"],
+            "group_by": group_by or ["alertname", "instance"],
             "group_wait": "1s",
             "group_interval": "1s",
             "repeat_interval": "1h",
         },
         "receivers": [{"name": "hooks", "webhook_configs": [{"send_resolved": True, **w} for w in webhooks]}],
     }
+    if inhibit_rules:
+        config["inhibit_rules"] = inhibit_rules
     (home / "am.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     log = home / "am.log"
@@ -203,7 +213,7 @@ def start_prometheus(
     tmp_path: Path,
     targets: list[str],
     rule_files: list[Path],
-    alertmanager: str | None,
+    alertmanager: str | list[str] | None,
     jobs: dict[str, list[str]] | None = None,
     metrics_path: str = "/metrics",
 ) -> Prometheus:
@@ -221,9 +231,13 @@ def start_prometheus(
         ],
     }
     if alertmanager:
+        urls = [alertmanager] if isinstance(alertmanager, str) else alertmanager
         config["alerting"] = {
             "alertmanagers": [
-                {"static_configs": [{"targets": [alertmanager.removeprefix("http://")]}], "api_version": "v2"}
+                {
+                    "static_configs": [{"targets": [url.removeprefix("http://") for url in urls]}],
+                    "api_version": "v2",
+                }
             ]
         }
     (home / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -244,6 +258,20 @@ def start_prometheus(
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/-/ready", 30)
     return Prometheus(url, proc, log)
+
+
+def fast_rules(tmp_path: Path) -> tuple[dict, Path]:
+    """The shipped alerting rules with every `for:` at 1 s (the expressions and labels are the
+    shipped ones), written to a file for Prometheus; the rules as loaded, and the file."""
+    from support.procs import REPO
+
+    rules = yaml.safe_load((REPO / "dashboards" / "prometheus" / "medic-rules.yml").read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule["for"] = "1s"
+    path = tmp_path / "medic-rules.fast.yml"
+    path.write_text(yaml.safe_dump(rules))
+    return rules, path
 
 
 class ServedApp:
