@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -31,6 +31,11 @@ class Slo:
     quantile: float = 0.99
     threshold: float = 0.25  # seconds
     window: float = 300.0  # `for`: seconds over the threshold that make an instance slow
+
+
+RELATIVE_SPAN = 3  # the relative rule looks back this many trend windows...
+RELATIVE_POINTS = 12  # ...at this many instants, each the instance's level over its peers' median
+RELATIVE_GROWTH = 0.3  # it fires when that ratio grew by 30 % and is 30 % above the peers now
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +75,14 @@ class SlowParams:
             raise ValueError(
                 "invalid slow detection parameters: peer_min, open_after, resolve_after >= 1, trend_buckets >= 6"
             )
+
+    @property
+    def relative_window(self) -> float:
+        """The span over which an instance's latency is compared with its peers' as it changes
+        (`judge_relative`): three trend windows, each of its points one judgement step apart
+        multiplied by a whole number, so a replay reads the levels it judged at earlier ticks."""
+        spacing = max(1, round(RELATIVE_SPAN * self.trend_window / (RELATIVE_POINTS - 1) / self.step))
+        return spacing * self.step * (RELATIVE_POINTS - 1)
 
     def scaled(self, factor: float) -> SlowParams:
         """The same detector on a time axis `factor` times shorter (for tests)."""
@@ -291,6 +304,82 @@ def judge_trend(view: LatencyView, tick: float, params: SlowParams) -> Rule:
         fit.confidence < params.trend_confidence_clear
         or fit.slope <= 0
         or growth < params.trend_min_growth / 2
+    ):
+        return Rule("clear", text, figures)
+    return Rule("holding", text, figures)
+
+
+def relative_instants(tick: float, params: SlowParams) -> list[float]:
+    """The instants whose levels `judge_relative` compares, oldest first (multiples of the step)."""
+    spacing = params.relative_window / (RELATIVE_POINTS - 1)
+    return [tick - spacing * (RELATIVE_POINTS - 1 - k) for k in range(RELATIVE_POINTS)]
+
+
+def relative_ratios(
+    instance: str,
+    levels: Sequence[Mapping[str, float]],
+    since: float,
+    instants: Sequence[float],
+    peer_min: int,
+) -> list[tuple[float, float]]:
+    """(instant, the instance's level over its peers' median level) at each of `instants` from its
+    lifetime start `since` on, where it and at least `peer_min` peers have a level."""
+    out = []
+    for at, known in zip(instants, levels, strict=True):
+        own = known.get(instance)
+        peers = [value for name, value in known.items() if name != instance]
+        if at < since or own is None or len(peers) < peer_min:
+            continue
+        centre = median(peers)
+        ratio = own / centre if centre > 0 else math.nan
+        if 0 < ratio < math.inf:
+            out.append((at, ratio))
+    return out
+
+
+def relative_rise(ratios: Sequence[tuple[float, float]]) -> tuple[float, float, float]:
+    """(the ratio at first: median of the first three; now: of the last three; the rise between)."""
+    first = median([r for _, r in ratios[:3]])
+    now = median([r for _, r in ratios[-3:]])
+    return first, now, (now / first - 1 if first > 0 else 0.0)
+
+
+def judge_relative(view: LatencyView, ratios: Sequence[tuple[float, float]], params: SlowParams) -> Rule:
+    """The instance's latency over its peers' median grows steadily and is now well above it: one
+    instance creeping while the fleet's traffic swings all of them alike (a daily 2-3x cycle moves
+    every instance; the ratio cancels it)."""
+    window = params.relative_window
+    if len(ratios) < params.min_coverage * RELATIVE_POINTS:
+        return Rule(
+            "unknown",
+            f"comparing with peers over {format_duration(window)} needs {params.peer_min} peers with latency data",
+        )
+    first, now, rise = relative_rise(ratios)
+    # in logarithms: a ratio is multiplicative, and one of extreme levels stays a finite number
+    fit = fit_trend([x for x, _ in ratios], [math.log(r) for _, r in ratios], floor=math.log(1.1))
+    figures = {
+        "metric": view.metric,
+        "ratio_to_peers": round(now, 4),
+        "ratio_growth": round(rise, 4),
+        "confidence": round(fit.confidence, 5),
+        "decel": round(fit.decel, 3),
+        "window_seconds": window,
+    }
+    text = (
+        f"{view.name} went from {first:.2f}x to {now:.2f}x its peers' median over "
+        f"{format_duration(window)} (confidence {fit.confidence:.4f})"
+    )
+    if (
+        rise >= RELATIVE_GROWTH
+        and now >= 1 + RELATIVE_GROWTH
+        and fit.confidence >= params.trend_confidence
+        and fit.decel >= params.trend_decel
+    ):
+        return Rule("firing", text, figures)
+    if (
+        rise < RELATIVE_GROWTH / 2
+        or now < 1 + RELATIVE_GROWTH / 2
+        or fit.confidence < params.trend_confidence_clear
     ):
         return Rule("clear", text, figures)
     return Rule("holding", text, figures)
