@@ -63,7 +63,7 @@ class Fit:
     wave: float = 0.0  # the cycle scale: half the swing of the fitted daily sine (0 elsewhere)
     floors: list[float] | None = None  # the lower envelope before any profile was removed
     _make_trend: Callable[[], Trend] | None = None  # a scale's own trend, made on first use
-    _levelling: Levelling | None | bool = False  # False: not computed yet
+    _levelling: Levelling | bool | None = False  # False: not computed yet
     basis: list[list[float]] | None = None  # the cycle scale: its sine and cosine, fitted with a curve too
 
     @property

@@ -30,8 +30,8 @@ from typing import Any
 from agent.detect.causes import likely_causes
 from agent.detect.latency_rules import (
     CANARY,
-    RELATIVE_POINTS,
     QUANTILE_METRICS,
+    RELATIVE_POINTS,
     LatencyView,
     Rule,
     Slo,

@@ -42,7 +42,7 @@ from agent.detect.fleet import analyze_fleet
 from agent.detect.latency_rules import Slo
 from agent.detect.slow import DEFAULT_SLOW
 from agent.detect.slow_replay import analyze_slow
-from benchmarks.detection.generate import DAY, GiB, HOUR, MINUTE, T0
+from benchmarks.detection.generate import DAY, HOUR, MINUTE, T0, GiB
 
 MEMORY_KINDS = ("leak", "oom-risk")
 NOISES = ("mild", "harsh")
