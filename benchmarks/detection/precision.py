@@ -100,7 +100,7 @@ class Workload:
         wander_tau = rng.uniform(4, 8) * HOUR
         bursts = (
             [
-                (T0 + rng.uniform(0, self.days * DAY), rng.uniform(10, 40) * MINUTE, rng.uniform(0.08, 0.18))
+                (T0 + rng.uniform(0, self.days * DAY), rng.uniform(10, 40) * MINUTE, rng.uniform(0.05, 0.12))
                 for _ in range(int(3 * self.days))
             ]
             if harsh
