@@ -69,9 +69,6 @@ def assess(fit: Fit, ctx: Context) -> tuple[State, float | None, bool]:
     )
     # growth that levels off (a cache filling to its TTL, a warm-up, log-shaped fragmentation) is a
     # working set, not a leak; the curve is fitted only for growth that would otherwise count
-    levelled = strong and growing and t.decel >= p.decel_ratio and fit.levelling is not None
-    steady = t.decel >= p.decel_ratio and not levelled
-    plateau = strong and growing and not steady
     urgent = ttoom is not None and ttoom < p.horizon
     # growth that is not urgent must also have run through a whole day of the process lifetime:
     # in its first day a working set ratchets up with the traffic peak (glibc arenas), a leak
@@ -79,6 +76,11 @@ def assess(fit: Fit, ctx: Context) -> tuple[State, float | None, bool]:
     settled = ctx.tick - ctx.lifetime_start >= ctx.prep.settle(ctx.life)
     allowed = may_speak(fit, ttoom, p) and (urgent or (fit.scale not in ("window", "cycle") and settled))
     enough = fit.long_enough(p, ttoom)
+    levelled = (
+        strong and growing and t.decel >= p.decel_ratio and enough and allowed and fit.levelling is not None
+    )
+    steady = t.decel >= p.decel_ratio and not levelled
+    plateau = strong and growing and not steady
     if strong and growing and steady and enough and allowed:
         if traffic_explains(ctx.prep, fit, ctx.life, p.confidence):
             return "clear", ttoom, False  # memory follows the requests: bytes per request are flat

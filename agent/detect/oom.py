@@ -79,7 +79,8 @@ def judge_oom(ctx: Context) -> Observation:
         ttoom = time_to_limit(ctx.limit, oom_peak(ctx, fit), slope)
         if ttoom is None:
             continue
-        curve = fit.levelling if t.confidence >= p.confidence_clear else None
+        near = t.confidence >= p.confidence_clear and ttoom < p.horizon * CLEAR_MARGIN
+        curve = fit.levelling if near else None  # a levelling curve only projects further
         if curve is not None:  # growth levelling off: so does its projection
             ttoom, slope = levelled_time(ctx, fit, curve), curve.rate_now
             if ttoom is None:

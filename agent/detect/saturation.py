@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from operator import mul
+from itertools import repeat
+from operator import add, mul, sub
 
 TAUS = (0.1, 0.15, 0.25, 0.4, 0.6, 1.0, 1.6, 2.5, 4.0)  # time constants, in spans of the fit
 MIN_POINTS = 8  # fewer buckets cannot tell a curve from a line
@@ -110,32 +111,40 @@ def _best_curve(
     rel: list[float], ys: list[float], extra: list[list[float]] | None, keep: list[int]
 ) -> tuple[tuple[float, float, float], list[float]] | None:
     """((τ, A, C), residuals) of the rising concave curve `A + C·exp(-x/τ)` (C < 0) that fits
-    the points `keep` best, over the grid of τ; None when none rises."""
+    the points `keep` best, over the grid of τ; None when none rises. Each τ's squared residuals
+    come from the normal equations (centred values: yᵀy - coefᵀXᵀy); only the best's are listed."""
     span = rel[-1]
     kept = [ys[i] for i in keep]
+    centre = sum(kept) / len(kept)
+    dev = [y - centre for y in kept]
+    total = sum(map(mul, dev, dev))
     best = None
     for factor in TAUS:
         tau = factor * span
         columns = _columns(rel, tau, extra, keep)
-        coef = least_squares(columns, kept)
+        coef = least_squares(columns, dev)
         if coef is None or coef[1] >= 0:
             continue  # falling towards its level, or convex: not a working set filling up
-        residuals = [
-            y - sum(c * col[j] for c, col in zip(coef, columns, strict=True)) for j, y in enumerate(kept)
-        ]
-        rss = sum(r * r for r in residuals)
+        rss = total - sum(c * sum(map(mul, col, dev)) for c, col in zip(coef, columns, strict=True))
         if best is None or rss < best[0]:
-            best = (rss, (tau, coef[0], coef[1]), residuals)
-    return None if best is None else (best[1], best[2])
+            best = (rss, tau, coef, columns)
+    if best is None:
+        return None
+    _, tau, coef, columns = best
+    fitted = [0.0] * len(dev)
+    for c, col in zip(coef, columns, strict=True):
+        fitted = list(map(add, fitted, map(mul, repeat(c), col)))
+    return (tau, coef[0] + centre, coef[1]), list(map(sub, dev, fitted))
 
 
 def _rss(columns: list[list[float]], ys: list[float]) -> float | None:
-    coef = least_squares(columns, ys)
+    centre = sum(ys) / len(ys)
+    dev = [y - centre for y in ys]
+    coef = least_squares(columns, dev)
     if coef is None:
         return None
-    return sum(
-        (y - sum(c * col[j] for c, col in zip(coef, columns, strict=True))) ** 2 for j, y in enumerate(ys)
-    )
+    total = sum(map(mul, dev, dev))
+    return total - sum(c * sum(map(mul, col, dev)) for c, col in zip(coef, columns, strict=True))
 
 
 def _median(values: list[float]) -> float:
