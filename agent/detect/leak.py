@@ -106,7 +106,11 @@ def _corroborated(
             if (
                 not any(f.trend.confidence >= p.confidence_clear and f.trend.slope > 0 for f in others)
                 or not at_record(ctx.prep, fit.metric, ctx.life, ctx.tick)
-                or any(f.levelling is not None for f in others if f.trend.slope > 0)
+                or any(
+                    f.levelling is not None
+                    for f in others
+                    if f.trend.slope > 0 and f.trend.confidence >= p.confidence_clear
+                )
             ):
                 state = "holding"
         out.append((fit, state, ttoom, plateau))

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from itertools import repeat
-from operator import add, mul, sub
+from functools import lru_cache
+from operator import mul, sub
 
 TAUS = (0.1, 0.15, 0.25, 0.4, 0.6, 1.0, 1.6, 2.5, 4.0)  # time constants, in spans of the fit
 MIN_POINTS = 8  # fewer buckets cannot tell a curve from a line
@@ -119,28 +119,61 @@ def _best_curve(
     dev = [y - centre for y in kept]
     total = sum(map(mul, dev, dev))
     best = None
-    for factor in TAUS:
-        tau = factor * span
-        columns = _columns(rel, tau, extra, keep)
-        coef = least_squares(columns, dev)
-        if coef is None or coef[1] >= 0:
-            continue  # falling towards its level, or convex: not a working set filling up
-        rss = total - sum(c * sum(map(mul, col, dev)) for c, col in zip(coef, columns, strict=True))
+    for tau, shape, centred, sxx in _shapes(span, tuple(rel[i] for i in keep)):
+        if extra:
+            columns = [[1.0] * len(keep), list(shape)] + [[col[i] for i in keep] for col in extra]
+            coef = least_squares(columns, dev)
+            if coef is None or coef[1] >= 0:
+                continue  # falling towards its level, or convex: not a working set filling up
+            rss = total - sum(c * sum(map(mul, col, dev)) for c, col in zip(coef, columns, strict=True))
+        else:  # a constant and one shape: the shape's slope in closed form (`dev` sums to 0)
+            sxy = sum(map(mul, centred, dev))
+            if sxx <= 0 or sxy >= 0:
+                continue
+            slope = sxy / sxx
+            coef, rss = [-slope * (shape[0] - centred[0]), slope], total - slope * sxy
         if best is None or rss < best[0]:
-            best = (rss, tau, coef, columns)
+            best = (rss, tau, coef, shape)
     if best is None:
         return None
-    _, tau, coef, columns = best
-    fitted = [0.0] * len(dev)
-    for c, col in zip(coef, columns, strict=True):
-        fitted = list(map(add, fitted, map(mul, repeat(c), col)))
+    _, tau, coef, shape = best
+    fitted = [coef[0] + coef[1] * x for x in shape]
+    for c, col in zip(coef[2:], extra or [], strict=True):
+        fitted = [f + c * col[i] for f, i in zip(fitted, keep, strict=True)]
     return (tau, coef[0] + centre, coef[1]), list(map(sub, dev, fitted))
+
+
+@lru_cache(maxsize=512)
+def _shapes(span: float, rel: tuple[float, ...]) -> list[tuple[float, tuple[float, ...], list[float], float]]:
+    """For each τ of the grid: (τ, `exp(-x/τ)` at `rel`, the same centred, its sum of squares; 0
+    when it is (nearly) constant). The offsets of a scale's buckets repeat from tick to tick."""
+    out = []
+    for factor in TAUS:
+        tau = factor * span
+        shape = tuple(math.exp(-x / tau) for x in rel)
+        mean = sum(shape) / len(shape)
+        centred = [x - mean for x in shape]
+        sxx = sum(map(mul, centred, centred))
+        out.append((tau, shape, centred, sxx if sxx > 1e-12 * max(1.0, sum(map(mul, shape, shape))) else 0.0))
+    return out
+
+
+def _simple(xs: list[float], dev: list[float]) -> list[float] | None:
+    """[intercept, slope] of `dev` (centred: it sums to 0) on one column `xs`; None when `xs` is
+    (nearly) constant."""
+    mean = sum(xs) / len(xs)
+    centred = [x - mean for x in xs]
+    sxx = sum(map(mul, centred, centred))
+    if sxx <= 1e-12 * max(1.0, sum(map(mul, xs, xs))):
+        return None
+    slope = sum(map(mul, centred, dev)) / sxx
+    return [-slope * mean, slope]
 
 
 def _rss(columns: list[list[float]], ys: list[float]) -> float | None:
     centre = sum(ys) / len(ys)
     dev = [y - centre for y in ys]
-    coef = least_squares(columns, dev)
+    coef = _simple(columns[1], dev) if len(columns) == 2 else least_squares(columns, dev)
     if coef is None:
         return None
     total = sum(map(mul, dev, dev))

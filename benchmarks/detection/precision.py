@@ -2,6 +2,7 @@
 
     python -m benchmarks.detection.precision               # development seeds
     python -m benchmarks.detection.precision --held-out    # the held-out seeds (score them last)
+    python -m benchmarks.detection.precision --seeds 1000-1002  # any other seeds
 
 Each memory family is one workload drawn per seed, judged twice: as it is (the healthy twin) and
 with a leak added from a labelled onset (the leak twin), each in mild and in harsh noise. Series
@@ -33,7 +34,9 @@ import random
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass, field, fields
 
 from agent.core.units import format_duration
 from agent.detect import DetectParams, InstanceSeries
@@ -47,7 +50,7 @@ from benchmarks.detection.generate import DAY, HOUR, MINUTE, T0, GiB
 MEMORY_KINDS = ("leak", "oom-risk")
 NOISES = ("mild", "harsh")
 DEV_SEEDS = range(3)
-HELD_OUT_SEEDS = range(1000, 1003)
+HELD_OUT_SEEDS = range(2000, 2005)  # scored once, at the end (1000-1002, scored before, are spent)
 LIFETIMES_TO_FIND = 3  # a leak cut short by restarts: found within this many lifetimes of its onset
 LEAD_GOAL = 0.4
 CREEP_GOAL = 2 * HOUR
@@ -314,6 +317,7 @@ class Cell:
     late: int = 0  # found, but later than the family's goal
     misses: list[str] = field(default_factory=list)
     falses: list[str] = field(default_factory=list)
+    hits: list[str] = field(default_factory=list)  # each leak twin found: delay and lead
 
 
 def _critical(analysis: InstanceAnalysis, kinds: tuple[str, ...]) -> bool:
@@ -366,8 +370,13 @@ def _score(
     cell.found += 1
     delay = after[0].opened_at - case.onset
     cell.delays.append(delay)
-    if case.oom is not None:
-        cell.leads.append((case.oom - after[0].opened_at) / (case.oom - case.onset))
+    lead = None if case.oom is None else (case.oom - after[0].opened_at) / (case.oom - case.onset)
+    if lead is not None:
+        cell.leads.append(lead)
+    cell.hits.append(
+        f"{case.name}: {after[0].kind}:{after[0].severity} after {format_duration(delay)}"
+        + (f", lead {lead:.2f} of {format_duration(case.oom - case.onset)}" if case.oom is not None else "")
+    )
     limit = (
         LIFETIMES_TO_FIND * case.lifetime
         if case.lifetime
@@ -393,27 +402,40 @@ def judge_latency(case: Case, cell: Cell) -> None:
         _score(case, cell, analysis, findings, ("slow",))
 
 
+def _score_one(task: tuple[str, str, int, DetectParams]) -> tuple[str, Cell]:
+    family, noise, seed, params = task
+    cell = Cell()
+    if family == "latency-swing":
+        for case in latency_cases(seed, noise):
+            judge_latency(case, cell)
+    else:
+        for case in memory_cases(family, seed, noise):
+            judge_memory(case, params, cell)
+    return f"{family}/{noise}", cell
+
+
 def score(
-    seeds: range, families: list[str] | None = None, params: DetectParams | None = None
+    seeds: range, families: list[str] | None = None, params: DetectParams | None = None, jobs: int = 1
 ) -> dict[str, Cell]:
     params = params or DetectParams()
+    tasks = [
+        (family, noise, seed, params)
+        for family in [*MEMORY_FAMILIES, "latency-swing"]
+        if not families or any(f in family for f in families)
+        for noise in NOISES
+        for seed in seeds
+    ]
     table: dict[str, Cell] = {}
-    for family in [*MEMORY_FAMILIES, "latency-swing"]:
-        if families and not any(f in family for f in families):
-            continue
-        for noise in NOISES:
-            cell = table.setdefault(f"{family}/{noise}", Cell())
-            for seed in seeds:
-                if family == "latency-swing":
-                    for case in latency_cases(seed, noise):
-                        judge_latency(case, cell)
-                else:
-                    for case in memory_cases(family, seed, noise):
-                        judge_memory(case, params, cell)
+    with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
+        results = pool.map(_score_one, tasks) if pool is not None else map(_score_one, tasks)
+        for name, one in results:
+            cell = table.setdefault(name, Cell())
+            for f in fields(Cell):
+                setattr(cell, f.name, getattr(cell, f.name) + getattr(one, f.name))
     return table
 
 
-def render(table: dict[str, Cell], verbose: bool = True) -> str:
+def render(table: dict[str, Cell], verbose: bool = True, hits: bool = False) -> str:
     header = (
         f"{'family/noise':<22} {'healthy':>7} {'false':>6} {'critical':>8} {'leaks':>6} {'found':>6} "
         f"{'late':>5} {'lead median (min)':>18} {'delay median (max)':>20}"
@@ -436,6 +458,9 @@ def render(table: dict[str, Cell], verbose: bool = True) -> str:
                 lines.append(f"  false {name}: {text}")
             for text in c.misses:
                 lines.append(f"  miss  {name}: {text}")
+            if hits:
+                for text in c.hits:
+                    lines.append(f"  hit   {name}: {text}")
     return "\n".join(lines)
 
 
@@ -457,16 +482,27 @@ def goals(table: dict[str, Cell]) -> list[tuple[str, bool, str]]:
     ]
 
 
+def _seed_range(text: str) -> range:
+    first, _, last = text.partition("-")
+    try:
+        return range(int(first), int(last or first) + 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected FIRST-LAST, e.g. 1000-1002, not {text!r}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--held-out", action="store_true", help="score the held-out seeds instead")
+    parser.add_argument("--seeds", type=_seed_range, help="seeds FIRST-LAST instead (e.g. 1000-1002)")
     parser.add_argument("--only", action="append", help="families whose name contains this")
+    parser.add_argument("--jobs", type=int, default=1, help="score the seeds in this many processes")
+    parser.add_argument("--hits", action="store_true", help="list each leak twin found, its delay and lead")
     parser.add_argument("--check", action="store_true", help="exit 1 unless every goal holds")
     args = parser.parse_args(argv)
-    table = score(HELD_OUT_SEEDS if args.held_out else DEV_SEEDS, args.only)
-    print(render(table))
+    table = score(args.seeds or (HELD_OUT_SEEDS if args.held_out else DEV_SEEDS), args.only, jobs=args.jobs)
+    print(render(table, hits=args.hits))
     met = goals(table)
     print()
     for goal, ok, figures in met:
