@@ -10,9 +10,12 @@ look like, so the short scale only reports what is urgent.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agent.core.units import format_bytes, format_duration
 from agent.detect.context import Context
 from agent.detect.growth import Fit, at_record, time_to_limit, traffic_explains
+from agent.detect.lifetimes import carried
 from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, PYMALLOC, RSS, Observation, Severity, State
 from agent.detect.params import DetectParams
 
@@ -149,6 +152,13 @@ def judge_leak(ctx: Context) -> Observation:
         elif fit.metric == ALLOCATED and ctx.present(PYMALLOC):  # objects in pymalloc's arenas
             fit, ttoom, _ = _outgrown_by_rss(ctx, fit, ttoom)
         return _leak_observation(ctx, fit, ttoom, native=native)
+    for metric in candidates:  # a leak cut short by restarts: the previous lifetime's evidence
+        found = carried(ctx, metric)
+        if found is not None:
+            fit, ttoom, evidence = found
+            obs = _leak_observation(ctx, fit, ttoom, native=False)
+            why = evidence.pop("why")
+            return replace(obs, summary=f"{obs.summary}; {why}", evidence=obs.evidence | evidence)
     state: State = "holding" if any(a[1] == "holding" for a in assessed) else "clear"
     risen = [a for a in assessed if a[0].confidence >= ctx.params.confidence_clear]
     if not risen:

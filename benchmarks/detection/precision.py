@@ -16,7 +16,8 @@ instance (`analyze_fleet`, its own earlier lifetimes as its prior). Families:
 - `traffic-2d`: traffic (and memory with it) growing for two days after a launch, then flat;
 - `restart-20h`: an orchestrator restarts the process every 17-23 h; RSS falls only to about
   60 % (no start time, no restart events: medic must infer them); the leak twin leaks a little
-  every lifetime and is restarted before it reaches the limit (found: within three lifetimes).
+  every lifetime and is restarted before it reaches the limit (found: within three lifetimes; "later
+  lives" counts the lifetimes after the onset that got a finding of their own).
 
 Latency: fleets of 12 pods whose p99 swings 2-3× a day together; the leak twin has one pod
 creeping from a labelled onset (+25-50 % of its level per hour).
@@ -37,6 +38,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field, fields
+from itertools import pairwise
 
 from agent.core.units import format_duration
 from agent.detect import DetectParams, InstanceSeries
@@ -318,6 +320,8 @@ class Cell:
     misses: list[str] = field(default_factory=list)
     falses: list[str] = field(default_factory=list)
     hits: list[str] = field(default_factory=list)  # each leak twin found: delay and lead
+    later: int = 0  # lifetimes cut short that began after the onset (restarted families)...
+    later_found: int = 0  # ...with a finding of their own
 
 
 def _critical(analysis: InstanceAnalysis, kinds: tuple[str, ...]) -> bool:
@@ -370,6 +374,12 @@ def _score(
     cell.found += 1
     delay = after[0].opened_at - case.onset
     cell.delays.append(delay)
+    if case.lifetime:  # evidence carried across lifetimes: each later lifetime is found again
+        ends = [*analysis.restarts, analysis.last_ts or 0.0]
+        for start, end in pairwise(ends):
+            if start >= case.onset and end - start >= case.lifetime / 2:  # not one the series cuts
+                cell.later += 1
+                cell.later_found += any(start <= f.opened_at < end for f in after)
     lead = None if case.oom is None else (case.oom - after[0].opened_at) / (case.oom - case.onset)
     if lead is not None:
         cell.leads.append(lead)
@@ -438,7 +448,7 @@ def score(
 def render(table: dict[str, Cell], verbose: bool = True, hits: bool = False) -> str:
     header = (
         f"{'family/noise':<22} {'healthy':>7} {'false':>6} {'critical':>8} {'leaks':>6} {'found':>6} "
-        f"{'late':>5} {'lead median (min)':>18} {'delay median (max)':>20}"
+        f"{'late':>5} {'lead median (min)':>18} {'delay median (max)':>20} {'later lives':>11}"
     )
     lines = [header, "-" * len(header)]
     for name, c in table.items():
@@ -448,9 +458,10 @@ def render(table: dict[str, Cell], verbose: bool = True, hits: bool = False) -> 
             if c.delays
             else "-"
         )
+        later = f"{c.later_found}/{c.later}" if c.later else "-"
         lines.append(
             f"{name:<22} {c.healthy:>7} {c.false:>6} {c.false_critical:>8} {c.leaks:>6} {c.found:>6} "
-            f"{c.late:>5} {lead:>18} {delay:>20}"
+            f"{c.late:>5} {lead:>18} {delay:>20} {later:>11}"
         )
     if verbose:
         for name, c in table.items():
