@@ -96,7 +96,7 @@ def _quiet(ctx: Context) -> bool:
             if fit.confidence < p.confidence or fit.trend.slope <= 0:
                 continue
             strong = fit.trend.confidence >= p.confidence
-            if strong and ended_growing(ctx, metric) is not None:
+            if fit.trend.confidence >= p.confidence_clear and ended_growing(ctx, metric) is not None:
                 return False  # the previous lifetime's evidence may speak (`lifetimes.carried`)
             if unlimited and (not settled or fit.scale == "window"):
                 continue  # no time to a limit, and no settled wider scale

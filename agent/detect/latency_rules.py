@@ -8,9 +8,10 @@ figures behind it.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from operator import itemgetter
 from typing import Any
 
 from agent.core.units import format_duration
@@ -111,12 +112,18 @@ class LatencyView:
     lifetime_start: float
 
     @classmethod
-    def at(cls, series: InstanceSeries, tick: float, slo: Slo | None) -> LatencyView:
+    def at(
+        cls, series: InstanceSeries, tick: float, slo: Slo | None, since: float = -math.inf
+    ) -> LatencyView:
+        """The view at `tick`; with `since`, only its points from then on (a level over a window
+        that starts `stale` after `since` reads the same)."""
         start = lifetime_start(series, tick)
         wanted = QUANTILE_METRICS.get(slo.quantile if slo else 0.99, QUANTILE_METRICS[0.99])
         metric = next((m for m in (wanted, CANARY) if series.series.get(m)), None)
         raw = (series.series.get(metric) or []) if metric else []
-        points = [(ts, v) for ts, v in raw if start <= ts <= tick and math.isfinite(v)]
+        first = bisect_left(raw, max(start, since), key=itemgetter(0))  # sorted by time
+        end = bisect_right(raw, tick, key=itemgetter(0))
+        points = [(ts, v) for ts, v in raw[first:end] if math.isfinite(v)]
         return cls(series, slo, metric, points, start)
 
     @property
@@ -157,9 +164,9 @@ def lifetime_start(series: InstanceSeries, tick: float) -> float:
     if before:
         return max(before)
     starts = series.series.get(START_TIME) or []
-    current = [value for ts, value in starts if ts <= tick and math.isfinite(value)]
-    if current:  # the process's own start: steady as the window slides, and what remediation compares
-        return current[-1]
+    for i in range(bisect_right(starts, tick, key=itemgetter(0)) - 1, -1, -1):
+        if math.isfinite(starts[i][1]):  # the process's own start: steady as the window slides
+            return starts[i][1]
     first = series.first_ts()
     return first if first is not None else tick
 

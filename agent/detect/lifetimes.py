@@ -20,13 +20,14 @@ from agent.detect.growth import Fit, fits, time_to_limit, traffic_explains
 ALIKE = (0.67, 1.5)  # the current growth within these factors of the previous lifetime's
 
 
-def _steady_growth(fit: Fit, ctx: Context) -> bool:
-    """Growth that a leak shows and a working set does not: strong, at least `min_rate`, not
-    decelerating, and no levelling curve fitting it better than the line."""
+def _steady_growth(fit: Fit, ctx: Context, confidence: float) -> bool:
+    """Growth that a leak shows and a working set does not: at `confidence`, at least `min_rate`,
+    not decelerating, and no levelling curve fitting it better than the line."""
     p, t = ctx.params, fit.trend
     return (
         fit.scale not in ("daily", "cycle")  # a sine bends to fit a warm-up as well as a daily rise
-        and t.confidence >= p.confidence
+        and fit.confidence >= p.confidence
+        and t.confidence >= confidence
         and t.slope > 0
         and fit.pct_per_hour >= p.min_rate
         and t.decel >= p.decel_ratio
@@ -55,7 +56,7 @@ def ended_growing(ctx: Context, metric: str) -> tuple[Fit, float, float] | None:
         grown = [
             f
             for f in fits(prep, metric, life, tick)
-            if f.coverage >= p.window and _steady_growth(f, before) and f.saturation_ruled_out
+            if f.coverage >= p.window and _steady_growth(f, before, p.confidence) and f.saturation_ruled_out
         ]
         if grown:
             found = (max(grown, key=lambda f: f.coverage), start, end)
@@ -66,7 +67,9 @@ def ended_growing(ctx: Context, metric: str) -> tuple[Fit, float, float] | None:
 def carried(ctx: Context, metric: str) -> tuple[Fit, float | None, dict] | None:
     """(the fit, its time to OOM, the evidence) when this lifetime, past its warm-up and one
     window, grows steadily at the rate at which the previous lifetime was still growing when it
-    ended: a leak cut short by restarts. None otherwise."""
+    ended: a leak cut short by restarts. None otherwise. The previous lifetime is the second fit
+    of the same growth, so this one need only be seen growing at `confidence_clear` (the tail of
+    its warm-up under the leak lowers the corrected test), as a fleet's alike instances are."""
     p = ctx.params
     if ctx.tick - ctx.lifetime_start < ctx.prep.warmup(ctx.life) + p.window:
         return None
@@ -77,7 +80,7 @@ def carried(ctx: Context, metric: str) -> tuple[Fit, float | None, dict] | None:
     alike = [
         f
         for f in ctx.fits(metric)
-        if _steady_growth(f, ctx)
+        if _steady_growth(f, ctx, p.confidence_clear)
         and ALIKE[0] * previous.trend.slope <= f.trend.slope <= ALIKE[1] * previous.trend.slope
     ]
     for fit in sorted(alike, key=lambda f: -f.coverage):

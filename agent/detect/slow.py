@@ -137,7 +137,10 @@ def evaluate_slow(
     past = [  # each instance's level at each earlier instant, as that judgement saw it
         {
             view.instance: level
-            for view in (LatencyView.at(series, at, slos.get(series.instance)) for series in fleet)
+            for view in (
+                LatencyView.at(series, at, slos.get(series.instance), at - params.peer_window - params.stale)
+                for series in fleet
+            )
             if (level := view.level(params.peer_window, at, params)) is not None
         }
         for at in instants[:-1]
