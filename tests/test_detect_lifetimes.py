@@ -54,9 +54,7 @@ def test_a_leak_cut_short_every_20_hours_is_found_within_three_lifetimes_and_in_
     first = min(f.opened_at for f in found)
     assert first < lifetimes[2][1], "not found within three lifetimes"
     later = [(a, b) for a, b in lifetimes if a > first and b - a > 12 * HOUR]
-    carried = [
-        f for f in found if f.kind == "leak" and "lifetimes" in f.evidence and f.evidence["lifetimes"]
-    ]
+    carried = [f for f in found if f.kind == "leak" and "lifetimes" in f.evidence and f.evidence["lifetimes"]]
     assert later and all(any(a <= f.opened_at < b for f in found) for a, b in later), (later, found)
     assert carried, "no finding said that the previous lifetime grew alike"
     assert "previous lifetime" in carried[0].summary
