@@ -196,3 +196,35 @@ def test_a_gap_in_every_member_skips_its_ticks_and_changes_no_finding(seed, slo)
     assert (
         ticks < len(grid(T0, T0 + 6 * 3600, DEFAULT_SLOW)) - 3600 / DEFAULT_SLOW.step
     )  # an hour of ticks skipped
+
+
+def test_a_fleet_wide_swing_is_no_slow_instance_and_a_creeping_one_is_found():
+    """Eight pods whose p99 rises 2.5x over the morning together (traffic), one of them creeping
+    +40 %/h on top from the third hour: the trend rule holds for the ones that rise with their
+    peers, and the relative rule finds the creeping one within two hours."""
+
+    rng = random.Random(5)
+    onset = T0 + 3 * 3600
+    members = []
+    for i in range(8):
+        base = rng.uniform(0.03, 0.06)
+        points = []
+        for k in range(int(8 * 3600 / 30)):
+            ts = T0 + 30.0 * k
+            swing = 1 + 1.5 * (0.5 - 0.5 * math.cos(math.pi * min(ts - T0, 6 * 3600) / (6 * 3600)))
+            value = base * swing * math.exp(rng.gauss(0, 0.05))
+            if i == 0 and ts >= onset:
+                value *= 1 + 0.4 * (ts - onset) / 3600
+            points.append((ts, value))
+        members.append(InstanceSeries(f"p{i}", {P99: points}))
+    analyses = {m.instance: InstanceAnalysis(m.instance, [], [], [], None, None) for m in members}
+    analyze_slow(
+        [members], analyses, DEFAULT_SLOW, slos={m.instance: Slo(0.99, 0.25, 300.0) for m in members}
+    )
+    found = {
+        name: [f.opened_at for f in a.findings if f.opened_at is not None] for name, a in analyses.items()
+    }
+    assert not any(found[f"p{i}"] for i in range(1, 8)), found
+    assert found["p0"] and onset <= min(found["p0"]) <= onset + 2 * 3600
+    first = next(f for f in analyses["p0"].findings if f.opened_at == min(found["p0"]))
+    assert "relative" in analyses["p0"].at_open[first.id].evidence["fired"]

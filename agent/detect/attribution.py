@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.core.units import format_bytes
 from agent.detect.suspects import MIN_CONFIDENCE, growth, suspects_for
 from agent.state.histograms import HistogramStore
 from agent.state.store import Aggregate, Store
@@ -276,6 +277,14 @@ def _verdict(result: Attribution, rss_confidence: float, grid: dict, sites: bool
             return None, "RSS grows, but no single layer grows steadily enough to name"
         return None, "no layer grows steadily in this window"
     top = max(growing, key=lambda layer: layer.bytes_per_second)
+    fastest = max(result.layers, key=lambda layer: layer.bytes_per_second)
+    if fastest is not top and fastest.bytes_per_second > top.bytes_per_second:
+        # the text must agree with the table beside it: a layer that grows faster, in jumps, is
+        # not outweighed by a slower one that grows steadily
+        return None, (
+            f"{fastest.title} grows fastest ({format_bytes(fastest.bytes_per_second * 3600)}/h) but not "
+            f"steadily enough to name; {top.title} grows steadily at {format_bytes(top.bytes_per_second * 3600)}/h"
+        )
     rss_grows = rss_slope > 0 and rss_confidence >= MIN_CONFIDENCE
     if rss_grows and top.bytes_per_second < 0.5 * rss_slope:
         return None, "RSS grows across several layers; none explains half of it"

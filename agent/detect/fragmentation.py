@@ -84,8 +84,12 @@ def judge_fragmentation(ctx: Context, leak: Observation | None = None) -> Observ
         )
 
     firing = fires(pairs)
-    growing = jvm and _grows(ctx)
-    firing = firing and not growing  # a JVM's excess that keeps growing is native growth, not unused heap
+    # memory that keeps growing is not memory kept: a JVM's excess over its heap that rises is native
+    # growth (direct buffers, Deflaters: live native allocations), not unused heap; resident memory
+    # that rises with the live bytes is live allocations, not free pages
+    # (once the leak fires, what was there before its growth is judged below)
+    growing = (not leaking and _live_growth(pairs, jvm)) or (jvm and _grows(ctx))
+    firing = firing and not growing
     both = None
     if leaking and firing:
         # the leak explains the excess unless it was there before the leak's growth in this window
@@ -107,6 +111,13 @@ def judge_fragmentation(ctx: Context, leak: Observation | None = None) -> Observ
         "clear" if leaking or ratio < clear_ratio or excess < CLEAR_FRACTION * p.frag_min_bytes else "holding"
     )
     summary = f"resident {format_bytes(resident_bytes)} for {format_bytes(live_bytes)} live ({ratio:.2f}x)"
+    if growing and not leaking:
+        summary += (
+            ": the memory above the heap grows (native allocations), not heap the JVM keeps"
+            if jvm
+            else ": the live bytes grow with it (live allocations), not free memory the allocator keeps"
+        )
+        return ctx.observation("fragmentation", "holding", summary, evidence=evidence)
     if leaking:
         summary = (
             "the memory above the heap is the leak's growth, not heap the JVM keeps"
@@ -116,6 +127,26 @@ def judge_fragmentation(ctx: Context, leak: Observation | None = None) -> Observ
     return ctx.observation(
         "fragmentation", state, summary, verdict=verdict if state == "holding" else None, evidence=evidence
     )
+
+
+LIVE_SHARE = 0.5  # the live bytes rising by this share of the resident rise: the growth is live
+
+
+def _live_growth(pairs: list[tuple[float, float]], jvm: bool) -> bool:
+    """Whether the resident memory rises over the window (its last third's median above its first
+    third's) by live allocations: for a JVM, the excess over the heap rises by more than a tenth
+    (native memory the heap does not show); with allocator figures, the live bytes rise by at least
+    `LIVE_SHARE` of the resident rise."""
+    third = len(pairs) // 3
+    if third < 2:
+        return False
+    early, late = pairs[:third], pairs[-third:]
+    resident_rise = median([r for r, _ in late]) - median([r for r, _ in early])
+    live_rise = median([lv for _, lv in late]) - median([lv for _, lv in early])
+    if jvm:
+        excess = median([r - lv for r, lv in early])
+        return resident_rise - live_rise > 0.1 * max(excess, 0.0)
+    return resident_rise > 0 and live_rise >= LIVE_SHARE * resident_rise
 
 
 def _grows(ctx: Context) -> bool:

@@ -8,9 +8,10 @@ figures behind it.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
-from collections.abc import Mapping
+from bisect import bisect_left, bisect_right
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from operator import itemgetter
 from typing import Any
 
 from agent.core.timescale import EVIDENCE_SAMPLES, STALE_SAMPLES, WINDOW_SAMPLES, TimeScale
@@ -40,6 +41,11 @@ def judged_metrics(slo: Slo | None) -> tuple[str, str, str]:
     (p99 without one), else the mean (what a summary without quantiles or a pair of counters gives),
     else the canary's latency. The first one an instance has is the one judged."""
     return QUANTILE_METRICS.get(slo.quantile if slo else 0.99, QUANTILE_METRICS[0.99]), MEAN, CANARY
+
+
+RELATIVE_SPAN = 3  # the relative rule looks back this many trend windows...
+RELATIVE_POINTS = 12  # ...at this many instants, each the instance's level over its peers' median
+RELATIVE_GROWTH = 0.3  # it fires when that ratio grew by 30 % and is 30 % above the peers now
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +101,14 @@ class SlowParams:
             horizon=axis.span(self.horizon),
         )
 
+    @property
+    def relative_window(self) -> float:
+        """The span over which an instance's latency is compared with its peers' as it changes
+        (`judge_relative`): three trend windows, each of its points one judgement step apart
+        multiplied by a whole number, so a replay reads the levels it judged at earlier ticks."""
+        spacing = max(1, round(RELATIVE_SPAN * self.trend_window / (RELATIVE_POINTS - 1) / self.step))
+        return spacing * self.step * (RELATIVE_POINTS - 1)
+
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
@@ -117,11 +131,17 @@ class LatencyView:
     lifetime_start: float
 
     @classmethod
-    def at(cls, series: InstanceSeries, tick: float, slo: Slo | None) -> LatencyView:
+    def at(
+        cls, series: InstanceSeries, tick: float, slo: Slo | None, since: float = -math.inf
+    ) -> LatencyView:
+        """The view at `tick`; with `since`, only its points from then on (a level over a window
+        that starts `stale` after `since` reads the same)."""
         start = lifetime_start(series, tick)
         metric = next((m for m in judged_metrics(slo) if series.series.get(m)), None)
         raw = (series.series.get(metric) or []) if metric else []
-        points = [(ts, v) for ts, v in raw if start <= ts <= tick and math.isfinite(v)]
+        first = bisect_left(raw, max(start, since), key=itemgetter(0))  # sorted by time
+        end = bisect_right(raw, tick, key=itemgetter(0))
+        points = [(ts, v) for ts, v in raw[first:end] if math.isfinite(v)]
         return cls(series, slo, metric, points, start)
 
     @property
@@ -164,9 +184,9 @@ def lifetime_start(series: InstanceSeries, tick: float) -> float:
     if before:
         return max(before)
     starts = series.series.get(START_TIME) or []
-    current = [value for ts, value in starts if ts <= tick and math.isfinite(value)]
-    if current:  # the process's own start: steady as the window slides, and what remediation compares
-        return current[-1]
+    for i in range(bisect_right(starts, tick, key=itemgetter(0)) - 1, -1, -1):
+        if math.isfinite(starts[i][1]):  # the process's own start: steady as the window slides
+            return starts[i][1]
     first = series.first_ts()
     return first if first is not None else tick
 
@@ -317,6 +337,86 @@ def judge_trend(view: LatencyView, tick: float, params: SlowParams) -> Rule:
         fit.confidence < params.trend_confidence_clear
         or fit.slope <= 0
         or growth < params.trend_min_growth / 2
+    ):
+        return Rule("clear", text, figures)
+    return Rule("holding", text, figures)
+
+
+def relative_instants(tick: float, params: SlowParams) -> list[float]:
+    """The instants whose levels `judge_relative` compares, oldest first (multiples of the step)."""
+    spacing = params.relative_window / (RELATIVE_POINTS - 1)
+    return [tick - spacing * (RELATIVE_POINTS - 1 - k) for k in range(RELATIVE_POINTS)]
+
+
+def relative_ratios(
+    instance: str,
+    levels: Sequence[Mapping[str, tuple[float, str | None]]],
+    since: float,
+    instants: Sequence[float],
+    peer_min: int,
+) -> list[tuple[float, float]]:
+    """(instant, the instance's level over its peers' median level) at each of `instants` from its
+    lifetime start `since` on, where it and at least `peer_min` peers have a level; each level is
+    (seconds, the series it was read from), and only peers read from the instance's own series
+    count (a mean is never set against a p99)."""
+    out = []
+    for at, known in zip(instants, levels, strict=True):
+        own = known.get(instance)
+        if at < since or own is None:
+            continue
+        peers = [value for name, (value, metric) in known.items() if name != instance and metric == own[1]]
+        if len(peers) < peer_min:
+            continue
+        centre = median(peers)
+        ratio = own[0] / centre if centre > 0 else math.nan
+        if 0 < ratio < math.inf:
+            out.append((at, ratio))
+    return out
+
+
+def relative_rise(ratios: Sequence[tuple[float, float]]) -> tuple[float, float, float]:
+    """(the ratio at first: median of the first three; now: of the last three; the rise between)."""
+    first = median([r for _, r in ratios[:3]])
+    now = median([r for _, r in ratios[-3:]])
+    return first, now, (now / first - 1 if first > 0 else 0.0)
+
+
+def judge_relative(view: LatencyView, ratios: Sequence[tuple[float, float]], params: SlowParams) -> Rule:
+    """The instance's latency over its peers' median grows steadily and is now well above it: one
+    instance creeping while the fleet's traffic swings all of them alike (a daily 2-3x cycle moves
+    every instance; the ratio cancels it)."""
+    window = params.relative_window
+    if len(ratios) < params.min_coverage * RELATIVE_POINTS:
+        return Rule(
+            "unknown",
+            f"comparing with peers over {format_duration(window)} needs {params.peer_min} peers with latency data",
+        )
+    first, now, rise = relative_rise(ratios)
+    # in logarithms: a ratio is multiplicative, and one of extreme levels stays a finite number
+    fit = fit_trend([x for x, _ in ratios], [math.log(r) for _, r in ratios], floor=math.log(1.1))
+    figures = {
+        "metric": view.metric,
+        "ratio_to_peers": round(now, 4),
+        "ratio_growth": round(rise, 4),
+        "confidence": round(fit.confidence, 5),
+        "decel": round(fit.decel, 3),
+        "window_seconds": window,
+    }
+    text = (
+        f"{view.name} went from {first:.2f}x to {now:.2f}x its peers' median over "
+        f"{format_duration(window)} (confidence {fit.confidence:.4f})"
+    )
+    if (
+        rise >= RELATIVE_GROWTH
+        and now >= 1 + RELATIVE_GROWTH
+        and fit.confidence >= params.trend_confidence
+        and fit.decel >= params.trend_decel
+    ):
+        return Rule("firing", text, figures)
+    if (
+        rise < RELATIVE_GROWTH / 2
+        or now < 1 + RELATIVE_GROWTH / 2
+        or fit.confidence < params.trend_confidence_clear
     ):
         return Rule("clear", text, figures)
     return Rule("holding", text, figures)

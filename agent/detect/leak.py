@@ -10,9 +10,12 @@ look like, so the short scale only reports what is urgent.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agent.core.units import format_bytes, format_duration
 from agent.detect.context import Context
 from agent.detect.growth import Fit, at_record, time_to_limit, traffic_explains
+from agent.detect.lifetimes import carried
 from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, PYMALLOC, RSS, Observation, Severity, State
 from agent.detect.params import DetectParams
 
@@ -62,13 +65,13 @@ def assess(fit: Fit, ctx: Context) -> tuple[State, float | None, bool]:
     t = fit.trend
     ttoom = time_to_limit(ctx.limit, ctx.peak, t.slope)
     growing = t.slope > 0 and fit.pct_per_hour >= p.min_rate
-    steady = t.decel >= p.decel_ratio
     # the daily scale's sign test over 48 autocorrelated differences, corrected as AR(1), is
     # rougher than Mann-Kendall over independent buckets: it must clear a stricter bar
     strong = t.confidence >= (
         p.confidence if fit.scale != "daily" else 1 - (1 - p.confidence) / DAILY_STRICTER
     )
-    plateau = strong and growing and not steady
+    # growth that levels off (a cache filling to its TTL, a warm-up, log-shaped fragmentation) is a
+    # working set, not a leak; the curve is fitted only for growth that would otherwise count
     urgent = ttoom is not None and ttoom < p.horizon
     # growth that is not urgent must also have run through a whole day of the process lifetime:
     # in its first day a working set ratchets up with the traffic peak (glibc arenas), a leak
@@ -76,11 +79,16 @@ def assess(fit: Fit, ctx: Context) -> tuple[State, float | None, bool]:
     settled = ctx.tick - ctx.lifetime_start >= ctx.prep.settle(ctx.life)
     allowed = may_speak(fit, ttoom, p) and (urgent or (fit.scale not in ("window", "cycle") and settled))
     enough = fit.long_enough(p, ttoom)
+    levelled = (
+        strong and growing and t.decel >= p.decel_ratio and enough and allowed and fit.levelling is not None
+    )
+    steady = t.decel >= p.decel_ratio and not levelled
+    plateau = strong and growing and not steady
     if strong and growing and steady and enough and allowed:
         if traffic_explains(ctx.prep, fit, ctx.life, p.confidence):
             return "clear", ttoom, False  # memory follows the requests: bytes per request are flat
         return "firing", ttoom, False
-    if t.confidence < p.confidence_clear or not growing or t.decel < p.decel_ratio * CLEAR_DECEL:
+    if t.confidence < p.confidence_clear or not growing or levelled or t.decel < p.decel_ratio * CLEAR_DECEL:
         return "clear", ttoom, plateau
     return "holding", ttoom, plateau
 
@@ -89,24 +97,32 @@ def _corroborated(
     assessed: list[tuple[Fit, State, float | None, bool]], ctx: Context
 ) -> list[tuple[Fit, State, float | None, bool]]:
     """A fit that fires without urgency needs a second fit of the same series (another scale
-    or span) that also sees growth; else it only holds. One span of a slowly wandering process
-    can look like a slow leak, several rarely do."""
+    or span) that also sees growth, and none that sees it levelling off; else it only holds.
+    One span of a slowly wandering process can look like a slow leak, several rarely do; and a
+    cache filling for days bends visibly only over the widest span."""
     p = ctx.params
     out = []
     for fit, state, ttoom, plateau in assessed:
         urgent = ttoom is not None and ttoom < p.horizon
         if state == "firing" and not urgent:
             others = [f for f, *_ in assessed if f is not fit and f.confidence >= p.confidence_clear]
-            if not any(
-                f.trend.confidence >= p.confidence_clear and f.trend.slope > 0 for f in others
-            ) or not at_record(ctx.prep, fit.metric, ctx.life, ctx.tick):
+            if (
+                not any(f.trend.confidence >= p.confidence_clear and f.trend.slope > 0 for f in others)
+                or not at_record(ctx.prep, fit.metric, ctx.life, ctx.tick)
+                or any(
+                    f.levelling is not None
+                    for f in others
+                    if f.trend.slope > 0 and f.trend.confidence >= p.confidence_clear
+                )
+            ):
                 state = "holding"
         out.append((fit, state, ttoom, plateau))
     return out
 
 
-def severity_for(ttoom: float | None, horizon: float) -> Severity:
-    if ttoom is not None and ttoom < horizon / 4:
+def severity_for(ttoom: float | None, horizon: float, ruled_out: bool = True) -> Severity:
+    """`critical` (remediation acts on it) only when the fit rules saturation out (`ruled_out`)."""
+    if ttoom is not None and ttoom < horizon / 4 and ruled_out:
         return "critical"
     if ttoom is not None and ttoom < horizon:
         return "error"
@@ -136,6 +152,13 @@ def judge_leak(ctx: Context) -> Observation:
         elif fit.metric == ALLOCATED and ctx.present(PYMALLOC):  # objects in pymalloc's arenas
             fit, ttoom, _ = _outgrown_by_rss(ctx, fit, ttoom)
         return _leak_observation(ctx, fit, ttoom, native=native)
+    for metric in candidates:  # a leak cut short by restarts: the previous lifetime's evidence
+        found = carried(ctx, metric)
+        if found is not None:
+            fit, ttoom, evidence = found
+            obs = _leak_observation(ctx, fit, ttoom, native=False)
+            why = evidence.pop("why")
+            return replace(obs, summary=f"{obs.summary}; {why}", evidence=obs.evidence | evidence)
     state: State = "holding" if any(a[1] == "holding" for a in assessed) else "clear"
     risen = [a for a in assessed if a[0].confidence >= ctx.params.confidence_clear]
     if not risen:
@@ -211,7 +234,7 @@ def _leak_observation(ctx: Context, fit: Fit, ttoom: float | None, native: bool)
         "leak",
         "firing",
         summary,
-        severity=severity_for(ttoom, ctx.params.horizon),
+        severity=severity_for(ttoom, ctx.params.horizon, fit.saturation_ruled_out),
         verdict="leak",
         evidence=evidence,
     )

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from agent.detect.model import Finding, Observation, Transition
+from agent.detect.model import Finding, Observation, Transition, Verdict
 from agent.detect.params import DetectParams
 
 EXPLANATION_KEYS = ("suspects", "attribution")  # added by the detection job, not by the detectors
@@ -89,7 +89,7 @@ def _fire(finding: Finding | None, obs: Observation, params: DetectParams, out: 
     finding.updated_at = obs.tick
     finding.summary = obs.summary
     finding.severity = obs.severity
-    finding.verdict = obs.verdict
+    finding.verdict = _verdict(finding, obs, params)
     # the judgement's figures replace the last ones; what names the culprit stays until it is refreshed
     kept = {key: finding.evidence[key] for key in EXPLANATION_KEYS if key in finding.evidence}
     finding.evidence = dict(obs.evidence) | kept
@@ -110,6 +110,27 @@ def _fire(finding: Finding | None, obs: Observation, params: DetectParams, out: 
             )
         )
     return finding
+
+
+def _verdict(finding: Finding, obs: Observation, params: DetectParams) -> Verdict | None:
+    """The verdict after a firing judgement. A shown finding keeps its verdict until another has
+    been judged `open_after` times in a row (as much evidence as opening a finding takes): a
+    judgement without one, or one challenger among the old verdict's judgements, changes nothing,
+    so what remediation reads does not flip with each judgement. A pending finding, or one with no
+    verdict yet, takes the judgement's."""
+    new = obs.verdict
+    if finding.state != "open" or finding.verdict is None:
+        finding.challenger, finding.challenger_streak = None, 0
+        return new
+    if new is None or new == finding.verdict:
+        finding.challenger, finding.challenger_streak = None, 0
+        return finding.verdict
+    finding.challenger_streak = finding.challenger_streak + 1 if finding.challenger == new else 1
+    finding.challenger = new
+    if finding.challenger_streak < params.open_after:
+        return finding.verdict
+    finding.challenger, finding.challenger_streak = None, 0
+    return new
 
 
 def _resolve(finding: Finding, tick: float, reason: str, verdict: str | None) -> Transition:

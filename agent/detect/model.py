@@ -139,6 +139,8 @@ class Finding:
     lifetime_start: float
     fire_streak: int = 0
     clear_streak: int = 0
+    challenger: Verdict | None = None  # a verdict other than `verdict` seen in the last firing judgements
+    challenger_streak: int = 0
     last_tick: float = float("-inf")
 
     def to_dict(self) -> dict[str, Any]:

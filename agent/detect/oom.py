@@ -15,6 +15,7 @@ from agent.detect.context import Context
 from agent.detect.growth import Fit, time_to_limit, traffic_explains
 from agent.detect.model import RSS, Observation, State
 from agent.detect.params import DetectParams
+from agent.detect.saturation import Levelling
 
 CLEAR_MARGIN = 1.5  # resolve only once the projection is beyond 1.5 × horizon
 STEADY = 0.9  # with no daily profile, a fit's first and last thirds grow at this fraction of its slope
@@ -46,6 +47,15 @@ def oom_peak(ctx: Context, fit: Fit) -> float | None:
     return peak
 
 
+def levelled_time(ctx: Context, fit: Fit, curve: Levelling) -> float | None:
+    """Seconds until the peaks reach the limit along a levelling curve: the peaks rise by what the
+    floor's curve still rises (None: it levels off below the limit)."""
+    peak = oom_peak(ctx, fit)
+    if ctx.limit is None or peak is None:
+        return None
+    return curve.time_to(curve.now + ctx.limit - peak)
+
+
 def judge_oom(ctx: Context) -> Observation:
     p = ctx.params
     if ctx.limit is None:
@@ -69,11 +79,18 @@ def judge_oom(ctx: Context) -> Observation:
         ttoom = time_to_limit(ctx.limit, oom_peak(ctx, fit), slope)
         if ttoom is None:
             continue
+        near = t.confidence >= p.confidence_clear and ttoom < p.horizon * CLEAR_MARGIN
+        curve = fit.levelling if near else None  # a levelling curve only projects further
+        if curve is not None:  # growth levelling off: so does its projection
+            ttoom, slope = levelled_time(ctx, fit, curve), curve.rate_now
+            if ttoom is None:
+                continue
         # critical: the raw test at full confidence suffices over twice the time left, or over the
         # time left when the growth accelerates (its curvature is what lowers the corrected test)
         accelerating = t.early_slope <= t.slope and t.decel >= 1.0
         critical = (
             ttoom < p.horizon / 4
+            and fit.saturation_ruled_out
             and fit.confidence >= p.confidence
             and fit.coverage >= (1 if accelerating else 2) * ttoom
         )
@@ -105,5 +122,5 @@ def judge_oom(ctx: Context) -> Observation:
         f"{ctx.prep.instance} RSS peaks {format_bytes(ctx.peak)} projected to reach the limit "
         f"{format_bytes(ctx.limit)} in {format_duration(ttoom)} (+{format_bytes(slope * 3600)}/h)"
     )
-    severity = "critical" if ttoom < p.horizon / 4 else "error"
+    severity = "critical" if ttoom < p.horizon / 4 and fit.saturation_ruled_out else "error"
     return ctx.observation("oom-risk", state, summary, severity=severity, evidence=evidence)

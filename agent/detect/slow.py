@@ -34,13 +34,17 @@ from agent.detect.latency_rules import (
     CANARY,
     MEAN,
     QUANTILE_METRICS,
+    RELATIVE_POINTS,
     LatencyView,
     Rule,
     Slo,
     SlowParams,
     judge_peer,
+    judge_relative,
     judge_slo,
     judge_trend,
+    relative_instants,
+    relative_ratios,
 )
 from agent.detect.model import START_TIME, InstanceSeries, Kind, Observation, Severity, State
 
@@ -80,7 +84,26 @@ INPUT_METRICS = (
 
 def history(params: SlowParams = DEFAULT_SLOW, slos: Mapping[str, Slo | None] | None = None) -> float:
     """Seconds of samples before `now` that `evaluate_slow` needs to judge like a full replay."""
-    windows = [params.peer_window, params.trend_window, *(slo.window for slo in (slos or {}).values() if slo)]
+    windows = [
+        params.peer_window + params.relative_window,
+        params.trend_window,
+        *(slo.window for slo in (slos or {}).values() if slo),
+    ]
+    return max(windows) + params.stale + params.step
+
+
+def judged_reach(params: SlowParams = DEFAULT_SLOW, slos: Mapping[str, Slo | None] | None = None) -> float:
+    """How far back a judgement that is not "unknown" must find a sample: its rules' windows; the
+    relative rule needs its own level at all but `RELATIVE_POINTS * (1 - min_coverage)` of its
+    instants, so the newest of them it cannot do without is that many spacings back."""
+    spare = RELATIVE_POINTS - math.ceil(params.min_coverage * RELATIVE_POINTS - 1e-9)
+    relative = params.peer_window + spare * params.relative_window / (RELATIVE_POINTS - 1)
+    windows = [
+        params.peer_window,
+        params.trend_window,
+        relative,
+        *(s.window for s in (slos or {}).values() if s),
+    ]
     return max(windows) + params.stale + params.step
 
 
@@ -124,7 +147,30 @@ def evaluate_slow(
     known.update(
         {f"remote:{k}": Level(float(v), remote) for k, v in (remote_peers or {}).items() if math.isfinite(v)}
     )
-    return [judge_view(view, levels[view.instance], known, tick, params) for view in views]
+    instants = relative_instants(tick, params)
+    past = [  # each instance's level at each earlier instant, as that judgement saw it
+        {
+            view.instance: Level(level, view.metric)
+            for view in (
+                LatencyView.at(series, at, slos.get(series.instance), at - params.peer_window - params.stale)
+                for series in fleet
+            )
+            if (level := view.level(params.peer_window, at, params)) is not None
+        }
+        for at in instants[:-1]
+    ]
+    local = {name: level for name, level in known.items() if not name.startswith("remote:")}
+    return [
+        judge_view(
+            view,
+            levels[view.instance],
+            known,
+            tick,
+            params,
+            relative_ratios(view.instance, [*past, local], view.lifetime_start, instants, params.peer_min),
+        )
+        for view in views
+    ]
 
 
 class Level(NamedTuple):
@@ -135,19 +181,32 @@ class Level(NamedTuple):
 
 
 def judge_view(
-    view: LatencyView, level: float | None, known: Mapping[str, Level], tick: float, params: SlowParams
+    view: LatencyView,
+    level: float | None,
+    known: Mapping[str, Level],
+    tick: float,
+    params: SlowParams,
+    ratios: Sequence[tuple[float, float]] = (),
 ) -> Observation:
     """One instance's judgement at `tick`: its `level` against the `known` levels of its fleet read
-    from the same series as its own (its own left out), its SLO and its trend."""
+    from the same series as its own (its own left out), its SLO, its trend, and its level over its
+    local peers' at the instants of `relative_instants` (`ratios`, from `relative_ratios`). Where
+    peers can tell, a trend that they share (the fleet's traffic rising) is not this instance being
+    slow: it only holds."""
     peers = {
         name: peer.seconds
         for name, peer in known.items()
         if name != view.instance and peer.metric == view.metric
     }
+    relative = judge_relative(view, ratios, params)
+    trend = judge_trend(view, tick, params)
+    if trend.state == "firing" and relative.state == "clear":
+        trend = Rule("holding", trend.summary + "; its peers rose alike", trend.figures)
     rules = {
         "slo": judge_slo(view, tick, params),
         "peer": judge_peer(view, level, peers, params),
-        "trend": judge_trend(view, tick, params),
+        "trend": trend,
+        "relative": relative,
     }
     return _observation(view, tick, rules, params)
 

@@ -31,14 +31,18 @@ from agent.detect.latency_rules import (
     CANARY,
     MEAN,
     QUANTILE_METRICS,
+    RELATIVE_GROWTH,
+    RELATIVE_POINTS,
     LatencyView,
     Slo,
     SlowParams,
     judged_metrics,
+    relative_instants,
+    relative_ratios,
 )
 from agent.detect.lifecycle import update
 from agent.detect.model import START_TIME, Finding, InstanceSeries, Observation, Points
-from agent.detect.slow import DEFAULT_SLOW, INPUT_METRICS, Level, history, judge_view, tick_for
+from agent.detect.slow import DEFAULT_SLOW, INPUT_METRICS, Level, history, judge_view, judged_reach, tick_for
 from agent.detect.trend import _kernels, normal_cdf
 
 LATENCY_METRICS = frozenset({*QUANTILE_METRICS.values(), MEAN, CANARY})
@@ -141,13 +145,14 @@ class _FleetReplay:
         # a tick where no member has a sample in the history it loads judges them all "unknown"
         seen = seen_from(
             (times for w in self.windows for times in w.times.values()),
-            self.span + params.step,
+            judged_reach(params, slos) + params.step,
             params.step,
             None,
         )
         self.ticks = grid(first, last, params, seen)  # when the samples are loaded …
         self.judged = [tick_for(tick, params) for tick in self.ticks]  # … and the instant judged
         self.tick_array, self.judged_array = array("d", self.ticks), array("d", self.judged)
+        self.index = {round(when / params.step): t for t, when in enumerate(self.judged)}  # by step number
         self._screen_instants = (self.tick_array.tobytes(), self.judged_array.tobytes())
         self.python_levels: dict[tuple[int, int], Level | None] = {}
         screens = [self._screen(w) if screen else None for w in self.windows]
@@ -164,6 +169,8 @@ class _FleetReplay:
             self.candidates = [list(range(len(self.ticks))) for _ in self.windows]
         else:
             for index, extra in self._peer_candidates().items():
+                self.candidates[index] = sorted({*self.candidates[index], *extra})
+            for index, extra in self._relative_candidates().items():
                 self.candidates[index] = sorted({*self.candidates[index], *extra})
 
     def _screen(self, window: _Window) -> tuple[array, list[int], set[int], str, set[int]] | None:
@@ -258,6 +265,46 @@ class _FleetReplay:
                     out.setdefault(i, []).append(t)
         return out
 
+    def _relative_candidates(self) -> dict[int, list[int]]:
+        """Per instance, the ticks where its relative rule might fire: its level over its peers'
+        median (`relative_ratios`) at one of the last five instants at least `1 + RELATIVE_GROWTH`,
+        and that many times its lowest at any instant of the window (the median of three is at
+        most their largest and at least the lowest of all)."""
+        params = self.params
+        count = len(self.ticks)
+        ratios: list[list[float]] = [[math.nan] * count for _ in self.names]
+        for t in range(count):
+            row = [self.peer_level(i, t) for i in range(len(self.names))]
+            by_metric: dict[str | None, list[float]] = {}
+            for found in row:
+                if found is not None:
+                    by_metric.setdefault(found.metric, []).append(found.seconds)
+            for known in by_metric.values():
+                known.sort()
+            for i, found in enumerate(row):
+                if found is None or len(known := by_metric[found.metric]) - 1 < params.peer_min:
+                    continue
+                centre = _median_without(known, bisect_left(known, found.seconds))
+                ratio = found.seconds / centre if centre > 0 else math.nan
+                if 0 < ratio < math.inf:
+                    ratios[i][t] = ratio
+        index = self.index
+        back = params.relative_window / (RELATIVE_POINTS - 1)
+        bar = 1 + RELATIVE_GROWTH - 1e-9
+        out: dict[int, list[int]] = {}
+        for t, when in enumerate(self.judged):
+            at = [
+                index.get(round((when - back * k) / params.step)) for k in range(RELATIVE_POINTS)
+            ]  # newest first
+            for i, row in enumerate(ratios):
+                values = [row[k] for k in at if k is not None and not math.isnan(row[k])]
+                if not values:
+                    continue
+                recent = max(values[:5]) if len(values) >= 5 else max(values)
+                if recent >= bar and recent >= bar * min(values):
+                    out.setdefault(i, []).append(t)
+        return out
+
     def level(self, i: int, t: int) -> float | None:
         """Instance `i`'s peer level at tick `t`, as `evaluate_slow` computes it."""
         found = self.peer_level(i, t)
@@ -289,7 +336,21 @@ class _FleetReplay:
             found = self.peer_level(j, t)
             if found is not None:
                 known[name] = found
-        return judge_view(view, self.level(i, t), known, self.judged[t], self.params)
+        instants = relative_instants(self.judged[t], self.params)
+        past = []
+        for at in instants:
+            k = self.index.get(round(at / self.params.step))
+            past.append(
+                {}
+                if k is None
+                else {
+                    name: found
+                    for j, name in enumerate(self.names)
+                    if (found := self.peer_level(j, k)) is not None
+                }
+            )
+        ratios = relative_ratios(view.instance, past, view.lifetime_start, instants, self.params.peer_min)
+        return judge_view(view, self.level(i, t), known, self.judged[t], self.params, ratios)
 
     def findings(self) -> list[tuple[Finding, Finding | None]]:
         """Each finding that opened (as it ended or stands at the last tick), with the finding as
@@ -318,6 +379,17 @@ class _FleetReplay:
                     opened[finding.id] = finding
             out.extend((finding, at_open.get(finding.id)) for finding in opened.values())
         return out
+
+
+def _median_without(ordered: list[float], skip: int) -> float:
+    """The median of the sorted `ordered` without its element at `skip`."""
+    n = len(ordered) - 1
+
+    def at(k: int) -> float:
+        return ordered[k] if k < skip else ordered[k + 1]
+
+    mid = n // 2
+    return at(mid) if n % 2 else 0.5 * (at(mid - 1) + at(mid))
 
 
 def _z_for(confidence: float) -> float:

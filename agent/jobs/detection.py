@@ -369,5 +369,5 @@ def _dump(finding: Finding) -> str:
 
 def _public(data: dict[str, Any]) -> dict[str, Any]:
     """A finding as the API shows it: without the lifecycle's bookkeeping."""
-    hidden = {"fire_streak", "clear_streak", "last_tick"}
+    hidden = {"fire_streak", "clear_streak", "last_tick", "challenger", "challenger_streak"}
     return {k: v for k, v in data.items() if k not in hidden}
