@@ -20,6 +20,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from agent.core.patterns import compile_pattern
 from agent.core.types import (
     DAY,
     HOUR,
@@ -196,10 +197,7 @@ class PrometheusBlockerSection(Strict):
     @classmethod
     def _regexes(cls, value: list[str]) -> list[str]:
         for pattern in value:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+            compile_pattern(pattern)  # PatternError (a ValueError) says what RE2 cannot take
         return value
 
 
