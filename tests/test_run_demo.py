@@ -1,5 +1,6 @@
 """`medic run` with no config (what `make run` starts): within two minutes a real leak finding with a
-time to OOM and a planned restart, and a banner that says the windows are compressed."""
+time to OOM, its suspect (the line of the workload that fills the cache) and a planned restart, and a
+banner that says the windows are compressed."""
 
 from __future__ import annotations
 
@@ -11,7 +12,21 @@ import time
 import httpx
 import pytest
 
+from agent.demo import workload
 from support.procs import PYTHON, REPO, wait_until
+
+
+def leaking_line() -> str:
+    """`path:line` of the workload's line that fills its response cache."""
+    path = workload.__file__
+    with open(path) as source:
+        number = next(
+            i
+            for i, line in enumerate(source, 1)
+            if line.rstrip().endswith("# leaks: a response cache that nothing reads back or evicts")
+        )
+    return f"{path}:{number}"
+
 
 pytestmark = pytest.mark.slow
 
@@ -40,6 +55,14 @@ def test_the_built_in_demo_shows_a_leak_and_a_planned_restart_within_two_minutes
 
         finding = wait_until(leak, 120, interval=1.0)
         assert finding["evidence"]["time_to_oom_seconds"] > 0
+
+        def named() -> dict | None:  # the allocation sites, traced once the finding opened
+            found = leak() or {}
+            suspects = (found.get("evidence") or {}).get("suspects") or []
+            return found if suspects and suspects[0]["name"] == leaking_line() else None
+
+        named_at = wait_until(named, max(5.0, 120 - (time.monotonic() - started)), interval=1.0)
+        assert named_at["evidence"]["suspects"][0]["kind"] == "site"
         assert not [
             f
             for f in httpx.get(f"{url}/api/v1/findings", timeout=5).json()["findings"]

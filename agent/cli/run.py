@@ -109,7 +109,11 @@ DEMO_DETECT = {
     "time_scale": DEMO_TIME_SCALE,
     "memory": {"window": "3h", "long_window": "6h", "season": "36m"},
 }
-DEMO_AGENT = {"interval": "1s", "flush_interval": "1s", "discovery_interval": "2s"}
+# slow probes (the type histograms and allocation sites that name the suspects) every 2 s
+DEMO_AGENT = {"interval": "1s", "slow_interval": "2s", "flush_interval": "1s", "discovery_interval": "2s"}
+# the workloads run medic's in-process hook: a type histogram every 2 s, and allocation sites every 2 s
+# once the leak's finding opens, so that the finding names what grows (`bytes`, and the line)
+DEMO_HISTOGRAMS = {"python": {"interval": "2s", "sites": {"interval": "2s", "frames": 2}}}
 # the planner on the same short axis (dry-run: it plans and records, restarts nothing)
 DEMO_REMEDIATION = {
     "interval": "2s",
@@ -121,19 +125,21 @@ DEMO_REMEDIATION = {
 
 def demo_instances() -> list[dict]:
     py = sys.executable
-    leak = [py, "-m", "agent.demo.workload", "leak", "--rate", DEMO_LEAK_RATE, "--cap", "192Mi"]
+    leak = [py, "-m", "agent.demo.workload", "leak", "--rate", DEMO_LEAK_RATE, "--cap", "192Mi", "--hook"]
     return [
         {
             "name": "demo-leaky",
             "labels": {"fleet": "demo"},
             "match": {"command": leak},
             "memory_limit": DEMO_LIMIT,
+            "histograms": DEMO_HISTOGRAMS,
         },
         {
             "name": "demo-stable",
             "labels": {"fleet": "demo"},
-            "match": {"command": [py, "-m", "agent.demo.workload", "stable", "--size", "48Mi"]},
+            "match": {"command": [py, "-m", "agent.demo.workload", "stable", "--size", "48Mi", "--hook"]},
             "memory_limit": DEMO_LIMIT,
+            "histograms": DEMO_HISTOGRAMS,
         },
     ]
 
@@ -185,8 +191,8 @@ def demo_banner(listen: str) -> str:
         f"{DEMO_LIMIT} memory limit.\n"
         f"  DEMO TIME: detection windows are compressed {DEMO_TIME_SCALE}x (detect.time_scale: a 3 h "
         "trend window takes 30 s), so a leak\n"
-        "  finding with its time to OOM and a planned restart (dry-run) appear within 2 minutes; "
-        "a real config keeps production windows.\n"
+        "  finding with its time to OOM, its suspect (what grows, and the line that allocates it) and a\n"
+        "  planned restart (dry-run) appear within 2 minutes; a real config keeps production windows.\n"
         f"  Dashboard: http://{listen}/   API and /metrics on the same address; "
         "in another shell: `medic leaks`, `medic plan`. Ctrl-C stops."
     )
