@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from support.procs import PYTHON, REPO, wait_until
 
-pytest.importorskip("onnxruntime", reason="pip install 'sidecar-medic[demo]'")
-pytest.importorskip("onnx", reason="pip install 'sidecar-medic[demo]'")
+pytest.importorskip("onnxruntime", reason="pip install -e '.[demo]'")
+pytest.importorskip("onnx", reason="pip install -e '.[demo]'")
 
 from agent.config.loader import validate_config
 from agent.core.errors import MedicError, UsageError
