@@ -53,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_config(args: argparse.Namespace) -> tuple[object, str | None, bool]:
     """The validated config from file + flags; returns (config, main instance name, is_demo)."""
     from agent.config.loader import load_config, validate_config
+    from agent.core.errors import UsageError
+    from agent.watch.discovery import by_pid
 
     data: dict = {}
     if args.config:
@@ -66,6 +68,11 @@ def build_config(args: argparse.Namespace) -> tuple[object, str | None, bool]:
     instances = data.setdefault("instances", [])
     extra: dict = {"memory_limit": args.memory_limit} if args.memory_limit else {}
     for pid in args.pid:
+        if by_pid(pid) is None:  # a pid names one process: none now means none ever (pids are reused)
+            raise UsageError(
+                f"--pid {pid}: no process {pid} is running; give the pid of a running process "
+                "(`pgrep -f NAME`), or --match REGEX to wait for one"
+            )
         instances.append({"name": f"pid-{pid}", "match": {"pid": pid}, **extra})
     for index, item in enumerate(args.match):
         name, sep, regex = item.partition("=")
