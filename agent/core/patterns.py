@@ -33,7 +33,7 @@ class PatternError(ValueError):
 def compile_pattern(text: str) -> Pattern:
     """`text` compiled by RE2; `PatternError` says what is wrong and how to write it."""
     try:
-        import re2
+        import re2  # type: ignore[import-untyped]  # google-re2 ships no type information
     except ImportError:  # a declared dependency: only a broken install lacks it
         raise PatternError(
             "the google-re2 package is not installed (pip install 'google-re2'); medic matches "
@@ -43,9 +43,10 @@ def compile_pattern(text: str) -> Pattern:
     options.log_errors = False  # the error comes back as an exception, not as a line on stderr
     options.max_mem = MAX_PATTERN_MEMORY
     try:
-        return re2.compile(text, options)
+        compiled: Pattern = re2.compile(text, options)
     except re2.error as exc:
         reason = exc.args[0] if exc.args else str(exc)
         if isinstance(reason, bytes):
             reason = reason.decode("utf-8", "replace")
         raise PatternError(f"invalid regular expression {text!r}: {reason}; {HOWTO}") from None
+    return compiled
