@@ -289,8 +289,31 @@ class Agent:
         now = time.time()
         self.tracker.launch_managed(now)
         self.tracker.reconcile(now, scan=True)
+        self._say_what_is_not_found()
         self.collector.run("fast", now)
         self.collector.run("slow", now)
+
+    def _say_what_is_not_found(self) -> None:
+        """One line per instance with no process at start: waiting is what medic does then, but
+        silently it looks like a hang."""
+        for state in list(self.tracker.states.values()):
+            if state.status != "waiting":
+                continue
+            match = state.spec.match
+            how = next(
+                (
+                    f"{key} {getattr(match, key)}"
+                    for key in ("pid", "pidfile", "cmdline")
+                    if getattr(match, key)
+                ),
+                "its matcher",
+            )
+            log.warning(
+                "%s: no process found by %s (%s); medic keeps looking (`medic status` shows it once found)",
+                state.name,
+                how,
+                state.status_reason,
+            )
 
     def _schedule(self) -> AsyncIOScheduler:
         cfg = self.config.agent

@@ -20,6 +20,7 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from agent.core.patterns import compile_pattern
 from agent.core.timescale import EVIDENCE_SAMPLES, RECHECK_SAMPLES, TimeScale
 from agent.core.types import (
     DAY,
@@ -198,10 +199,7 @@ class PrometheusBlockerSection(Strict):
     @classmethod
     def _regexes(cls, value: list[str]) -> list[str]:
         for pattern in value:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+            compile_pattern(pattern)  # PatternError (a ValueError) says what RE2 cannot take
         return value
 
 

@@ -16,7 +16,7 @@ All of it survives an agent restart; the budget itself lives in the coordinator.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from agent.core.ports import TableStore
@@ -409,8 +409,11 @@ class Ledger:
         return [r[0] for r in rows]
 
     # ----------------------------------------------------------------------------- pause
-    def set_pause(self, reason: str, until: float, by: str | None, now: float) -> dict[str, Any]:
-        value = {"reason": reason, "until": until, "by": by, "since": now}
+    def set_pause(
+        self, reason: str, until: float, by: str | None, now: float, anchor: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Store the pause; `anchor`: its end on the boot clock (`remediation.deadlines`)."""
+        value = {"reason": reason, "until": until, "by": by, "since": now, **(anchor or {})}
         with self.store.transaction() as db:
             db.execute("INSERT OR REPLACE INTO remediation_control VALUES ('pause', ?)", (json.dumps(value),))
         return value

@@ -3,6 +3,7 @@ and attribution are refreshed on every memory judgement of an open leak, not onl
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 from agent.config.model import InstanceSpec
@@ -49,6 +50,26 @@ def test_an_event_says_the_summary_once(tmp_path):
         f"leak opened: {opened.summary}",
         f"leak updated: {opened.summary} (severity error -> critical, verdict leak -> leak)",
     ]
+
+
+def test_a_finding_is_a_warning_in_the_agent_log_and_the_agent_s_own_failures_are_errors(tmp_path, caplog):
+    """The severity ranks a finding for people; the log level says how the agent fares."""
+    detection = job(tmp_path)
+    opened = replace(finding(), severity="critical")
+    with caplog.at_level(logging.DEBUG, logger="medic.events"):
+        detection._record(Transition("opened", opened, T0, opened.summary))
+        detection._record(Transition("resolved", opened, T0 + 60, "no longer grows"))
+        detection.events.emit("remediation_escalated", "needs a person", instance="svc", severity="critical")
+        detection.events.emit("reconcile_error", "cannot update: boom", instance="svc", severity="error")
+    levels = {r.getMessage().split(":")[0].removeprefix("[svc] "): r.levelname for r in caplog.records}
+    assert levels == {
+        "finding_opened": "WARNING",
+        "finding_resolved": "INFO",
+        "remediation_escalated": "WARNING",
+        "reconcile_error": "ERROR",
+    }
+    stored = detection.store.events(kinds=["finding_opened"])
+    assert stored[0].severity == "critical", "the event keeps its severity for alerts"
 
 
 def test_an_open_leak_gets_fresh_suspects_at_each_judgement(tmp_path):

@@ -734,5 +734,25 @@ def test_the_constraints_pin_every_dependency_within_its_bounds_and_are_used() -
             assert requirement.specifier.contains(pins[name]), f"{name}=={pins[name]} outside {requirement}"
     makefile = (REPO / "Makefile").read_text()
     assert "pip install -q -c constraints.txt -e '.[test,lint]'" in makefile
+    assert "$(RUN_BIN)/pip install -q -c constraints.txt -e .\n" in makefile
     assert "PIP_CONSTRAINT=/src/constraints.txt" in (REPO / "Dockerfile").read_text()
     assert ("constraints.txt", "./") in copy_sources()
+
+
+def test_make_run_installs_the_agent_alone_in_a_venv_of_its_own(tmp_path: Path) -> None:
+    """`make run` needs medic's runtime dependencies only (about 55 MiB with pip), not the test and
+    lint tools of `make test` (about 470 MiB); `make demo` adds only the demo extra to it."""
+    done = subprocess.run(
+        ["make", "-n", "run", "demo", f"RUN_VENV={tmp_path}/run"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    installs = [line for line in done.stdout.splitlines() if "pip install" in line]
+    assert installs == [
+        f"{tmp_path}/run/bin/pip install -q -c constraints.txt -e .",
+        f"{tmp_path}/run/bin/pip install -q -c constraints.txt -e '.[demo]'",
+    ], done.stdout
+    assert f"{tmp_path}/run/bin/medic run" in done.stdout and f"{tmp_path}/run/bin/medic demo" in done.stdout

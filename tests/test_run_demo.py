@@ -1,6 +1,7 @@
 """`medic run` with no config (what `make run` starts): within two minutes a slow finding on the slow
-one of four real workloads and a leak finding with a time to OOM; in enforce mode, the leak restarted
-before it reaches its limit; a banner that says time is compressed."""
+one of four real workloads, and a leak finding with a time to OOM and its suspect (the line of the
+workload that fills the cache); in enforce mode, the leak restarted before it reaches its limit; a
+banner that says time is compressed."""
 
 from __future__ import annotations
 
@@ -16,7 +17,21 @@ from agent.cli.run import DEMO_AGENT, DEMO_DETECT, DEMO_LIMIT, DEMO_REMEDIATION,
 from agent.config.loader import validate_config
 from agent.config.timescale import time_axis
 from agent.core.units import parse_size
+from agent.demo import workload
 from support.procs import PYTHON, REPO, wait_until
+
+
+def leaking_line() -> str:
+    """`path:line` of the workload's line that fills its response cache."""
+    path = workload.__file__
+    with open(path) as source:
+        number = next(
+            i
+            for i, line in enumerate(source, 1)
+            if line.rstrip().endswith("# leaks: a response cache that nothing reads back or evicts")
+        )
+    return f"{path}:{number}"
+
 
 pytestmark = pytest.mark.slow
 
@@ -64,6 +79,13 @@ def test_the_built_in_demo_finds_the_slow_one_and_the_leak_and_restarts_the_leak
         def finding(instance: str, kind: str) -> dict | None:
             return next((f for f in opened() if f["instance"] == instance and f["kind"] == kind), None)
 
+        def named() -> dict | None:  # the allocation sites, traced once the finding opened
+            for found in httpx.get(f"{url}/api/v1/findings", timeout=5).json()["findings"]:
+                suspects = (found.get("evidence") or {}).get("suspects") or []
+                if found["instance"] == "demo-leaky" and suspects and suspects[0]["name"] == leaking_line():
+                    return found
+            return None
+
         # the leak detector or the OOM projection, whichever speaks first: both say it runs out
         leak = wait_until(
             lambda: finding("demo-leaky", "leak") or finding("demo-leaky", "oom-risk"), 120, 1.0
@@ -73,6 +95,8 @@ def test_the_built_in_demo_finds_the_slow_one_and_the_leak_and_restarts_the_leak
             lambda: finding("demo-slow", "slow"), max(5.0, 120 - (time.monotonic() - started)), 1.0
         )
         assert "peer" in slow["evidence"]["fired"], slow["summary"]
+        suspect = wait_until(named, max(5.0, 120 - (time.monotonic() - started)), 1.0)
+        assert suspect["evidence"]["suspects"][0]["kind"] == "site"
 
         def restarted() -> dict | None:
             events = httpx.get(

@@ -8,6 +8,7 @@ import getpass
 import json
 
 from agent.cli.client import admin_token, agent_url, post_json
+from agent.cli.options import free_text
 from agent.core.text import echo, printable
 
 HELP = "request a restart of an instance (goes through the budget; --force with a reason to skip it)"
@@ -15,7 +16,9 @@ HELP = "request a restart of an instance (goes through the budget; --force with 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="the instance")
-    parser.add_argument("--reason", required=True, help="why: recorded in the ledger and the event log")
+    parser.add_argument(
+        "--reason", required=True, type=free_text, help="why: recorded in the ledger and the event log"
+    )
     parser.add_argument("--force", action="store_true", help="skip the budget and blockers (logged)")
 
 

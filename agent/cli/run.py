@@ -55,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_config(args: argparse.Namespace) -> tuple[object, str | None, bool]:
     """The validated config from file + flags; returns (config, main instance name, is_demo)."""
     from agent.config.loader import load_config, validate_config
+    from agent.core.errors import UsageError
+    from agent.watch.discovery import by_pid
 
     data: dict = {}
     if args.config:
@@ -68,6 +70,11 @@ def build_config(args: argparse.Namespace) -> tuple[object, str | None, bool]:
     instances = data.setdefault("instances", [])
     extra: dict = {"memory_limit": args.memory_limit} if args.memory_limit else {}
     for pid in args.pid:
+        if by_pid(pid) is None:  # a pid names one process: none now means none ever (pids are reused)
+            raise UsageError(
+                f"--pid {pid}: no process {pid} is running; give the pid of a running process "
+                "(`pgrep -f NAME`), or --match REGEX to wait for one"
+            )
         instances.append({"name": f"pid-{pid}", "match": {"pid": pid}, **extra})
     for index, item in enumerate(args.match):
         name, sep, regex = item.partition("=")
@@ -110,6 +117,7 @@ DEMO_TIME_SCALE = 360
 DEMO_AGENT = {
     "interval": "1s",
     "time_scale": DEMO_TIME_SCALE,
+    "slow_interval": "2s",  # the type histograms and allocation sites that name the suspects
     "flush_interval": "1s",
     "discovery_interval": "2s",
 }
@@ -121,6 +129,9 @@ DEMO_DETECT = {
     "memory": {"window": "3h", "long_window": "6h", "season": "36m"},
     "slow": {"peer_floor": "20ms"},
 }
+# the workloads run medic's in-process hook: a type histogram every 2 s, and allocation sites every 2 s
+# once the leak's finding opens, so that the finding names what grows (`bytes`, and the line)
+DEMO_HISTOGRAMS = {"python": {"interval": "2s", "sites": {"interval": "2s", "frames": 2}}}
 DEMO_REMEDIATION = {"mode": "enforce", "interval": "1s"}  # production's budget, plan and ladder, compressed
 
 
@@ -131,14 +142,16 @@ def demo_instances() -> list[dict]:
 
     py = sys.executable
     serving = {"labels": {"fleet": "demo"}, "memory_limit": DEMO_LIMIT}
+    # the memory workloads run medic's in-process hook, so that the leak's finding names what grows
+    hooked = {"histograms": DEMO_HISTOGRAMS}
     workloads = {
-        "demo-leaky": ["leak", "--rate", DEMO_LEAK_RATE, "--cap", "192Mi"],
-        "demo-stable": ["stable", "--size", "48Mi"],
-        "demo-fast": ["stable", "--size", "16Mi"],
-        "demo-slow": ["stable", "--size", "16Mi", "--delay", DEMO_SLOW_DELAY],
+        "demo-leaky": (["leak", "--rate", DEMO_LEAK_RATE, "--cap", "192Mi", "--hook"], hooked),
+        "demo-stable": (["stable", "--size", "48Mi", "--hook"], hooked),
+        "demo-fast": (["stable", "--size", "16Mi"], {}),
+        "demo-slow": (["stable", "--size", "16Mi", "--delay", DEMO_SLOW_DELAY], {}),
     }
     instances = []
-    for (name, args), port in zip(workloads.items(), free_ports(len(workloads)), strict=True):
+    for (name, (args, extra)), port in zip(workloads.items(), free_ports(len(workloads)), strict=True):
         canary = {"url": f"http://127.0.0.1:{port}/", "interval": "1s", "timeout": "2s"}
         instances.append(
             {
@@ -146,6 +159,7 @@ def demo_instances() -> list[dict]:
                 "match": {"command": [py, "-m", "agent.demo.workload", *args, "--port", str(port)]},
                 "latency": {"canary": canary},
                 **serving,
+                **extra,
             }
         )
     return instances
@@ -198,9 +212,10 @@ def demo_banner(listen: str) -> str:
         f"{DEMO_SLOW_DELAY} slower than its three peers.\n"
         f"  DEMO TIME: compressed {DEMO_TIME_SCALE}x (agent.time_scale: a 3 h trend window takes 30 s, a 1 h "
         "safety margin 10 s), so a slow and a leak\n"
-        "  finding appear within 2 minutes, and medic restarts demo-leaky before its limit (enforce mode: "
-        "it acts only on the demo's\n"
-        "  own workloads); a real config keeps production windows.\n"
+        "  finding (with its suspect: what grows, and the line that allocates it) appear within 2 minutes, "
+        "and medic restarts\n"
+        "  demo-leaky before its limit (enforce mode: it acts only on the demo's own workloads); a real "
+        "config keeps production windows.\n"
         f"  Dashboard: http://{listen}/   API and /metrics on the same address; "
         "in another shell: `medic status`, `medic leaks`, `medic plan`, `medic actions`. Ctrl-C stops."
     )

@@ -19,6 +19,7 @@ from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, field_v
 from agent.config.detect import DetectSection, Number
 from agent.config.history import HistorySection
 from agent.config.timescale import problems as time_problems
+from agent.core.patterns import compile_pattern
 from agent.core.types import DAY, HOUR, Duration, Interval, Strict, within
 from agent.core.units import parse_size
 from agent.notify.config import HttpUrl as BaseUrl
@@ -141,10 +142,7 @@ class MatchSpec(Strict):
     @classmethod
     def _regex(cls, value: str | None) -> str | None:
         if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"invalid regular expression {value!r}: {exc}") from None
+            compile_pattern(value)  # PatternError (a ValueError) says what RE2 cannot take
         return value
 
     @model_validator(mode="after")

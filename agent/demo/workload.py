@@ -1,14 +1,17 @@
 """Small real workloads for the built-in demo and the tests: a process that leaks at a known rate,
 one that stays flat, one with a GC-like sawtooth.
 
-    python -m agent.demo.workload leak --rate 1Mi --every 0.1 --cap 256Mi
-    python -m agent.demo.workload stable --size 32Mi --port 8601 --delay 150ms
+    python -m agent.demo.workload leak --rate 1Mi --every 0.1 --cap 256Mi [--hook]
+    python -m agent.demo.workload stable --size 32Mi --port 8601 --delay 150ms [--hook]
     python -m agent.demo.workload sawtooth --size 32Mi --peak 96Mi --period 5
 
 Each prints `ready <pid>` on stdout once its initial memory is in place, then keeps going until
-SIGTERM/SIGINT. Memory is touched page by page so it counts in RSS. The leak stops growing at
-`--cap` so that a forgotten demo cannot take the host down. With `--port`, it also answers HTTP on
-127.0.0.1:PORT (`GET /`: 200 after `--delay`), for a latency canary to time.
+SIGTERM/SIGINT. Memory is written byte by byte or page by page so it counts in RSS. The leak is a
+response cache that nothing reads back or evicts (`RESPONSES`, one `bytes` per request): it stops
+growing at `--cap` so that a forgotten demo cannot take the host down. With `--port`, it also answers
+HTTP on 127.0.0.1:PORT (`GET /`: 200 after `--delay`), for a latency canary to time. With `--hook` the
+workload starts medic's in-process hook (`medic_hook`, socket `auto`), so that medic's type histograms
+and allocation sites name what grows: `bytes` in the cache, and the line that fills it.
 """
 
 from __future__ import annotations
@@ -38,14 +41,22 @@ def _stop(signum: int, frame: object) -> None:
     sys.exit(0)
 
 
+RESPONSES: dict[str, bytes] = {}  # the leak: every response kept, never read back nor evicted
+
+
+def remember(key: str, size: int) -> None:
+    RESPONSES[key] = b"r" * size  # leaks: a response cache that nothing reads back or evicts
+
+
 def run_leak(rate: int, every: float, cap: int, base: int) -> None:
-    kept = [_touched(base)] if base else []
+    kept = _touched(base) if base else None  # noqa: F841 - held on purpose
     announce()
-    held = 0
+    held = serial = 0
     chunk = max(_PAGE, int(rate * every))
     while True:
         if held + chunk <= cap:
-            kept.append(_touched(chunk))
+            serial += 1
+            remember(f"request-{serial}", chunk)
             held += chunk
         time.sleep(every)
 
@@ -95,6 +106,13 @@ def serve(port: int, delay: float) -> None:
     threading.Thread(target=server.serve_forever, name="serve", daemon=True).start()
 
 
+def start_hook() -> None:
+    """medic's in-process hook, as a Python service would start it (docs/allocators.md)."""
+    import medic_hook
+
+    medic_hook.start()  # MEDIC_HOOK_SOCKET, else `auto`: where medic looks for it
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m agent.demo.workload", description=__doc__.split("\n")[0])
     http = argparse.ArgumentParser(add_help=False)
@@ -111,6 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     saw = sub.add_parser(
         "sawtooth", parents=[http], help="hold --size, grow garbage to --peak, drop it, repeat"
     )
+    for mode in (leak, stable):
+        mode.add_argument("--hook", action="store_true", help="start medic's in-process hook")
     saw.add_argument("--size", default="32Mi")
     saw.add_argument("--peak", default="96Mi")
     saw.add_argument("--period", default="5s")
@@ -119,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, _stop)
     if args.port is not None:
         serve(args.port, parse_duration(args.delay))
+    if getattr(args, "hook", False):
+        start_hook()
     if args.mode == "leak":
         run_leak(
             parse_size(args.rate), parse_duration(args.every), parse_size(args.cap), parse_size(args.base)
