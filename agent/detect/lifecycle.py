@@ -6,7 +6,8 @@ fleet confirms it: several instances of its rollout firing at once are a stronge
 than one series firing twice), and
 resolves after `resolve_after` clear judgements in a row; `holding` judgements (between the two
 confidence thresholds) change nothing, so a finding near the threshold does not flap. A new
-process lifetime resolves the findings of the old one: the restart was the remedy.
+process lifetime resolves the findings of the old one: the restart was the remedy (the agent does
+so as soon as it sees the new process, `restarted`, rather than at the next judgement).
 
 Streaks count distinct judgement ticks, not calls: the agent may call `update` as often as it
 likes (a repeated tick is ignored), and a replay that calls it once per tick gets the same
@@ -15,7 +16,7 @@ findings at the same times.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from agent.detect.model import Finding, Observation, Transition
@@ -63,6 +64,35 @@ def update(
                 del active[key]
                 transitions.append(_resolve(finding, obs.tick, obs.summary, obs.verdict))
     return list(active.values()), transitions
+
+
+RESTART_TOLERANCE = 1.0  # a process that started this long after a finding's lifetime is another one
+MEMORY_KINDS = ("leak", "oom-risk", "fragmentation")
+
+
+def earlier_process(instance: str, lifetime_start: float, starts: Mapping[str, float]) -> bool:
+    """Whether a lifetime of `instance` began before the process it runs now (`starts`) started:
+    a judgement or a finding about it speaks of a process that is gone."""
+    start = starts.get(instance)
+    return start is not None and start > lifetime_start + RESTART_TOLERANCE
+
+
+def restarted(
+    findings: Iterable[Finding], starts: Mapping[str, float], now: float
+) -> tuple[list[Finding], list[Transition]]:
+    """Memory findings about a process the instance no longer runs (`starts`: the process each
+    instance runs now), resolved at once with the verdict the next judgement would give ("the process
+    restarted"), without waiting for it: until the new process is measured its time to OOM is
+    unknown, and no view may go on showing the old one's. Returns (the findings kept, transitions)."""
+    kept: list[Finding] = []
+    transitions: list[Transition] = []
+    for finding in findings:
+        if finding.kind in MEMORY_KINDS and earlier_process(finding.instance, finding.lifetime_start, starts):
+            if finding.state == "open":
+                transitions.append(_resolve(replace(finding), now, "the process restarted", None))
+            continue
+        kept.append(finding)
+    return kept, transitions
 
 
 def _fire(finding: Finding | None, obs: Observation, params: DetectParams, out: list[Transition]) -> Finding:

@@ -62,6 +62,9 @@ class InstanceSeries:
     started_at: float | None = None
     prior: WorkloadProfile | None = None
     """What the instance's workload is known to do (`agent.detect.priors`), for a new process."""
+    limit_source: str | None = None
+    """Where the limit comes from: `config` (medic's config only: the kernel does not enforce it),
+    `cgroup`, `host`; None when unknown (a recorded series, `medic analyze --limit`)."""
 
     def first_ts(self) -> float | None:
         starts = [points[0][0] for points in self.series.values() if points]
