@@ -53,8 +53,8 @@ def decision(would: WouldRestart, request: RemediationRequest, view: InstanceVie
     return Decision.allow(
         "act",
         f"dry-run: would have restarted {view.name} at {at(would.at)} (action {would.action_id}); nothing "
-        f"was restarted, so pid {view.pid} runs on: {request.kind} {still}; what enforce would do after "
-        "that restart (the new process's own findings) is not modelled",
+        f"was restarted, so pid {view.pid} runs on: {request.kind} {still} ({request.reason}); what "
+        "enforce would do after that restart (the new process's own findings) is not modelled",
         code="dry-run",
         action_id=would.action_id,
         would_restart_at=would.at,
@@ -74,7 +74,7 @@ def entry(
     deadline = intent.deadline
     latest = latest_start(deadline, settings) if deadline is not None else None
     late = deadline is not None and would.at > on_time_until(deadline, settings)
-    against = f"OOM projected {at(deadline)}" if deadline is not None else "no deadline"
+    against = f"OOM projected {at(deadline)}" if deadline is not None else f"{request.kind}: {request.reason}"
     return PlanEntry(
         instance=view.name,
         fleet=view.fleet,

@@ -306,6 +306,7 @@ class Engine:
         with self._lock:
             try:
                 report = self._step(now, requests, {v.name: v for v in instances})
+                self.last = report  # whole: `snapshot` never shows a step half made
                 self._store_error = None
             except DB_ERRORS as exc:  # disk full: a step that cannot record starts nothing more
                 if str(exc) != self._store_error:
@@ -323,7 +324,6 @@ class Engine:
     ) -> StepReport:
         self._reap()
         report = StepReport(now=now, mode=self.mode, plan=Plan(computed_at=now))
-        self.last = report
         if self.mode == "off":
             return report
         for view in views.values():

@@ -295,7 +295,7 @@ class Ledger:
         A new case of the same kind (leak and oom-risk count as one) as a restart that ended less
         than `inherit_window` ago inherits that restart, its deadline and its finding: the finding
         came back on the new process, and the ladder decides whether that means the restart did
-        not help (`policy.decide`).
+        not help (`policy.decide`). A person's request inherits none: it is a new ask.
         """
         existing = self.case(request.instance, request.finding_id)
         kinds = related_kinds(request.kind)

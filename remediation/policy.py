@@ -63,7 +63,10 @@ class CaseHistory:
 
 
 def related_kinds(kind: str) -> tuple[str, ...]:
-    """The kinds whose restart a new finding of `kind` inherits (a leak restart also answers an OOM risk)."""
+    """The kinds whose restart a new finding of `kind` inherits (a leak restart also answers an OOM
+    risk); none for a person's request: a new ask, never "the last restart did not help"."""
+    if kind == "manual":
+        return ()
     return OOM_KINDS if kind in OOM_KINDS else (kind,)
 
 

@@ -126,7 +126,7 @@ class Restarts:
             if entry.hopeless:
                 return Decision.block("plan", "cannot-save", entry.reason, slot_at=entry.slot_at)
             if entry.slot_at > now:
-                return Decision.block("plan", "scheduled", entry.reason, entry.slot_at, slot_at=entry.slot_at)
+                return _waiting(entry)
             for blocker in self.blockers:
                 decision = blocker.check(ctx)
                 if not decision.ok:
@@ -320,3 +320,12 @@ class Restarts:
         deadline = None if timeout is None else time.monotonic() + timeout
         for execution in list(self.executions.values()):
             execution.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+
+def _waiting(entry: PlanEntry) -> Decision:
+    """A slot still ahead: `scheduled`, or held by the budget limit or the window that moved it
+    (`cooldown`, `min-interval`, ...), so that a person's request says what holds it."""
+    if entry.held_by is None:
+        return Decision.block("plan", "scheduled", entry.reason, entry.slot_at, slot_at=entry.slot_at)
+    stage = "window" if entry.held_by == "window" else "budget"
+    return Decision.block(stage, entry.held_by, entry.reason, entry.slot_at, slot_at=entry.slot_at)

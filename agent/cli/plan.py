@@ -121,7 +121,8 @@ def _request(request: dict, now: float) -> str:
     detail = printable(request.get("detail") or "waiting for the next remediation step")
     return (
         f"request: {printable(request.get('instance'))}: {printable(request.get('kind'))} restart asked by "
-        f"{by} {_when(request.get('requested_at'), now)} (action {printable(request.get('action_id'))}): {detail}"
+        f"{by} {_when(request.get('requested_at'), now)} ({printable(request.get('reason'))}; action "
+        f"{printable(request.get('action_id'))}): {detail}"
     )
 
 
@@ -135,15 +136,13 @@ def _held(decision: dict, now: float) -> str:
 
 
 def _row(entry: dict, decision: dict | None, now: float) -> list[str]:
-    """One planned restart; a slot that is due but held (a blocker, the pause, the lock) says so, and
-    so does a request without deadline that the budget holds (`held: cooldown`), and dry-run's
-    would-be restart (nothing was restarted)."""
+    """One planned restart; a slot held (a blocker, the pause, the lock, or the budget limit that
+    moved it: `held: cooldown`) says so, and so does dry-run's would-be restart (nothing was
+    restarted)."""
     status = "hopeless" if entry.get("hopeless") else ("late" if entry.get("late") else "on time")
     reason = entry.get("reason") or ""
     if entry.get("dry_run"):
         status = "would restart (dry-run)"
-    elif entry.get("held_by") and entry.get("deadline") is None and _after(entry.get("slot_at"), now):
-        status = f"held: {entry['held_by']}"
     if decision and not decision.get("ok") and decision.get("stage") not in ("plan", None):
         status = f"{status}, held: {decision.get('code')}"
         retry = decision.get("retry_at")
@@ -158,7 +157,3 @@ def _row(entry: dict, decision: dict | None, now: float) -> list[str]:
         status,
         reason,
     ]
-
-
-def _after(ts: object, now: float) -> bool:
-    return isinstance(ts, (int, float)) and ts > now
