@@ -6,30 +6,18 @@ from __future__ import annotations
 
 import socket
 import time
-from datetime import datetime
 
 import httpx
 import pytest
 import yaml
 
-from support.notify import start_prometheus
+from support.notify import fast_rules, firing, rules_evaluated_after, start_prometheus
 from support.procs import REPO, wait_until
 
 pytestmark = pytest.mark.slow
 RULES = REPO / "dashboards" / "prometheus" / "medic-rules.yml"
 SIDECAR = REPO / "deploy" / "kubernetes" / "sidecar.yaml"
 FAST = {"interval": "0.5s", "slow_interval": "2s", "discovery_interval": "1s", "flush_interval": "0.5s"}
-
-
-def fast_rules(tmp_path) -> tuple[list, object]:
-    """The shipped rules with every `for:` at 1 s; the expressions are the shipped ones."""
-    rules = yaml.safe_load(RULES.read_text())
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            rule["for"] = "1s"
-    path = tmp_path / "medic-rules.fast.yml"
-    path.write_text(yaml.safe_dump(rules))
-    return rules, path
 
 
 def scrape_jobs(address: str, closed: str) -> dict[str, list[str]]:
@@ -55,21 +43,6 @@ def closed_port() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return f"127.0.0.1:{sock.getsockname()[1]}"
-
-
-def firing(prom, name: str) -> list[dict]:
-    return [a for a in prom.alerts() if a["labels"]["alertname"] == name and a["state"] == "firing"]
-
-
-def rules_evaluated_after(prom, when: float) -> bool:
-    """Whether every rule group was last evaluated after `when` (unix seconds)."""
-    groups = httpx.get(f"{prom.url}/api/v1/rules", timeout=5).json()["data"]["groups"]
-    return bool(groups) and all(_unix(g["lastEvaluation"]) > when for g in groups)
-
-
-def _unix(stamp: str) -> float:
-    """An RFC 3339 time of Prometheus's API (`2026-12-02T04:05:06.123456789Z`), its fraction dropped."""
-    return datetime.fromisoformat(stamp.split(".")[0].removesuffix("Z") + "+00:00").timestamp()
 
 
 def test_medic_agent_down_fires_under_every_scrape_setup(agent, workload, spawn, tmp_path):

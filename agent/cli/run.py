@@ -101,6 +101,10 @@ def build_config(args: argparse.Namespace) -> tuple[object, str | None, bool]:
 # limit, and detection runs on a compressed time axis (a day of production windows in 4 minutes).
 DEMO_LIMIT = "160Mi"
 DEMO_LEAK_RATE = "512Ki"
+# the leak stops growing here, past the limit: the demo ends with demo-leaky above a limit only its
+# config sets (the kernel does not enforce it), its oom-risk finding open and saying so, and dry-run's
+# would-be restart in the plan and the actions
+DEMO_LEAK_CAP = "192Mi"
 DEMO_TIME_SCALE = 360
 # production's shape (a 3 h trend window, 6 h for slow leaks, a daily cycle learnt over 36 min of
 # history) divided by the time scale: judged over 30 s, 60 s and 6 s
@@ -119,9 +123,10 @@ DEMO_REMEDIATION = {
 }
 
 
-def demo_instances() -> list[dict]:
+def demo_instances(rate: str = DEMO_LEAK_RATE, cap: str = DEMO_LEAK_CAP) -> list[dict]:
+    """demo-leaky and demo-stable; `rate` and `cap` of the leak (a test runs the demo to its end faster)."""
     py = sys.executable
-    leak = [py, "-m", "agent.demo.workload", "leak", "--rate", DEMO_LEAK_RATE, "--cap", "192Mi"]
+    leak = [py, "-m", "agent.demo.workload", "leak", "--rate", rate, "--cap", cap]
     return [
         {
             "name": "demo-leaky",

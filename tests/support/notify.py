@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,9 @@ import httpx
 import pytest
 import yaml
 
-from support.procs import free_port, wait_until
+from support.procs import REPO, free_port, wait_until
+
+SHIPPED_RULES = REPO / "dashboards" / "prometheus" / "medic-rules.yml"
 
 
 @dataclass
@@ -196,6 +199,32 @@ class Prometheus:
 
     def alerts(self) -> list[dict]:
         return httpx.get(f"{self.url}/api/v1/alerts", timeout=15).json()["data"]["alerts"]
+
+
+def fast_rules(tmp_path: Path) -> tuple[dict, Path]:
+    """The shipped rules with every `for:` at 1 s; the expressions are the shipped ones."""
+    rules = yaml.safe_load(SHIPPED_RULES.read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule["for"] = "1s"
+    path = tmp_path / "medic-rules.fast.yml"
+    path.write_text(yaml.safe_dump(rules))
+    return rules, path
+
+
+def firing(prom, name: str) -> list[dict]:
+    return [a for a in prom.alerts() if a["labels"]["alertname"] == name and a["state"] == "firing"]
+
+
+def rules_evaluated_after(prom, when: float) -> bool:
+    """Whether every rule group was last evaluated after `when` (unix seconds)."""
+    groups = httpx.get(f"{prom.url}/api/v1/rules", timeout=5).json()["data"]["groups"]
+    return bool(groups) and all(_unix(g["lastEvaluation"]) > when for g in groups)
+
+
+def _unix(stamp: str) -> float:
+    """An RFC 3339 time of Prometheus's API (`2026-12-02T04:05:06.123456789Z`), its fraction dropped."""
+    return datetime.fromisoformat(stamp.split(".")[0].removesuffix("Z") + "+00:00").timestamp()
 
 
 def start_prometheus(
