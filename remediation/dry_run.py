@@ -20,11 +20,16 @@ shared budget is untouched.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from remediation.model import Decision, InstanceView, Intent, PlanEntry, RemediationRequest
+from remediation.model import Decision, InstanceView, Intent, Plan, PlanEntry, RemediationRequest
 from remediation.planner import PlanSettings, latest_start, on_time_until
 from remediation.text import at
+
+if TYPE_CHECKING:
+    from remediation.ledger import Ledger
 
 # one-shot requests: a person asks again, so each is recorded anew
 ASKED_ANEW = ("manual",)
@@ -43,6 +48,38 @@ class WouldRestart:
 def answers(would: WouldRestart | None, request: RemediationRequest) -> bool:
     """Whether `would` already answers `request`: a finding about the process it was recorded for."""
     return would is not None and request.kind not in ASKED_ANEW and not request.force
+
+
+def answered(
+    ledger: Ledger,
+    wanted: Mapping[str, Intent],
+    views: Mapping[str, InstanceView],
+    primary: Mapping[str, RemediationRequest],
+) -> dict[str, WouldRestart]:
+    """The instances that want a restart whose running process dry-run would already have restarted."""
+    found = {}
+    for name in wanted:
+        would = ledger.would_restart(name, views[name].start_time)
+        if would is not None and answers(would, primary[name]):
+            found[name] = would
+    return found
+
+
+def with_would_be(
+    plan: Plan,
+    answered: Mapping[str, WouldRestart],
+    views: Mapping[str, InstanceView],
+    primary: Mapping[str, RemediationRequest],
+    wanted: Mapping[str, Intent],
+    agent: str,
+    settings: PlanSettings,
+) -> Plan:
+    """`plan` (made without the `answered` instances) with their would-be restarts in it, in slot order."""
+    if not answered:
+        return plan
+    would = [entry(w, views[n], primary[n], wanted[n], agent, settings) for n, w in answered.items()]
+    entries = sorted([*plan.entries, *would], key=lambda e: (e.slot_at, e.fleet, e.instance))
+    return replace(plan, entries=tuple(entries))
 
 
 def decision(would: WouldRestart, request: RemediationRequest, view: InstanceView) -> Decision:

@@ -342,7 +342,7 @@ class Engine:
                 report.decisions[name] = Decision.block("policy", intent.code, intent.reason)
         wanted = {n: i for n, i in report.intents.items() if i.action == "restart"}
         settings = replace(self.plan_settings, step=self._step_length(now))
-        answered = self._answered(wanted, views, primary)
+        answered = dry_run.answered(self.ledger, wanted, views, primary) if self.mode == "dry-run" else {}
         fleet, history = self._shared_view(now, views, primary, wanted, report, settings, answered)
         self._report_plan_problems(report.plan)
         for name in sorted(wanted, key=lambda n: _slot(report.plan, n)):
@@ -449,22 +449,6 @@ class Engine:
         return decision
 
     # ----------------------------------------------------------------------------- the fleet view
-    def _answered(
-        self,
-        wanted: Mapping[str, Intent],
-        views: Mapping[str, InstanceView],
-        primary: Mapping[str, RemediationRequest],
-    ) -> dict[str, dry_run.WouldRestart]:
-        """In dry-run, the instances whose running process it would already have restarted."""
-        if self.mode != "dry-run":
-            return {}
-        found = {}
-        for name in wanted:
-            would = self.ledger.would_restart(name, views[name].start_time)
-            if would is not None and dry_run.answers(would, primary[name]):
-                found[name] = would
-        return found
-
     def _shared_view(
         self,
         now: float,
@@ -489,14 +473,9 @@ class Engine:
         planned = self.planning.step(
             now, mine, since, settings, dry_run=in_dry_run, extra_history=extra, skip=frozenset(answered)
         )
-        if answered:
-            would = [
-                dry_run.entry(w, views[n], primary[n], wanted[n], self.agent_id, settings)
-                for n, w in answered.items()
-            ]
-            entries = sorted([*planned.plan.entries, *would], key=lambda e: (e.slot_at, e.fleet, e.instance))
-            planned.plan = replace(planned.plan, entries=tuple(entries))
-        report.plan = planned.plan
+        report.plan = dry_run.with_would_be(
+            planned.plan, answered, views, primary, wanted, self.agent_id, settings
+        )
         self._note_coordinator(planned.error)
         report.coordinator_error = planned.error
         self._note_fleet_pause(now)
@@ -612,19 +591,7 @@ class Engine:
                 {**e, "expires_at": self.actions.expires_at(e), "hold": self.actions.hold_reason(e)}
                 for e in self.ledger.escalations()
             ],
-            "requests": [
-                {
-                    "instance": p.request.instance,
-                    "kind": p.request.kind,
-                    "reason": p.request.reason,
-                    "requested_by": p.request.requested_by,
-                    "requested_at": p.since,
-                    "action_id": p.action_id,
-                    "status": p.said[0],
-                    "detail": p.said[1],
-                }
-                for p in self.intake.pending()
-            ],
+            "requests": [p.to_dict() for p in self.intake.pending()],
             "in_progress": self.in_progress(),
             "restarts_in_flight": self.restarts.describe(),
             "step": last.to_dict() if last else None,

@@ -40,6 +40,19 @@ class Submitted:
     action_id: int | None  # None: the ledger could not be written when it was asked
     said: tuple[str, str] = ("requested", "")
 
+    def to_dict(self) -> dict[str, object]:
+        """As `medic plan` and the dashboard show a request still waiting."""
+        return {
+            "instance": self.request.instance,
+            "kind": self.request.kind,
+            "reason": self.request.reason,
+            "requested_by": self.request.requested_by,
+            "requested_at": self.since,
+            "action_id": self.action_id,
+            "status": self.said[0],
+            "detail": self.said[1],
+        }
+
 
 class Intake:
     def __init__(
