@@ -432,9 +432,8 @@ class Engine:
         if gate is not None:
             return gate
         entry = report.plan.entry(view.name)
-        if entry is not None and entry.dry_run:
-            would = self.ledger.would_restart(view.name, view.start_time)
-            assert would is not None  # the plan's dry-run entries come from it
+        would = self.ledger.would_restart(view.name, view.start_time) if entry and entry.dry_run else None
+        if would is not None:  # dry-run would already have restarted this process
             return dry_run.decision(would, request, view)
         action_id = self.intake.action_id(request)
         decision = self.restarts.decide(

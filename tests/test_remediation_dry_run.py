@@ -31,7 +31,7 @@ CONFIG = {
     "plan": {"safety_margin": "4s", "restart_duration": "1s", "deadline_granularity": 0},
     "blockers": {"min_uptime": 0},
     "verify": {"timeout": "10s", "stable_for": "0.3s"},
-    "coordinator": {"lease_ttl": "3s", "fleet_ttl": "3s"},
+    "coordinator": {"lease_ttl": "10s", "fleet_ttl": "10s", "timeout": "5s"},
 }
 # the projected OOM of each instance's first process, from the scenario's start: a must start by
 # +3.5 s, c by +25 s; b's leak is found at +4.5 s and must start by +5.25 s, but one min_interval
@@ -103,8 +103,8 @@ class Children:
 
 def coordinator_for(kind: str, tmp_path, url: str | None, namespace: str):
     if kind == "local":
-        return LocalCoordinator(tmp_path / f"{namespace}.db", namespace=namespace, timeout=1)
-    return EtcdCoordinator([url], namespace=namespace, timeout=2)
+        return LocalCoordinator(tmp_path / f"{namespace}.db", namespace=namespace, timeout=5)
+    return EtcdCoordinator([url], namespace=namespace, timeout=5)
 
 
 @pytest.fixture(params=["local", pytest.param("etcd", marks=NEEDS_ETCD)])
@@ -149,7 +149,15 @@ def test_dry_run_plans_what_enforce_does_and_keeps_judging_the_leak(backend, tmp
             children.views()  # their first processes
         origin = time.time()
         plans: dict[str, list] = {"dry-run": [], "enforce": []}
-        while time.time() < origin + 8.5:
+
+        def carried_out(engine: Engine, outcome: str) -> list[str]:
+            return sorted(a["instance"] for a in engine.ledger.actions() if a["outcome"] == outcome)
+
+        # until a and b are restarted (and would be, in dry-run); c's slot (+25 s) is not reached
+        while time.time() < origin + 20 and not (
+            carried_out(engines["enforce"][0], "succeeded") == ["a", "b"]
+            and carried_out(engines["dry-run"][0], "would-restart") == ["a", "b"]
+        ):
             now = time.time()
             for mode, (engine, children) in engines.items():
                 views = children.views()
@@ -171,6 +179,7 @@ def test_dry_run_plans_what_enforce_does_and_keeps_judging_the_leak(backend, tmp
 
         compared = 0
         for (now, dry), (_, enforce) in zip(plans["dry-run"], plans["enforce"], strict=True):
+            assert not dry.coordinator_error and not enforce.coordinator_error, enforce.coordinator_error
             if now < first:  # up to the first restart: the same plan, to the letter
                 assert [e.to_dict() for e in dry.plan.entries] == [e.to_dict() for e in enforce.plan.entries]
                 compared += 1
