@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from agent.detect import InstanceSeries, evaluate, update
-from agent.detect.lifecycle import earlier_process, restarted
+from agent.detect.lifecycle import earlier_process, past_the_limit, restarted
 from support.detect_shapes import PARAMS, T0, GiB, series
 
 
@@ -73,3 +73,26 @@ def test_the_findings_of_a_process_that_is_gone_resolve_when_its_successor_is_se
     ]
     pending = [replace(opened[0], state="pending")]
     assert restarted(pending, {"x": life + 600}, T0 + 100) == ([], [])  # dropped, as the lifecycle does
+
+
+def test_a_leak_finding_stops_counting_down_once_the_peaks_are_past_the_limit():
+    """Its projection ("OOM in 0.5s", from its last firing judgement) has come; the oom-risk finding
+    judged now says the peaks are past a config-only limit: the leak finding says the same."""
+    oom, _ = judged("config")
+    leak = replace(
+        oom,
+        kind="leak",
+        summary="x leaks 1.0 GiB/h (3.00 %/h) in rss_bytes; projected OOM "
+        "in 0.5s against 3.0 GiB; confidence 1.000",
+        evidence={"time_to_oom_seconds": 0.5},
+    )
+    findings, _ = update([], [oom, leak], replace(PARAMS, open_after=1))
+    (now_leak,) = [f for f in past_the_limit(findings) if f.kind == "leak"]
+    assert now_leak.evidence["time_to_oom_seconds"] is None and now_leak.evidence["above_limit"]
+    assert now_leak.summary == (
+        "x leaks 1.0 GiB/h (3.00 %/h) in rss_bytes; its peaks have since reached its limit 3.0 GiB; "
+        "confidence 1.000"
+    )
+    below, _ = judged("config", base=2 * GiB)
+    findings, _ = update([], [below, leak], replace(PARAMS, open_after=1))
+    assert past_the_limit(findings) == findings  # below the limit: its own projection stands

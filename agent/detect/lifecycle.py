@@ -16,9 +16,11 @@ findings at the same times.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+from agent.core.units import format_bytes
 from agent.detect.model import Finding, Observation, Transition
 from agent.detect.params import DetectParams
 
@@ -93,6 +95,38 @@ def restarted(
             continue
         kept.append(finding)
     return kept, transitions
+
+
+def past_the_limit(findings: Iterable[Finding]) -> list[Finding]:
+    """Findings as they stand once an instance's peaks are past its limit (its open oom-risk finding
+    says `above_limit`): the OOM its open leak finding projected (as of its last firing judgement,
+    "in 0.5s") has come, so the leak finding carries the oom-risk's time to OOM instead (0 at an
+    enforced limit, unknown past a config-only one) and its summary says the limit was reached, so
+    no view goes on counting down to an OOM that is past. A finding's own judgement replaces it when
+    it fires again."""
+    findings = list(findings)
+    above = {
+        f.instance: f
+        for f in findings
+        if f.kind == "oom-risk" and f.state == "open" and f.evidence.get("above_limit")
+    }
+    out = []
+    for finding in findings:
+        past = above.get(finding.instance)
+        if past is not None and finding.kind == "leak" and not finding.evidence.get("above_limit"):
+            limit = past.evidence.get("limit_bytes")
+            reached = f"; its peaks have since reached its limit {format_bytes(limit)}" if limit else ""
+            finding = replace(
+                finding,
+                summary=_PROJECTION.sub(reached, finding.summary),
+                evidence=finding.evidence
+                | {"time_to_oom_seconds": past.evidence.get("time_to_oom_seconds"), "above_limit": True},
+            )
+        out.append(finding)
+    return out
+
+
+_PROJECTION = re.compile(r"; projected OOM in [^;]+")
 
 
 def _fire(finding: Finding | None, obs: Observation, params: DetectParams, out: list[Transition]) -> Finding:

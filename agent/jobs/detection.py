@@ -23,7 +23,7 @@ from agent.detect import DetectParams, Finding, InstanceSeries, Observation, Tra
 from agent.detect.attribution import explain
 from agent.detect.fleet import judge_fleet, with_priors
 from agent.detect.growth import REQUESTS
-from agent.detect.lifecycle import earlier_process, restarted
+from agent.detect.lifecycle import earlier_process, past_the_limit, restarted
 from agent.detect.model import (
     ACTIVE,
     ALLOCATED,
@@ -128,7 +128,7 @@ class Detection:
                 o for o in observations if not earlier_process(o.instance, o.lifetime_start, starts)
             ]
             kept, changes = update([f for f in keep if f.kind != "slow"], observations, self.params)
-            keep = kept + [f for f in keep if f.kind == "slow"]
+            keep = past_the_limit(kept) + [f for f in keep if f.kind == "slow"]
             transitions += changes
             self.memory_tick = memory_tick
         if judge_slow:
