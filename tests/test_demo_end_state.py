@@ -73,7 +73,9 @@ def told_by_prometheus(prom, since: float) -> set[str]:
     near = [a for a in firing(prom, "MedicMemoryNearLimit") if a["labels"]["name"] == "demo-leaky"]
     if not near:
         return set()
-    assert re.match(r"demo-leaky uses 1[23]\d(\.\d+)?% of its memory limit", near[0]["annotations"]["summary"])
+    assert re.match(
+        r"demo-leaky uses 1[23]\d(\.\d+)?% of its memory limit", near[0]["annotations"]["summary"]
+    )
     assert not [a for a in prom.alerts() if a["labels"].get("name") == "demo-stable"]
     return {s["metric"]["kind"] for s in prom.query('medic_findings{name="demo-leaky"}')}
 
