@@ -27,6 +27,15 @@ def _rate(bytes_per_second: float | None) -> str:
     return f"{format_bytes(per_hour)}/h"
 
 
+def _time_to_oom(evidence: dict) -> str:
+    """`5h40m`; `0s (at its limit)` at an enforced limit; `past its limit` past a config-only one,
+    where when the kernel would kill the process is not known."""
+    ttoom = evidence.get("time_to_oom_seconds")
+    if evidence.get("above_limit"):
+        return "0s (at its limit)" if isinstance(ttoom, (int, float)) else "past its limit"
+    return format_duration(ttoom)
+
+
 def _suspect(evidence: dict) -> str:
     """The top suspect of a leak: what grows, and how much of the growth it explains."""
     suspects = evidence.get("suspects") or []
@@ -70,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
                 f.get("verdict") or "-",
                 _rate(ev.get("slope_bytes_per_second")),
                 f"{pct:+.2f}" if isinstance(pct, (int, float)) else "-",
-                format_duration(ev.get("time_to_oom_seconds")),
+                _time_to_oom(ev),
                 f"{100 * conf:.1f}%" if isinstance(conf, (int, float)) else "-",
                 format_duration(now - f["opened_at"]) + " ago" if f.get("opened_at") else "-",
                 f["state"],

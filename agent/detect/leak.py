@@ -17,6 +17,7 @@ from agent.detect.context import Context
 from agent.detect.growth import Fit, at_record, time_to_limit, traffic_explains
 from agent.detect.lifetimes import carried
 from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, PYMALLOC, RSS, Observation, Severity, State
+from agent.detect.oom import past_the_limit, reported_time_to_oom
 from agent.detect.params import DetectParams
 
 CLEAR_DECEL = 0.5  # clear only when the recent slope is below half of `decel_ratio` of the window's
@@ -220,11 +221,16 @@ def _leak_observation(ctx: Context, fit: Fit, ttoom: float | None, native: bool)
     t = fit.trend
     where = " outside the Java heap" if native else ""
     summary = f"{ctx.prep.instance} leaks {format_bytes(t.slope * 3600)}/h ({fit.pct_per_hour:.2f} %/h) in {fit.metric}{where}"
-    if ttoom is not None:
+    if ttoom is not None and ttoom <= 0:
+        summary += (
+            f"; its peaks are already at or above its limit {format_bytes(ctx.limit)}{past_the_limit(ctx)}"
+        )
+    elif ttoom is not None:
         summary += f"; projected OOM in {format_duration(ttoom)} against {format_bytes(ctx.limit)}"
     summary += f"; confidence {t.confidence:.3f}"
     evidence = fit.evidence() | {
-        "time_to_oom_seconds": ttoom,
+        "time_to_oom_seconds": reported_time_to_oom(ctx, ttoom),
+        "above_limit": ttoom is not None and ttoom <= 0,
         "limit_bytes": ctx.limit,
         "peak_bytes": ctx.peak,
         "lifetime_start": ctx.lifetime_start,

@@ -6,6 +6,12 @@ the recent slope, reach the limit before `horizon`. This is the safety net of a 
 age: it is gated on the quality of the fit (`fit_holds`), never on having learned a daily
 profile, so a new process bound for its limit is flagged in its first hours. The cautious slope
 keeps a warm-up that is levelling off from projecting its early rate.
+
+Peaks already at or above the limit are no projection: they fire at once and say what that means
+(`above_limit`). A cgroup limit is enforced: RSS cannot run past it, the kernel reclaims and swaps
+there and OOM-kills when it can do no more, so the time to OOM is 0. A limit set only in medic's
+config is not enforced: the process runs on past it and when the kernel would kill it is not known,
+so the time to OOM is unknown (None), never 0 for a process that keeps running.
 """
 
 from __future__ import annotations
@@ -56,6 +62,53 @@ def levelled_time(ctx: Context, fit: Fit, curve: Levelling) -> float | None:
     return curve.time_to(curve.now + ctx.limit - peak)
 
 
+def enforced(ctx: Context) -> bool:
+    """Whether the kernel enforces the limit: not one set only in medic's config."""
+    return ctx.prep.series.limit_source != "config"
+
+
+def reported_time_to_oom(ctx: Context, ttoom: float | None) -> float | None:
+    """The time to OOM a finding reports: 0 at an enforced limit, unknown past a config-only one."""
+    return None if ttoom is not None and ttoom <= 0 and not enforced(ctx) else ttoom
+
+
+def past_the_limit(ctx: Context) -> str:
+    """What peaks at or above the limit mean, in words that fit after "…limit 160.0 MiB"."""
+    source = ctx.prep.series.limit_source
+    if source == "config":
+        return (
+            ": a limit set only in medic's config, which the kernel does not enforce, so the process runs "
+            "on past it (when the kernel would kill it is not known); restart it or raise the limit"
+        )
+    if source in ("cgroup", "host"):
+        what = "its cgroup" if source == "cgroup" else "the host"
+        return f" ({what}): the kernel reclaims and swaps what it can there, and OOM-kills when it can do no more"
+    return ""
+
+
+def above_limit(ctx: Context) -> Observation | None:
+    """Peaks at or above the limit, said as they are (no projection needed); None below it."""
+    peak, limit = ctx.peak, ctx.limit
+    if peak is None or limit is None or peak < limit:
+        return None
+    ttoom = reported_time_to_oom(ctx, 0.0)
+    verb = "are above" if peak > limit and not enforced(ctx) else "have reached"
+    summary = (
+        f"{ctx.prep.instance} RSS peaks {format_bytes(peak)} {verb} its memory limit {format_bytes(limit)} "
+        f"({peak / limit:.0%} of it){past_the_limit(ctx)}"
+    )
+    evidence = {
+        "time_to_oom_seconds": ttoom,
+        "above_limit": True,
+        "limit_bytes": limit,
+        "limit_source": ctx.prep.series.limit_source,
+        "peak_bytes": peak,
+        "lifetime_start": ctx.lifetime_start,
+    }
+    severity = "critical" if enforced(ctx) else "error"
+    return ctx.observation("oom-risk", "firing", summary, severity=severity, evidence=evidence)
+
+
 def judge_oom(ctx: Context) -> Observation:
     p = ctx.params
     if ctx.limit is None:
@@ -64,6 +117,9 @@ def judge_oom(ctx: Context) -> Observation:
             "unknown",
             "no memory limit known: configure one, or pass --limit or a memory_limit_bytes series",
         )
+    above = above_limit(ctx)
+    if above is not None:
+        return above
     fits = ctx.fits(RSS)
     if not fits:
         return ctx.observation(

@@ -25,6 +25,7 @@ from agent.detect import DetectParams, Finding, InstanceSeries, Observation, Tra
 from agent.detect.attribution import explain
 from agent.detect.fleet import judge_fleet, with_priors
 from agent.detect.growth import REQUESTS
+from agent.detect.lifecycle import earlier_process, past_the_limit, restarted
 from agent.detect.model import (
     ACTIVE,
     ALLOCATED,
@@ -113,16 +114,22 @@ class Detection:
         memory_tick = math.floor(now / self.params.step + 1e-9) * self.params.step
         slow_tick = math.floor(now / self.slow.step + 1e-9) * self.slow.step
         judge_memory, judge_slow = memory_tick > self.memory_tick, slow_tick > self.slow_tick
+        with self.tracker.lock:
+            starts = {s.name: s.start_time for s in self.tracker.states.values() if s.start_time is not None}
+        resolved = self._restarted(starts, now)  # recorded already
         if not (judge_memory or judge_slow):
-            return []
+            return resolved
         with self.tracker.lock:
             states = [(s.name, dict(s.settings), s.memory_limit) for s in self.tracker.states.values()]
+            sources = {s.name: s.memory_limit_source for s in self.tracker.states.values()}
         upto = max(memory_tick, slow_tick)
         slos = {name: slo_from_settings(settings, self.scale) for name, settings, _ in states}
         series = [
             self.load_series(name, upto, limit, judge_memory, judge_slow, slos[name])
             for name, _, limit in states
         ]
+        for item in series:  # whether the kernel enforces the limit (a config-only one it does not)
+            item.limit_source = sources.get(item.instance)
         transitions: list[Transition] = []
         keep = list(self.active)
         if judge_memory:
@@ -130,8 +137,12 @@ class Detection:
             for key, members in self._workloads(states, series).items():
                 fleet = with_priors(members, self.params, self.priors.get(key), learned=self._learned)
                 observations.extend(judge_fleet(fleet, tick_for(memory_tick, self.params), self.params))
+            # a judgement of the samples of a process that is gone would open its findings anew
+            observations = [
+                o for o in observations if not earlier_process(o.instance, o.lifetime_start, starts)
+            ]
             kept, changes = update([f for f in keep if f.kind != "slow"], observations, self.params)
-            keep = kept + [f for f in keep if f.kind == "slow"]
+            keep = past_the_limit(kept) + [f for f in keep if f.kind == "slow"]
             transitions += changes
             self.memory_tick = memory_tick
         if judge_slow:
@@ -146,6 +157,15 @@ class Detection:
         self._persist(self.active, transitions)
         for change in transitions:
             self._record(change)
+        return resolved + transitions
+
+    def _restarted(self, starts: dict[str, float], now: float) -> list[Transition]:
+        """Resolve at once the memory findings of a process its instance no longer runs (`lifecycle.restarted`)."""
+        self.active, transitions = restarted(self.active, starts, now)
+        if transitions:
+            self._persist(self.active, transitions)
+            for change in transitions:
+                self._record(change)
         return transitions
 
     def _workloads(self, states: list, series: list[InstanceSeries]) -> dict[str, list[InstanceSeries]]:
