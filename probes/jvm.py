@@ -36,6 +36,7 @@ from agent.core.errors import (
 from agent.core.histograms import HistogramRow, Snapshot
 from agent.core.records import ProbeResult, ProbeTarget, Sample
 from probes.base import Schedule
+from probes.jvmflags import OPTION_VARS
 from probes.jvmtext import (
     ClassHistogram,
     HeapInfo,
@@ -49,12 +50,12 @@ from probes.jvmtext import (
 )
 from probes.linux.fstrust import check_trusted_path, trusted_program
 from probes.linux.helpers import process_ids, run_as
-from probes.linux.maps import read_maps
+from probes.linux.maps import read_maps, resident_within
 from probes.linux.procfs import HOST_ROOT, proc_path, read_cmdline, read_environ, read_nspid
 from probes.settings import JvmHistograms, settings_for
 
+DIRECT_CATEGORY = "Other"  # NMT's category of Unsafe.allocateMemory: direct ByteBuffers
 JCMD_HOWTO = "install a JDK with jcmd (Debian: openjdk-17-jdk-headless) or set histograms.jvm.jcmd"
-_OPTION_VARS = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
 
 
 @dataclass
@@ -99,11 +100,12 @@ class JvmProbe:
             commands.append("GC.class_histogram" if live else "GC.class_histogram -all")
             due.next_histogram = now + settings.interval  # a failed run waits its interval too
         due.next_heap = now + settings.heap_interval
-        report = split_report(self._jcmd(target.pid, commands, settings))
+        report = split_report(run_jcmd(target.pid, commands, settings, self.root))
         result = ProbeResult()
         heap = _parse(result, parse_heap_info, report.heap_info, "GC.heap_info")
         if heap is not None:
             _heap_samples(result, target.instance, now, heap)
+            _resident_samples(result, target, now, heap, self.root)
         nmt = _parse(result, parse_native_memory, report.native_memory, "VM.native_memory summary")
         if nmt is not None:
             _nmt_samples(result, target, now, nmt)
@@ -119,35 +121,38 @@ class JvmProbe:
         with self._lock:
             self._due.pop((target.instance, target.pid, target.start_time), None)
 
-    def _jcmd(self, pid: int, commands: list[str], settings: JvmHistograms) -> str:
-        jcmd = find_jcmd(pid, settings.jcmd, self.root)
-        as_target = run_as(process_ids(pid, self.root), os.geteuid())
-        workdir = _command_dir(commands, as_target)
-        try:
-            done = subprocess.run(
-                [str(jcmd), str(pid), "-f", os.path.join(workdir, "commands")],
-                capture_output=True,
-                text=True,
-                errors="replace",
-                timeout=settings.timeout,
-                stdin=subprocess.DEVNULL,
-                cwd=workdir,
-                **as_target,
-            )
-        except subprocess.TimeoutExpired:
-            raise ProbeError(
-                f"jcmd did not finish within {settings.timeout:.0f}s on the JVM {pid} (a long GC pause or a "
-                "huge heap?); raise histograms.jvm.timeout"
-            ) from None
-        except OSError as exc:
-            raise ProbeUnavailable(f"cannot run {jcmd}: {exc.strerror or exc}; {JCMD_HOWTO}") from None
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)  # fd-based: safe in a directory the target owned
-        if done.returncode != 0 or "Exception" in done.stderr:
-            if not os.path.exists(proc_path(self.root, pid)):
-                raise TargetGone(f"the JVM {pid} is gone")
-            raise attach_failure(pid, done.returncode, done.stdout, done.stderr)
-        return done.stdout
+
+def run_jcmd(pid: int, commands: list[str], settings: JvmHistograms, root: Path = HOST_ROOT) -> str:
+    """jcmd's answer to `commands` from the JVM `pid`, run as the JVM's user within `settings.timeout`
+    (`find_jcmd` says which jcmd); its failures as the probe errors that say what to do."""
+    jcmd = find_jcmd(pid, settings.jcmd, root)
+    as_target = run_as(process_ids(pid, root), os.geteuid())
+    workdir = _command_dir(commands, as_target)
+    try:
+        done = subprocess.run(
+            [str(jcmd), str(pid), "-f", os.path.join(workdir, "commands")],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=settings.timeout,
+            stdin=subprocess.DEVNULL,
+            cwd=workdir,
+            **as_target,
+        )
+    except subprocess.TimeoutExpired:
+        raise ProbeError(
+            f"jcmd did not finish within {settings.timeout:.0f}s on the JVM {pid} (a long GC pause or a "
+            "huge heap?); raise histograms.jvm.timeout"
+        ) from None
+    except OSError as exc:
+        raise ProbeUnavailable(f"cannot run {jcmd}: {exc.strerror or exc}; {JCMD_HOWTO}") from None
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)  # fd-based: safe in a directory the target owned
+    if done.returncode != 0 or "Exception" in done.stderr:
+        if not os.path.exists(proc_path(root, pid)):
+            raise TargetGone(f"the JVM {pid} is gone")
+        raise attach_failure(pid, done.returncode, done.stdout, done.stderr)
+    return done.stdout
 
 
 def _command_dir(commands: list[str], as_target: dict[str, Any]) -> str:
@@ -192,11 +197,31 @@ def _heap_samples(result: ProbeResult, instance: str, now: float, heap: HeapInfo
     result.samples.extend(Sample(instance, m, now, float(v)) for m, v in figures.items() if v is not None)
 
 
+def _resident_samples(
+    result: ProbeResult, target: ProbeTarget, now: float, heap: HeapInfo, root: Path
+) -> None:
+    """The heap's resident pages (the mappings of its address range in smaps) and the rest of the RSS:
+    the JVM's memory outside the heap. Committed heap is not all resident, and a heap that widens its
+    GC sawtooth touches more of it: RSS grows, and only this split tells that from native growth."""
+    if heap.span is None:
+        return  # ZGC prints no range (and maps its heap several times over)
+    try:
+        inside, total = resident_within(target.pid, *heap.span, root)
+    except TargetGone:
+        raise
+    except ProbeError as exc:
+        result.problems.append(exc)
+        return
+    result.samples.append(Sample(target.instance, "jvm_heap_resident_bytes", now, float(inside)))
+    result.samples.append(Sample(target.instance, "jvm_native_bytes", now, float(total - inside)))
+
+
 def _nmt_samples(result: ProbeResult, target: ProbeTarget, now: float, nmt: NativeMemory) -> None:
     figures = {
         "jvm_nmt_committed_bytes": nmt.committed,
         "jvm_nmt_malloc_bytes": nmt.malloc,
         "jvm_nmt_heap_committed_bytes": nmt.heap_committed,
+        "jvm_direct_bytes": nmt.categories.get(DIRECT_CATEGORY, (0, None))[1],
     }
     result.samples.extend(
         Sample(target.instance, m, now, float(v)) for m, v in figures.items() if v is not None
@@ -281,7 +306,7 @@ def _environ_options(pid: int, root: Path) -> list[str]:
         env = read_environ(pid, root)
     except ProbeError:
         return []
-    return [word for name in _OPTION_VARS for word in env.get(name, "").split()]
+    return [word for name in OPTION_VARS for word in env.get(name, "").split()]
 
 
 def _attach_socket(pid: int, root: Path) -> bool:

@@ -45,11 +45,13 @@ class ProbeTarget:
 @dataclass(slots=True)
 class ProbeResult:
     """Samples a probe read, the histogram snapshots it took (the collector stores both), plus the
-    figures it could not read (partial failure)."""
+    figures it could not read (partial failure), and `notes`: what it read that is not a number (where
+    a figure came from), kept beside the instance's latest figures."""
 
     samples: list[Sample] = field(default_factory=list)
     problems: list[Exception] = field(default_factory=list)
     snapshots: list[Snapshot] = field(default_factory=list)
+    notes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -10,9 +10,10 @@ look like, so the short scale only reports what is urgent.
 
 from __future__ import annotations
 
-from agent.core.units import format_bytes, format_duration
-from agent.detect.context import Context
+from agent.core.units import format_bytes, format_duration, format_rate
+from agent.detect.context import Context, Projection
 from agent.detect.growth import Fit, at_record, time_to_limit, traffic_explains
+from agent.detect.jvm import LAYERS, NATIVE, Layer, leak_layers
 from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, PYMALLOC, RSS, Observation, Severity, State
 from agent.detect.params import DetectParams
 
@@ -27,12 +28,13 @@ NATIVE_DOMINANCE = 4.0
 
 
 def leak_series(ctx: Context) -> list[str]:
-    """The series a leak is judged on, most specific first."""
+    """The series a leak is judged on, most specific first; a JVM's layers (agent/detect/jvm.py) when
+    its committed and used heap are known."""
     if ctx.present(ALLOCATED):
         # Python's small objects live in pymalloc's arenas, which malloc's figures do not count
         return [ALLOCATED, RSS] if ctx.present(PYMALLOC) else [ALLOCATED]
     if ctx.present(JVM_HEAP_AFTER_GC):
-        return [JVM_HEAP_AFTER_GC, RSS]
+        return leak_layers(ctx) or [JVM_HEAP_AFTER_GC, RSS]
     return [RSS]
 
 
@@ -60,7 +62,7 @@ def assess(fit: Fit, ctx: Context) -> tuple[State, float | None, bool]:
     if fit.confidence < p.confidence_clear:
         return "clear", None, False
     t = fit.trend
-    ttoom = time_to_limit(ctx.limit, ctx.peak, t.slope)
+    ttoom = ctx.projection(fit.metric).time_to(t.slope)
     growing = t.slope > 0 and fit.pct_per_hour >= p.min_rate
     steady = t.decel >= p.decel_ratio
     # the daily scale's sign test over 48 autocorrelated differences, corrected as AR(1), is
@@ -115,10 +117,11 @@ def severity_for(ttoom: float | None, horizon: float) -> Severity:
 
 def judge_leak(ctx: Context) -> Observation:
     candidates = leak_series(ctx)
+    layered = NATIVE in candidates  # a JVM's layers: each is judged, the earliest deadline reported
     assessed: list[tuple[Fit, State, float | None, bool]] = []
     for metric in candidates:
         assessed += _corroborated([(fit, *assess(fit, ctx)) for fit in ctx.fits(metric)], ctx)
-        if any(state == "firing" for _, state, _, _ in assessed):
+        if not layered and any(state == "firing" for _, state, _, _ in assessed):
             break
     if not assessed:
         return ctx.observation(
@@ -128,6 +131,9 @@ def judge_leak(ctx: Context) -> Observation:
             f"buckets of {format_duration(ctx.params.bucket)} after a warm-up of {format_duration(ctx.params.warmup)})",
         )
     firing = [a for a in assessed if a[1] == "firing"]
+    if firing and layered:
+        fit, _, ttoom, _ = min(firing, key=lambda a: (a[2] is None, a[2] or 0.0, -a[0].trend.span))
+        return _leak_observation(ctx, fit, ttoom, native=fit.metric != JVM_HEAP_AFTER_GC)
     if firing:
         fit, _, ttoom, _ = max(firing, key=lambda a: a[0].trend.span)
         native = fit.metric == RSS and candidates[0] == JVM_HEAP_AFTER_GC and _outgrows_heap(ctx, fit)
@@ -195,17 +201,26 @@ def _envelope_rate(fit: Fit) -> float:
 
 def _leak_observation(ctx: Context, fit: Fit, ttoom: float | None, native: bool) -> Observation:
     t = fit.trend
-    where = " outside the Java heap" if native else ""
-    summary = f"{ctx.prep.instance} leaks {format_bytes(t.slope * 3600)}/h ({fit.pct_per_hour:.2f} %/h) in {fit.metric}{where}"
-    if ttoom is not None:
-        summary += f"; projected OOM in {format_duration(ttoom)} against {format_bytes(ctx.limit)}"
+    projection = ctx.projection(fit.metric)
+    layer = LAYERS.get(fit.metric)
+    if layer is not None and projection.layer is not None:
+        summary = f"{ctx.prep.instance} leaks {layer.title}: " + _layer_text(layer, projection, fit, ttoom)
+    else:
+        where = " outside the Java heap" if native else ""
+        summary = f"{ctx.prep.instance} leaks {format_bytes(t.slope * 3600)}/h ({fit.pct_per_hour:.2f} %/h) in {fit.metric}{where}"
+        if ttoom is not None:
+            summary += f"; projected OOM in {format_duration(ttoom)} against {projection.against}"
     summary += f"; confidence {t.confidence:.3f}"
     evidence = fit.evidence() | {
         "time_to_oom_seconds": ttoom,
-        "limit_bytes": ctx.limit,
-        "peak_bytes": ctx.peak,
+        "limit_bytes": projection.limit,
+        "peak_bytes": projection.start,
         "lifetime_start": ctx.lifetime_start,
         "outside_java_heap": native,
+        "layer": projection.layer,
+        "ceiling": projection.against,
+        "ceiling_bytes": projection.ceiling,
+        "ends_in": projection.ends,
     }
     return ctx.observation(
         "leak",
@@ -215,3 +230,12 @@ def _leak_observation(ctx: Context, fit: Fit, ttoom: float | None, native: bool)
         verdict="leak",
         evidence=evidence,
     )
+
+
+def _layer_text(layer: Layer, projection: Projection, fit: Fit, ttoom: float | None) -> str:
+    """`java.lang.OutOfMemoryError: Java heap space in 2h10m: heap after GC grows 12.0 MiB/min towards
+    -Xmx 384.0 MiB` (the ending first, when the growth is projected to reach it)."""
+    growth = f"{layer.series_title} grows {format_rate(fit.trend.slope)} towards {projection.against}"
+    if ttoom is None:
+        return f"{growth} (not projected to reach it)"
+    return f"{projection.ends} in {format_duration(ttoom)}: {growth}"

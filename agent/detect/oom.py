@@ -10,10 +10,11 @@ keeps a warm-up that is levelling off from projecting its early rate.
 
 from __future__ import annotations
 
-from agent.core.units import format_bytes, format_duration
+from agent.core.units import format_bytes, format_duration, format_rate
 from agent.detect.context import Context
 from agent.detect.growth import Fit, time_to_limit, traffic_explains
-from agent.detect.model import RSS, Observation, State
+from agent.detect.jvm import LAYERS, oom_series
+from agent.detect.model import Observation, State
 from agent.detect.params import DetectParams
 
 CLEAR_MARGIN = 1.5  # resolve only once the projection is beyond 1.5 × horizon
@@ -40,7 +41,7 @@ def fit_holds(fit: Fit, ttoom: float, p: DetectParams) -> bool:
 def oom_peak(ctx: Context, fit: Fit) -> float | None:
     """Where the peaks start the projection from: now, plus on the cycle scale the part of the
     fitted daily swing still to come today (the upper envelope covers the daily peak)."""
-    peak = ctx.peak
+    peak = ctx.projection(fit.metric).start
     if fit.wave and peak is not None:
         peak += max(0.0, fit.wave - fit.offset)
     return peak
@@ -54,7 +55,7 @@ def judge_oom(ctx: Context) -> Observation:
             "unknown",
             "no memory limit known: configure one, or pass --limit or a memory_limit_bytes series",
         )
-    fits = ctx.fits(RSS)
+    fits = [fit for metric in oom_series(ctx) for fit in ctx.fits(metric)]
     if not fits:
         return ctx.observation(
             "oom-risk", "unknown", "not enough data in this process lifetime to project RSS"
@@ -66,7 +67,7 @@ def judge_oom(ctx: Context) -> Observation:
             continue
         t = fit.trend
         slope = min(t.slope, t.recent_slope)
-        ttoom = time_to_limit(ctx.limit, oom_peak(ctx, fit), slope)
+        ttoom = time_to_limit(ctx.projection(fit.metric).limit, oom_peak(ctx, fit), slope)
         if ttoom is None:
             continue
         # critical: the raw test at full confidence suffices over twice the time left, or over the
@@ -94,16 +95,28 @@ def judge_oom(ctx: Context) -> Observation:
             f"RSS peaks {format_bytes(ctx.peak)} are not projected to reach {format_bytes(ctx.limit)}",
         )
     fit, ttoom, slope = best
+    projection = ctx.projection(fit.metric)
     evidence = fit.evidence() | {
         "time_to_oom_seconds": ttoom,
         "projection_slope_bytes_per_second": slope,
-        "limit_bytes": ctx.limit,
-        "peak_bytes": ctx.peak,
+        "limit_bytes": projection.limit,
+        "peak_bytes": projection.start,
         "lifetime_start": ctx.lifetime_start,
+        "layer": projection.layer,
+        "ceiling": projection.against,
+        "ceiling_bytes": projection.ceiling,
+        "ends_in": projection.ends,
     }
-    summary = (
-        f"{ctx.prep.instance} RSS peaks {format_bytes(ctx.peak)} projected to reach the limit "
-        f"{format_bytes(ctx.limit)} in {format_duration(ttoom)} (+{format_bytes(slope * 3600)}/h)"
-    )
+    layer = LAYERS.get(fit.metric)
+    if layer is not None and projection.layer is not None:
+        summary = (
+            f"{ctx.prep.instance}: {projection.ends} in {format_duration(ttoom)}: {layer.series_title} "
+            f"{format_bytes(projection.start)} projected to reach {projection.against} (+{format_rate(slope)})"
+        )
+    else:
+        summary = (
+            f"{ctx.prep.instance} RSS peaks {format_bytes(ctx.peak)} projected to reach the limit "
+            f"{format_bytes(ctx.limit)} in {format_duration(ttoom)} (+{format_bytes(slope * 3600)}/h)"
+        )
     severity = "critical" if ttoom < p.horizon / 4 else "error"
     return ctx.observation("oom-risk", state, summary, severity=severity, evidence=evidence)

@@ -23,6 +23,7 @@ from agent.detect import DetectParams, Finding, InstanceSeries, Observation, Tra
 from agent.detect.attribution import explain
 from agent.detect.fleet import judge_fleet, with_priors
 from agent.detect.growth import REQUESTS
+from agent.detect.jvm import INPUT_METRICS as JVM_INPUTS
 from agent.detect.model import (
     ACTIVE,
     ALLOCATED,
@@ -45,7 +46,17 @@ from agent.watch.tracker import Tracker
 log = logging.getLogger("medic.detection")
 
 EXPLAINED_KINDS = ("leak", "oom-risk")
-MEMORY_METRICS = (RSS, ALLOCATED, ACTIVE, RESIDENT, JVM_HEAP_AFTER_GC, PYMALLOC, *LIMIT_METRICS, *REQUESTS)
+MEMORY_METRICS = (
+    RSS,
+    ALLOCATED,
+    ACTIVE,
+    RESIDENT,
+    JVM_HEAP_AFTER_GC,
+    *JVM_INPUTS,
+    PYMALLOC,
+    *LIMIT_METRICS,
+    *REQUESTS,
+)
 SUB_BUCKETS = 10  # store reads per detection bucket: min and max of each
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS findings (

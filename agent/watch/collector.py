@@ -18,6 +18,7 @@ from agent.core.records import Event, ProbeResult, ProbeTarget, Sample
 from agent.state.eventlog import EventLog
 from agent.state.histograms import HistogramStore
 from agent.state.store import Store
+from agent.watch.ceilings import announce_ceilings
 from agent.watch.instances import InstanceState, ProbeHealth
 from agent.watch.tracker import Tracker
 from probes.base import Probe, Schedule
@@ -84,8 +85,11 @@ class Collector:
         now_ = time.time() if now is None else now  # one timestamp per tick: series line up
         for state, target in self.tracker.up_targets():
             samples: list[Sample] = []
+            notes: dict[str, str] = {}
             for probe in probes:
-                samples.extend(self._run_probe(state, target, probe, now_))
+                result = self._run_probe(state, target, probe, now_)
+                samples.extend(result.samples)
+                notes.update(result.notes)
             if schedule == "fast":
                 samples.append(Sample(state.name, "process_start_time_seconds", now_, target.start_time))
                 if state.memory_limit:
@@ -94,9 +98,12 @@ class Collector:
                 if state.pid == target.pid:  # still the same process: publish
                     for sample in samples:
                         state.latest[sample.metric] = sample.value
+                    state.notes.update(notes)
                     if "cpu_seconds_total" in state.latest and schedule == "fast":
                         state.observe_cpu(now_, state.latest["cpu_seconds_total"])
                     state.last_probe = now_
+                    if schedule == "slow":
+                        announce_ceilings(state, self.events)
             changed = [sample for sample in samples if self._worth_storing(sample)]
             self.store.add_samples(changed)
             taken += len(changed)
@@ -118,25 +125,25 @@ class Collector:
         for key in [k for k in self._unavailable_since if k[0] == target.instance]:
             del self._unavailable_since[key]
 
-    def _run_probe(self, state: InstanceState, target: ProbeTarget, probe: Probe, now: float) -> list[Sample]:
+    def _run_probe(self, state: InstanceState, target: ProbeTarget, probe: Probe, now: float) -> ProbeResult:
         health = state.probes.setdefault(probe.name, ProbeHealth())
         if health.unavailable is not None and now < health.retry_at:
-            return []
+            return ProbeResult()
         started = time.perf_counter()
         try:
             result = probe.collect(target, now)
         except TargetGone:
-            return []  # the tracker records the disappearance on its next reconcile
+            return ProbeResult()  # the tracker records the disappearance on its next reconcile
         except ProbeUnavailable as exc:  # not an error: this figure does not exist for this instance
             self._unavailable(state, target, probe, health, str(exc), now)
-            return []
+            return ProbeResult()
         except ProbeError as exc:
             self._failed(state, probe.name, health, exc, started)
-            return []
+            return ProbeResult()
         except Exception as exc:  # a probe bug must not take the agent down
             log.exception("probe %s crashed on %s", probe.name, state.name)
             self._failed(state, probe.name, health, exc, started)
-            return []
+            return ProbeResult()
         self._store_snapshots(result)
         elapsed = time.perf_counter() - started
         health.last_duration = elapsed
@@ -166,7 +173,7 @@ class Collector:
             health.ok, health.last_error = True, None
             self.observe(probe.name, elapsed, True)
         health.last_success = now
-        return result.samples
+        return result
 
     def _unavailable(
         self,
