@@ -23,7 +23,7 @@ from typing import ClassVar
 from agent.core.errors import ProbeError, TargetGone
 from agent.core.records import ProbeResult, ProbeTarget, Sample
 from probes.base import Schedule
-from probes.jvm import attach_refusal, is_jvm, run_jcmd
+from probes.jcmd import attach_refusal, is_jvm, run_jcmd
 from probes.jvmflags import JvmLimits, limits_from_options, limits_from_vm_flags, startup_options
 from probes.linux.cgroupfiles import cgroup_memory_limit
 from probes.linux.procfs import HOST_ROOT, host_memory_total, read_cmdline, read_environ

@@ -28,6 +28,7 @@ STEP = 20.0  # a memory judgement of the lab config (a 2 min window / 24 x 4)
 def lab_config(leaky: int, growing: int) -> dict:
     lab = yaml.safe_load(LAB.read_text())
     jvm = next(i for i in lab["instances"] if "histograms" in i)["histograms"]
+    jvm = {"jvm": {**jvm["jvm"], "retainers": {"record": "8s"}}}  # what holds the leak, soon after it opens
     return {
         "agent": {k: v for k, v in lab["agent"].items() if k not in ("listen", "state_dir")},
         "detect": lab["detect"],
@@ -65,6 +66,26 @@ def test_a_heap_leak_is_found_before_the_jvms_oome_and_a_heap_grown_to_xmx_is_no
     assert "heap after GC grows" in leak["summary"] and "towards -Xmx 96.0 MiB" in leak["summary"], leak
     layers = {c["layer"]: c for c in agent.instance("leaky")["ceilings"]}
     assert layers["jvm_heap"]["bytes"] == XMX and layers["jvm_heap"]["source"] == "VM.flags"
+
+    # the JVM names what holds the leaked arrays: the static map, through JFR's old-object samples
+    def held() -> list[dict]:
+        leaks = [
+            f for f in agent.get("/api/v1/findings", kind="leak")["findings"] if f["instance"] == "leaky"
+        ]
+        suspects = leaks[0]["evidence"].get("suspects") or [] if leaks else []
+        return [s for s in suspects if s.get("held_by")]
+
+    suspect = wait_until(held, 120, interval=1.0)[0]
+    assert suspect["kind"] == "class" and suspect["name"] in (
+        "[B",
+        "java.util.HashMap$Node",
+        "java.lang.String",
+    )
+    holder = suspect["held_by"][0]
+    assert holder["where"] == "static field HeapShapes.CACHE", holder
+    assert holder["what"].startswith("java.util.HashMap of ") and holder["samples"] >= 1, holder
+    table = agent.cli("leaks", timeout=60).stdout
+    assert "held by static field HeapShapes.CACHE" in table, table
 
     # the other JVM committed its whole heap; judgements go on with it there, and none finds anything
     def at_xmx() -> float | None:

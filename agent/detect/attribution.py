@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.detect.retainers import with_held_by
 from agent.detect.suspects import MIN_CONFIDENCE, growth, suspects_for
 from agent.state.histograms import HistogramStore
 from agent.state.store import Aggregate, Store
@@ -152,7 +153,9 @@ def explain(store: Store, instance: str, since: float, now: float, limit: int = 
     where the growth is (outside the Java heap: the classes whose counts rise with the native bytes)."""
     attribution = attribution_for(store, instance, since, now)
     native = attribution.growth_layer in ("unexplained", "jvm_native") and _is_jvm(attribution)
-    suspects = suspects_for(store, instance, since, now, limit=limit, native=native)
+    suspects = with_held_by(
+        store, instance, since, now, suspects_for(store, instance, since, now, limit=limit, native=native)
+    )
     return {"attribution": attribution.to_dict(), "suspects": [s.to_dict() for s in suspects]}
 
 
