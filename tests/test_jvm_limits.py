@@ -112,8 +112,8 @@ def test_the_agent_says_which_ceilings_it_read_and_falls_back_on_the_memory_limi
     read_event = wait_until(lambda: said("read"), 60, interval=0.5)[0]
     assert read_event["severity"] == "info"
     assert (
-        "Java heap 96.0 MiB (VM.flags" in read_event["message"]
-        and "1.0 GiB (config)" in read_event["message"]
+        "Java heap 96.0 MiB (MaxHeapSize=100663296, from VM.flags)" in read_event["message"]
+        and "the memory limit 1.0 GiB (config)" in read_event["message"]
     )
     silent_event = wait_until(lambda: said("silent"), 60, interval=0.5)[0]
     assert silent_event["severity"] == "warning"
@@ -124,7 +124,12 @@ def test_the_agent_says_which_ceilings_it_read_and_falls_back_on_the_memory_limi
     assert "projected to the memory limit 1.0 GiB (config)" in silent_event["message"]
 
     layers = {c["layer"]: c for c in agent.instance("read")["ceilings"]}
-    assert layers["container"] == {"layer": "container", "bytes": 2**30, "source": "config", "detail": ""}
+    assert layers["container"] == {
+        "layer": "container",
+        "bytes": 2**30,
+        "source": "config",
+        "detail": "config",
+    }
     assert layers["jvm_heap"]["bytes"] == 96 * MiB and layers["jvm_heap"]["source"] == "VM.flags"
     assert layers["jvm_direct"]["bytes"] == 96 * MiB and "not set" in layers["jvm_direct"]["detail"]
     assert "jvm_metaspace" not in layers

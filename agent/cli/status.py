@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
                 else f"{inst['status']} ({inst.get('status_reason')})",
                 format_duration(inst.get("uptime_seconds")),
                 format_bytes(inst.get("rss_bytes")),
-                f"{format_bytes(limit)} {inst.get('memory_limit_source') or ''}".strip() if limit else "-",
+                _limit(inst, limit),
                 f"{100 * ratio:.1f}%" if ratio is not None else "-",
                 f"{cpu:.1f}" if cpu is not None else "-",
                 _ms(inst.get("latest", {}).get("latency_p99_seconds")),
@@ -52,6 +52,15 @@ def run(args: argparse.Namespace) -> int:
     headers = ["INSTANCE", "PID", "STATUS", "UPTIME", "RSS", "LIMIT", "%LIMIT", "CPU%", "P99", "THREADS"]
     echo(render([*headers, "RESTARTS", "PROBED", "ERRORS"], rows, numeric={1, 4, 6, 7, 8, 9, 10, 12}))
     return 0
+
+
+def _limit(inst: dict, limit: float | None) -> str:
+    """The memory limit and where it came from; for a JVM, its heap's own ceiling too."""
+    text = f"{format_bytes(limit)} {inst.get('memory_limit_source') or ''}".strip() if limit else "-"
+    heap = next((c for c in inst.get("ceilings") or [] if c.get("layer") == "jvm_heap"), None)
+    if heap is None:
+        return text
+    return f"{text}, -Xmx {format_bytes(heap['bytes'])}" if heap.get("bytes") else f"{text}, -Xmx unknown"
 
 
 def _ms(seconds: float | None) -> str:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 SOURCE, DETAIL, PROBLEM = "jvm_limits_source", "jvm_limits_detail", "jvm_limits_problem"  # the probe's notes
 TITLES = {
-    "container": "the process (memory limit)",
+    "container": "the memory limit",
     "jvm_heap": "Java heap",
     "jvm_direct": "direct buffers",
     "jvm_metaspace": "metaspace",
@@ -45,31 +45,34 @@ class Ceiling:
 
     def describe(self) -> str:
         size = format_bytes(self.bytes) if self.bytes is not None else "unknown"
-        why = f"{self.source}: {self.detail}" if self.detail else self.source
-        return f"{TITLES[self.layer]} {size} ({why})"
+        return f"{TITLES[self.layer]} {size} ({self.detail or self.source})"
 
 
 def ceilings(state: InstanceState) -> list[Ceiling]:
     """The instance's ceilings, the container's first."""
-    found = [Ceiling("container", state.memory_limit, state.memory_limit_source or "unknown")]
-    source = state.notes.get(SOURCE)
-    if source is None:
+    container = state.memory_limit_source or "unknown"
+    found = [Ceiling("container", state.memory_limit, container, container)]
+    source = state.notes.get(SOURCE, "")
+    if not source:
         return found  # not a JVM, or not read yet
     detail, problem = state.notes.get(DETAIL, ""), state.notes.get(PROBLEM, "")
     heap = state.latest.get("jvm_heap_max_bytes")
     if source == "unknown" or heap is None:
         why = problem or "no heap ceiling read"
         return [*found, Ceiling("jvm_heap", None, "unknown", f"{why}; the options set no -Xmx")]
-    said = f"VM.flags not read ({problem}); " if problem else ""
-    found.append(Ceiling("jvm_heap", heap, source, said + detail))
+    where = "VM.flags" if source == "VM.flags" else f"the {source}; VM.flags not read: {problem}"
+    found.append(Ceiling("jvm_heap", heap, source, f"{detail}, from {where}"))
     direct = state.latest.get("jvm_direct_max_bytes")
     if direct is not None:
-        how = (
-            "MaxDirectMemorySize"
-            if "MaxDirectMemorySize" in detail
-            else "MaxDirectMemorySize not set: the heap's"
+        set_ = "MaxDirectMemorySize" in detail
+        found.append(
+            Ceiling(
+                "jvm_direct",
+                direct,
+                source,
+                "MaxDirectMemorySize" if set_ else "MaxDirectMemorySize not set: the heap's",
+            )
         )
-        found.append(Ceiling("jvm_direct", direct, source, how))
     metaspace = state.latest.get("jvm_metaspace_max_bytes")
     if metaspace is not None:
         found.append(Ceiling("jvm_metaspace", metaspace, source, "MaxMetaspaceSize"))
@@ -87,12 +90,11 @@ def announce_ceilings(state: InstanceState, events: EventLog) -> None:
     if heap.bytes is None:
         container = found[0]
         text = (
-            f"the JVM's heap ceiling is unknown ({heap.detail}): heap growth is projected to the "
-            f"memory limit {format_bytes(container.bytes) if container.bytes else 'unknown'} "
-            f"({container.source}) instead; start it with -Xmx, or let medic attach with jcmd"
+            f"the JVM's heap ceiling is unknown ({heap.detail}): heap growth is projected to "
+            f"{container.describe()} instead; start it with -Xmx, or let medic attach with jcmd"
         )
     else:
-        text = f"the JVM's own ceilings: {text}; {found[0].describe()}"
+        text = f"the JVM's own ceilings: {text}; and {found[0].describe()}"
     if text == state.ceilings_said:
         return
     state.ceilings_said = text

@@ -105,7 +105,9 @@ def parse_smaps_resident(data: bytes) -> list[tuple[int, int, int]]:
                 raise ProbeError("/proc/PID/smaps: an Rss line before any mapping: not an smaps file")
             size = int(rss.group(1)) * 1024
             if size >= FIGURE_LIMIT:
-                raise ProbeError(f"/proc/PID/smaps: an Rss of {rss.group(1)} kB is wider than 64 bits")
+                raise ProbeError(
+                    f"/proc/PID/smaps: an Rss of {rss.group(1).decode()} kB is wider than 64 bits"
+                )
             regions.append((*span, size))
             span = None
     return regions
