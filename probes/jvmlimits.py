@@ -82,8 +82,8 @@ class JvmLimitsProbe:
             raise refusal
         retry = None
         backoff = RETRY_FIRST if before is None else min(before.backoff * 2, RETRY_MAX)
-        if refusal is not None:
-            problem = str(refusal)  # a JVM refusing attach refuses it for its whole life
+        if refusal is not None:  # a JVM refusing attach refuses it for its whole life
+            problem = str(refusal).split(": ", 1)[0]  # what it runs with, not what the jvm probe misses
         else:
             try:
                 answer = run_jcmd(pid, ["VM.flags"], settings_for(target, "jvm", JvmHistograms), self.root)

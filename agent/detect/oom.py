@@ -111,7 +111,7 @@ def judge_oom(ctx: Context) -> Observation:
     if layer is not None and projection.layer is not None:
         summary = (
             f"{ctx.prep.instance}: {projection.ends} in {format_duration(ttoom)}: {layer.series_title} "
-            f"{format_bytes(projection.start)} projected to reach {projection.against} (+{format_rate(slope)})"
+            f"{format_bytes(projection.start)} grows {format_rate(slope)} towards {projection.against}"
         )
     else:
         summary = (
