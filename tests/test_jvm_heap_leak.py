@@ -1,9 +1,10 @@
-"""A real agent on the compressed lab config (examples/lab.yaml) against two real JVMs whose -Xmx is far below
-the memory limit medic judges them against: one leaks `byte[]` into a static `HashMap<String, byte[]>`
-(its RSS would need many minutes to reach the limit, its heap only a few to reach -Xmx), one widens
-its GC sawtooth until it has committed its whole heap and stays there. The leak is found while the
-JVM still runs, before its own OutOfMemoryError, with the heap named as the ceiling; the JVM that grew
-its heap to -Xmx gets no finding."""
+"""A real agent on the compressed lab config (examples/lab.yaml) against three real JVMs whose ceilings are far
+below the memory limit medic judges them against: one leaks `byte[]` into a static `HashMap<String,
+byte[]>` (its RSS would need many minutes to reach the limit, its heap only a few to reach -Xmx), one
+widens its GC sawtooth until it has committed its whole heap and stays there, one keeps direct
+buffers up to -XX:MaxDirectMemorySize. Each leak is found while its JVM still runs, before its own
+OutOfMemoryError, with its layer's ceiling named, and the heap leak with what holds it; the JVM that
+grew its heap to -Xmx gets no finding, and none is read as memory kept by an allocator."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ XMX = 96 * MiB
 STEP = 20.0  # a memory judgement of the lab config (a 2 min window / 24 x 4)
 
 
-def lab_config(leaky: int, growing: int) -> dict:
+def lab_config(leaky: int, growing: int, buffers: int) -> dict:
     lab = yaml.safe_load(LAB.read_text())
     jvm = next(i for i in lab["instances"] if "histograms" in i)["histograms"]
     jvm = {"jvm": {**jvm["jvm"], "retainers": {"record": "8s"}}}  # what holds the leak, soon after it opens
@@ -35,6 +36,7 @@ def lab_config(leaky: int, growing: int) -> dict:
         "instances": [
             {"name": "leaky", "match": {"pid": leaky}, "memory_limit": "640Mi", "histograms": jvm},
             {"name": "growing", "match": {"pid": growing}, "memory_limit": "240Mi", "histograms": jvm},
+            {"name": "buffers", "match": {"pid": buffers}, "memory_limit": "1Gi", "histograms": jvm},
         ],
     }
 
@@ -45,7 +47,9 @@ def test_a_heap_leak_is_found_before_the_jvms_oome_and_a_heap_grown_to_xmx_is_no
     classes = build_heap_shapes(tmp_path)
     leaking, leaky = start_heap_shape(spawn, classes, "leak", 10, "-Xmx96m", "-XX:+UseG1GC")
     _growing, growing = start_heap_shape(spawn, classes, "expand", 15000, "-Xms8m", "-Xmx96m", "-XX:+UseG1GC")
-    agent.start(lab_config(leaky, growing))
+    direct = ("-Xmx64m", "-XX:MaxDirectMemorySize=48m", "-XX:NativeMemoryTracking=summary")
+    keeping, buffers = start_heap_shape(spawn, classes, "direct", 6, *direct)
+    agent.start(lab_config(leaky, growing, buffers))
 
     def found() -> dict | None:
         leaks = [
@@ -105,3 +109,20 @@ def test_a_heap_leak_is_found_before_the_jvms_oome_and_a_heap_grown_to_xmx_is_no
     assert not [f for f in findings if f["instance"] == "growing"], findings
     opened = [e for e in agent.events(kind="finding_opened") if e["instance"] == "growing"]
     assert not opened, opened
+
+    # direct buffers hit -XX:MaxDirectMemorySize long before the memory limit, and are never "retention"
+    def direct_found() -> dict | None:
+        leaks = [
+            f for f in agent.get("/api/v1/findings", kind="leak")["findings"] if f["instance"] == "buffers"
+        ]
+        if leaks:
+            return leaks[0]
+        assert keeping.poll() is None, "the JVM ran out of direct buffer memory before medic found the leak"
+        return None
+
+    found = wait_until(direct_found, 240, interval=1.0)
+    assert keeping.poll() is None
+    assert found["evidence"]["layer"] == "jvm_direct" and found["evidence"]["ceiling_bytes"] == 48 * MiB
+    assert "java.lang.OutOfMemoryError: Direct buffer memory in " in found["summary"], found["summary"]
+    fragmentation = agent.get("/api/v1/findings", kind="fragmentation", state="all")["findings"]
+    assert not fragmentation, fragmentation

@@ -1,7 +1,7 @@
-"""JVMs whose heap does what a serving JVM's heap does: one leaks `byte[]` values into a static
-`HashMap<String, byte[]>` until it throws `java.lang.OutOfMemoryError`, one widens its GC sawtooth
-(more requests in flight) so that it commits its heap up to `-Xmx` over a flat floor and stays there.
-Both make request garbage. Each prints `ready PID` once it runs; the leaking one prints `oome` on
+"""JVMs whose memory does what a serving JVM's does: one leaks `byte[]` values into a static
+`HashMap<String, byte[]>` until it throws `java.lang.OutOfMemoryError`, one keeps direct buffers until
+`-XX:MaxDirectMemorySize` stops it, one widens its GC sawtooth (more requests in flight) so that it
+commits its heap up to `-Xmx` over a flat floor and stays there. All make request garbage. Each prints `ready PID` once it runs; the leaking one prints `oome` on
 its stdout when the OutOfMemoryError comes, and exits."""
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ from support.histo import clean_env, read_ready
 from support.procs import SpawnFn
 
 JAVA_HEAP = r"""
+import java.nio.ByteBuffer;
 import java.util.*;
 
 public class HeapShapes {
     static final Map<String, byte[]> CACHE = new HashMap<>();
+    static final List<ByteBuffer> BUFFERS = new ArrayList<>();
     static volatile Object sink;
 
     public static void main(String[] args) throws Exception {
@@ -24,7 +26,24 @@ public class HeapShapes {
         long number = Long.parseLong(args[1]);
         System.out.println("ready " + ProcessHandle.current().pid());
         System.out.flush();
-        if (mode.equals("leak")) leak((int) number); else expand(number);
+        if (mode.equals("leak")) leak((int) number);
+        else if (mode.equals("direct")) direct((int) number);
+        else expand(number);
+    }
+
+    /** A direct buffer of `kibPerTick` KiB kept every 20 ms tick, plus request garbage. */
+    static void direct(int kibPerTick) throws Exception {
+        try {
+            while (true) {
+                BUFFERS.add(ByteBuffer.allocateDirect(kibPerTick * 1024));
+                for (int i = 0; i < 2000; i++) sink = new int[16];
+                Thread.sleep(20);
+            }
+        } catch (OutOfMemoryError e) {
+            System.out.println("oome " + e.getMessage());
+            System.out.flush();
+            System.exit(3);
+        }
     }
 
     /** `kibPerTick` KiB more held every 20 ms tick, plus request garbage. */
@@ -75,7 +94,7 @@ def build_heap_shapes(out_dir: Path) -> Path:
 def start_heap_shape(
     spawn: SpawnFn, classes: Path, mode: str, number: int, *flags: str, **env: str
 ) -> tuple[subprocess.Popen, int]:
-    """Start `HeapShapes leak KIB_PER_TICK` or `HeapShapes expand RAMP_MS` with the JVM `flags`;
+    """Start `HeapShapes leak|direct KIB_PER_TICK` or `HeapShapes expand RAMP_MS` with the JVM `flags`;
     returns the process and the JVM's pid once it runs."""
     argv = ["java", *flags, "-cp", str(classes), "HeapShapes", mode, str(number)]
     proc = spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=clean_env(**env))
