@@ -9,6 +9,8 @@ grew its heap to -Xmx gets no finding, and none is read as memory kept by an all
 from __future__ import annotations
 
 import shutil
+import subprocess
+from collections.abc import Callable
 
 import pytest
 import yaml
@@ -41,6 +43,22 @@ def lab_config(leaky: int, growing: int, buffers: int) -> dict:
     }
 
 
+def found_before_oome(agent, name: str, jvm: subprocess.Popen) -> Callable[[], dict | None]:
+    """The leak finding of `name`, once there is one; fails at once if the JVM died first (of its own
+    OutOfMemoryError: the finding came too late)."""
+
+    def found() -> dict | None:
+        leaks = [f for f in agent.get("/api/v1/findings", kind="leak")["findings"] if f["instance"] == name]
+        if leaks:
+            return leaks[0]
+        assert jvm.poll() is None, (
+            f"{name}: the JVM died of its own OutOfMemoryError before medic found the leak"
+        )
+        return None
+
+    return found
+
+
 def test_a_heap_leak_is_found_before_the_jvms_oome_and_a_heap_grown_to_xmx_is_no_finding(
     agent, spawn, tmp_path
 ):
@@ -51,16 +69,7 @@ def test_a_heap_leak_is_found_before_the_jvms_oome_and_a_heap_grown_to_xmx_is_no
     keeping, buffers = start_heap_shape(spawn, classes, "direct", 6, *direct)
     agent.start(lab_config(leaky, growing, buffers))
 
-    def found() -> dict | None:
-        leaks = [
-            f for f in agent.get("/api/v1/findings", kind="leak")["findings"] if f["instance"] == "leaky"
-        ]
-        if leaks:
-            return leaks[0]
-        assert leaking.poll() is None, "the JVM died of its own OutOfMemoryError before medic found the leak"
-        return None
-
-    leak = wait_until(found, 300, interval=1.0)
+    leak = wait_until(found_before_oome(agent, "leaky", leaking), 300, interval=1.0)
     assert leaking.poll() is None  # found while the JVM still runs
     evidence = leak["evidence"]
     assert evidence["series"] == "jvm_heap_after_gc_bytes" and evidence["layer"] == "jvm_heap"
@@ -111,16 +120,7 @@ def test_a_heap_leak_is_found_before_the_jvms_oome_and_a_heap_grown_to_xmx_is_no
     assert not opened, opened
 
     # direct buffers hit -XX:MaxDirectMemorySize long before the memory limit, and are never "retention"
-    def direct_found() -> dict | None:
-        leaks = [
-            f for f in agent.get("/api/v1/findings", kind="leak")["findings"] if f["instance"] == "buffers"
-        ]
-        if leaks:
-            return leaks[0]
-        assert keeping.poll() is None, "the JVM ran out of direct buffer memory before medic found the leak"
-        return None
-
-    found = wait_until(direct_found, 240, interval=1.0)
+    found = wait_until(found_before_oome(agent, "buffers", keeping), 240, interval=1.0)
     assert keeping.poll() is None
     assert found["evidence"]["layer"] == "jvm_direct" and found["evidence"]["ceiling_bytes"] == 48 * MiB
     assert "java.lang.OutOfMemoryError: Direct buffer memory in " in found["summary"], found["summary"]

@@ -1,7 +1,8 @@
 """The leak detector: steady growth of the live bytes within one process lifetime.
 
-The series judged is the most specific one present: allocator live bytes, else the JVM heap
-after GC (and then RSS too, for native growth outside the heap), else RSS. A fit fires when
+The series judged is the most specific one present: allocator live bytes, else a JVM's layers
+(the heap after GC, the memory outside the heap, direct buffers, metaspace: each projected to its
+own ceiling, the earliest deadline reported; agent/detect/jvm.py), else RSS. A fit fires when
 its lower envelope grows with Mann-Kendall confidence above `confidence`, faster than
 `min_rate`, without decelerating, over enough history for its projection, and when its scale
 may speak (see `assess`): hours of growth are also what a daily traffic rise or a slow drift
@@ -29,7 +30,7 @@ NATIVE_DOMINANCE = 4.0
 
 def leak_series(ctx: Context) -> list[str]:
     """The series a leak is judged on, most specific first; a JVM's layers (agent/detect/jvm.py) when
-    its committed and used heap are known."""
+    its memory outside the heap is known."""
     if ctx.present(ALLOCATED):
         # Python's small objects live in pymalloc's arenas, which malloc's figures do not count
         return [ALLOCATED, RSS] if ctx.present(PYMALLOC) else [ALLOCATED]

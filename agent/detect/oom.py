@@ -5,7 +5,8 @@ grows with confidence and its peaks, projected at the more cautious of the windo
 the recent slope, reach the limit before `horizon`. This is the safety net of a process of any
 age: it is gated on the quality of the fit (`fit_holds`), never on having learned a daily
 profile, so a new process bound for its limit is flagged in its first hours. The cautious slope
-keeps a warm-up that is levelling off from projecting its early rate.
+keeps a warm-up that is levelling off from projecting its early rate. A JVM's layers are projected
+to their own ceilings instead of its RSS to the limit (`jvm.oom_series`); the earliest is reported.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from support.histo import clean_env, read_ready
+from support.histo import clean_env, compile_java, read_ready
 from support.procs import SpawnFn
 
 JAVA_HEAP = r"""
@@ -85,10 +85,7 @@ public class HeapShapes {
 
 def build_heap_shapes(out_dir: Path) -> Path:
     """Compile HeapShapes.java with javac; returns the class directory."""
-    source = out_dir / "HeapShapes.java"
-    source.write_text(JAVA_HEAP)
-    subprocess.run(["javac", "-d", str(out_dir), str(source)], check=True, capture_output=True, timeout=120)
-    return out_dir
+    return compile_java(out_dir, "HeapShapes", JAVA_HEAP)
 
 
 def start_heap_shape(
