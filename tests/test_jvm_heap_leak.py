@@ -31,7 +31,7 @@ STEP = 20.0  # a memory judgement of the lab config (a 2 min window / 24 x 4)
 def lab_config(leaky: int, growing: int, buffers: int) -> dict:
     lab = yaml.safe_load(LAB.read_text())
     jvm = next(i for i in lab["instances"] if "histograms" in i)["histograms"]
-    jvm = {"jvm": {**jvm["jvm"], "retainers": {"record": "8s"}}}  # what holds the leak, soon after it opens
+    jvm = {"jvm": {**jvm["jvm"], "retainers": {"record": "12s"}}}  # what holds the leak, soon after it opens
     return {
         "agent": {k: v for k, v in lab["agent"].items() if k not in ("listen", "state_dir")},
         "detect": lab["detect"],
