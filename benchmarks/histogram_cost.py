@@ -6,8 +6,8 @@ parsing plus symbolizing a 10 MB heap profile.
 JVM part (needs a JDK): a program compiled here with javac keeps `--objects` small objects of four classes
 live in a heap of `--heap`, plus churning garbage. Measured per run: wall time and CPU time of the jcmd
 process (itself a JVM), for `GC.class_histogram -all`, the live `GC.class_histogram` (with the full-GC
-pause the target logs with -Xlog:gc), and the jvm probe's own run (heap_info + NMT + `-all` histogram in
-one `jcmd -f`, parsed). Profile part (needs cc): a program with 2000 functions is started, its real memory
+pause the target logs with -Xlog:gc), the jvm probe's own run (heap_info + NMT + `-all` histogram in
+one `jcmd -f`, parsed, and the heap's resident pages), and that read of smaps alone. Profile part (needs cc): a program with 2000 functions is started, its real memory
 map and function addresses make a jemalloc heap_v2 dump of `--profile-mb` MB with 8-24-frame
 backtraces; measured: parse, and parse + symbolize + aggregate by site with a cold and a warm symbol cache.
 """
@@ -139,12 +139,30 @@ def bench_jvm(objects: int, heap: str, repeat: int, work: Path) -> dict:
             "full_gc_pause_ms": _median(pauses) if pauses else None,
         }
         results["probe_run"] = _pair(probe_runs)
+        results["heap_resident_ms"] = _heap_resident_ms(pid, repeat)
         results["parse_histogram_ms"] = 1000 * _median(parse_runs)
         results["histogram"] = {"classes": histogram_rows, "objects": total}
         return results
     finally:
         jvm.kill()
         jvm.wait()
+
+
+def _heap_resident_ms(pid: int, repeat: int) -> float:
+    """The jvm probe's read of the heap's resident pages: smaps of the range `GC.heap_info` names."""
+    from probes.jvmtext import parse_heap_info
+    from probes.linux.maps import resident_within
+
+    span = parse_heap_info(
+        subprocess.run(["jcmd", str(pid), "GC.heap_info"], capture_output=True, text=True).stdout
+    ).span
+    assert span is not None
+    runs = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        resident_within(pid, *span)
+        runs.append(time.perf_counter() - started)
+    return 1000 * _median(runs)
 
 
 def _pair(runs: list[tuple[float, float, float]]) -> dict:
@@ -256,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"JVM CPU {row['target_cpu_ms']:4.0f} ms{extra}"
             )
         print(f"  {'parse the histogram':<38} {jvm['parse_histogram_ms']:7.2f} ms")
+        print(f"  {'the heap resident pages (smaps)':<38} {jvm['heap_resident_ms']:7.2f} ms")
     prof = out["profile"]
     print(
         f"heap profile of {prof['bytes'] / 1e6:.1f} MB ({prof['stacks']:,} backtraces, "

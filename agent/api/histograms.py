@@ -24,13 +24,15 @@ from agent.core.errors import ProbeError
 from agent.core.histograms import Snapshot
 from agent.detect.attribution import attribution_for
 from agent.detect.histodiff import diff
+from agent.detect.retainers import with_held_by
 from agent.detect.suspects import SUSPECT_KINDS, suspects_for
 from agent.state.histograms import HistogramStore
 
-KIND_PATTERN = "^(class|type|site|nmt)$"
+KIND_PATTERN = "^(class|type|site|nmt|retainer)$"
+SUSPECT_PATTERN = "^(class|type|site|nmt)$"  # retainers name holders, not what grows
 DEFAULT_WINDOW = 6 * 3600.0
 MAX_ID = 2**63 - 1  # SQLite's INTEGER: a larger id would fail in the query, not answer 404
-PROBE_OF_KIND = {"class": "jvm", "nmt": "jvm", "type": "pyhist", "site": "heapprof"}
+PROBE_OF_KIND = {"class": "jvm", "nmt": "jvm", "retainer": "jvm", "type": "pyhist", "site": "heapprof"}
 
 
 class NotYet(Exception):
@@ -172,14 +174,16 @@ def histogram_routes(ctx: Any) -> APIRouter:
     def suspects(
         name: str,
         since: str | None = Query(None, description="unix time or a duration ago (default 6h)"),
-        kind: str | None = Query(None, pattern=KIND_PATTERN),
+        kind: str | None = Query(None, pattern=SUSPECT_PATTERN),
         limit: int = Query(10, ge=1, le=200),
     ) -> dict[str, Any]:
         now = time.time()
         known(name)
         start = parse_time(since, now, DEFAULT_WINDOW)
         kinds = (kind,) if kind else SUSPECT_KINDS
-        found = suspects_for(ctx.store, name, start, now, kinds=kinds, limit=limit)
+        found = with_held_by(
+            ctx.store, name, start, now, suspects_for(ctx.store, name, start, now, kinds=kinds, limit=limit)
+        )
         return {"now": now, "instance": name, "since": start, "suspects": [s.to_dict() for s in found]}
 
     @router.get("/api/v1/instances/{name}/attribution")
@@ -209,4 +213,5 @@ def _howto(kind: str) -> str:
         "type": "Python targets need the in-process hook (docs/allocators.md) for type histograms",
         "site": "configure histograms.heap_profiles with a directory (docs/histograms.md)",
         "nmt": "start the JVM with -XX:NativeMemoryTracking=summary",
+        "retainer": "the jvm probe records what holds a JVM's leak when a leak finding opens on it",
     }[kind]

@@ -8,7 +8,7 @@ import json
 
 from agent.cli.client import agent_url, get_json
 from agent.cli.options import when
-from agent.core.text import echo, printable, render
+from agent.core.text import echo, held_by_text, printable, render
 from agent.core.units import format_bytes, format_duration
 
 HELP = "show an instance's object histogram (JVM classes, Python types) and what grows"
@@ -115,7 +115,7 @@ def render_suspects(suspects: list[dict]) -> str:
             f"{s['count_per_second'] * 3600:+.0f}/h",
             "-" if s["share"] is None else f"{100 * s['share']:.0f}%",
             f"{s['confidence']:.3f}",
-            s["name"],
+            " ".join(filter(None, (s["name"], held_by_text(s.get("held_by"))))),
         ]
         for i, s in enumerate(suspects)
     ]

@@ -8,7 +8,7 @@ import json
 import time
 
 from agent.cli.client import agent_url, get_json
-from agent.core.text import echo, render
+from agent.core.text import echo, held_by_text, render
 from agent.core.units import format_bytes, format_duration
 
 HELP = "show open memory findings: leaks with their slope and time to OOM, fragmentation, OOM risk"
@@ -43,7 +43,9 @@ def _suspect(evidence: dict) -> str:
         return "-"
     top = suspects[0]
     share = top.get("share")
-    return f"{top.get('name')}" + (f" ({100 * share:.0f}%)" if isinstance(share, (int, float)) else "")
+    held = held_by_text(top.get("held_by"))
+    named = f"{top.get('name')}" + (f" ({100 * share:.0f}%)" if isinstance(share, (int, float)) else "")
+    return f"{named} {held}" if held else named
 
 
 def _attribution(evidence: dict) -> str:

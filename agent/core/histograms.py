@@ -22,6 +22,7 @@ KINDS = {
     "gperftools": "site",
     "tracemalloc": "site",  # Python allocation sites (file:line) from the hook's tracemalloc session
     "nmt": "nmt",
+    "jfr": "retainer",  # what holds a JVM's leaked objects: JFR old-object samples and their GC roots
 }
 
 

@@ -45,3 +45,15 @@ def render(headers: Sequence[str], rows: Sequence[Sequence[object]], numeric: se
         ]
         lines.append("  ".join(parts).rstrip())
     return "\n".join(lines)
+
+
+def held_by_text(held_by: object) -> str:
+    """`held by static field Cache.ENTRIES (java.util.HashMap of 10800 entries)` from a suspect's
+    `held_by` (records with `what` and `where`, or short strings); "" when nothing is known."""
+    if not isinstance(held_by, list) or not held_by:
+        return ""
+    first = held_by[0]
+    if isinstance(first, dict):
+        where, what = first.get("where"), first.get("what")
+        return f"held by {where}" + (f" ({what})" if what else "") if where else ""
+    return f"held by {first}"

@@ -5,7 +5,8 @@ grows with confidence and its peaks, projected at the more cautious of the windo
 the recent slope, reach the limit before `horizon`. This is the safety net of a process of any
 age: it is gated on the quality of the fit (`fit_holds`), never on having learned a daily
 profile, so a new process bound for its limit is flagged in its first hours. The cautious slope
-keeps a warm-up that is levelling off from projecting its early rate.
+keeps a warm-up that is levelling off from projecting its early rate. A JVM's layers are projected
+to their own ceilings instead of its RSS to the limit (`jvm.oom_series`); the earliest is reported.
 
 Peaks already at or above the limit are no projection: they fire at once and say what that means
 (`above_limit`). A cgroup limit is enforced: RSS cannot run past it, the kernel reclaims and swaps
@@ -16,10 +17,11 @@ so the time to OOM is unknown (None), never 0 for a process that keeps running.
 
 from __future__ import annotations
 
-from agent.core.units import format_bytes, format_duration
+from agent.core.units import format_bytes, format_duration, format_rate
 from agent.detect.context import Context
 from agent.detect.growth import Fit, time_to_limit, traffic_explains
-from agent.detect.model import RSS, Observation, State
+from agent.detect.jvm import LAYERS, oom_series
+from agent.detect.model import Observation, State
 from agent.detect.params import DetectParams
 from agent.detect.saturation import Levelling
 
@@ -47,7 +49,7 @@ def fit_holds(fit: Fit, ttoom: float, p: DetectParams) -> bool:
 def oom_peak(ctx: Context, fit: Fit) -> float | None:
     """Where the peaks start the projection from: now, plus on the cycle scale the part of the
     fitted daily swing still to come today (the upper envelope covers the daily peak)."""
-    peak = ctx.peak
+    peak = ctx.projection(fit.metric).start
     if fit.wave and peak is not None:
         peak += max(0.0, fit.wave - fit.offset)
     return peak
@@ -56,10 +58,10 @@ def oom_peak(ctx: Context, fit: Fit) -> float | None:
 def levelled_time(ctx: Context, fit: Fit, curve: Levelling) -> float | None:
     """Seconds until the peaks reach the limit along a levelling curve: the peaks rise by what the
     floor's curve still rises (None: it levels off below the limit)."""
-    peak = oom_peak(ctx, fit)
-    if ctx.limit is None or peak is None:
+    peak, limit = oom_peak(ctx, fit), ctx.projection(fit.metric).limit
+    if limit is None or peak is None:
         return None
-    return curve.time_to(curve.now + ctx.limit - peak)
+    return curve.time_to(curve.now + limit - peak)
 
 
 def enforced(ctx: Context) -> bool:
@@ -120,7 +122,7 @@ def judge_oom(ctx: Context) -> Observation:
     above = above_limit(ctx)
     if above is not None:
         return above
-    fits = ctx.fits(RSS)
+    fits = [fit for metric in oom_series(ctx) for fit in ctx.fits(metric)]
     if not fits:
         return ctx.observation(
             "oom-risk", "unknown", "not enough data in this process lifetime to project RSS"
@@ -132,7 +134,7 @@ def judge_oom(ctx: Context) -> Observation:
             continue
         t = fit.trend
         slope = min(t.slope, t.recent_slope)
-        ttoom = time_to_limit(ctx.limit, oom_peak(ctx, fit), slope)
+        ttoom = time_to_limit(ctx.projection(fit.metric).limit, oom_peak(ctx, fit), slope)
         if ttoom is None:
             continue
         near = t.confidence >= p.confidence_clear and ttoom < p.horizon * CLEAR_MARGIN
@@ -167,16 +169,28 @@ def judge_oom(ctx: Context) -> Observation:
             f"RSS peaks {format_bytes(ctx.peak)} are not projected to reach {format_bytes(ctx.limit)}",
         )
     fit, ttoom, slope = best
+    projection = ctx.projection(fit.metric)
     evidence = fit.evidence() | {
         "time_to_oom_seconds": ttoom,
         "projection_slope_bytes_per_second": slope,
-        "limit_bytes": ctx.limit,
-        "peak_bytes": ctx.peak,
+        "limit_bytes": projection.limit,
+        "peak_bytes": projection.start,
         "lifetime_start": ctx.lifetime_start,
+        "layer": projection.layer,
+        "ceiling": projection.against,
+        "ceiling_bytes": projection.ceiling,
+        "ends_in": projection.ends,
     }
-    summary = (
-        f"{ctx.prep.instance} RSS peaks {format_bytes(ctx.peak)} projected to reach the limit "
-        f"{format_bytes(ctx.limit)} in {format_duration(ttoom)} (+{format_bytes(slope * 3600)}/h)"
-    )
+    layer = LAYERS.get(fit.metric)
+    if layer is not None and projection.layer is not None:
+        summary = (
+            f"{ctx.prep.instance}: {projection.ends} in {format_duration(ttoom)}: {layer.series_title} "
+            f"{format_bytes(projection.start)} grows {format_rate(slope)} towards {projection.against}"
+        )
+    else:
+        summary = (
+            f"{ctx.prep.instance} RSS peaks {format_bytes(ctx.peak)} projected to reach the limit "
+            f"{format_bytes(ctx.limit)} in {format_duration(ttoom)} (+{format_bytes(slope * 3600)}/h)"
+        )
     severity = "critical" if ttoom < p.horizon / 4 and fit.saturation_ruled_out else "error"
     return ctx.observation("oom-risk", state, summary, severity=severity, evidence=evidence)

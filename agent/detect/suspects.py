@@ -88,6 +88,7 @@ class Suspect:
     detail: str | None = None
     carried: tuple[str, ...] = ()  # platform classes/builtins growing in step with it (its payload)
     correlation: float | None = None  # of its count floor with the native (RSS) floor, when judged so
+    held_by: tuple[dict[str, Any], ...] = ()  # what holds it, where the process can say (`what`, `where`)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -107,6 +108,7 @@ class Suspect:
             "detail": self.detail,
             "carried": list(self.carried),
             "correlation": None if self.correlation is None else round(self.correlation, 4),
+            "held_by": list(self.held_by),
         }
 
 

@@ -25,6 +25,7 @@ from agent.detect import DetectParams, Finding, InstanceSeries, Observation, Tra
 from agent.detect.attribution import explain
 from agent.detect.fleet import judge_fleet, with_priors
 from agent.detect.growth import REQUESTS
+from agent.detect.jvm import INPUT_METRICS as JVM_INPUTS
 from agent.detect.lifecycle import earlier_process, past_the_limit, restarted
 from agent.detect.model import (
     ACTIVE,
@@ -57,6 +58,7 @@ MEMORY_METRICS = (
     ACTIVE,
     RESIDENT,
     JVM_HEAP_AFTER_GC,
+    *JVM_INPUTS,
     PYMALLOC,
     *LIMIT_METRICS,
     *REQUESTS,

@@ -18,6 +18,7 @@ from agent.core.records import Event, ProbeResult, ProbeTarget, ProcessIdentity,
 from agent.state.eventlog import EventLog
 from agent.state.histograms import HistogramStore
 from agent.state.store import Store
+from agent.watch.ceilings import announce_ceilings
 from agent.watch.instances import InstanceState, ProbeHealth
 from agent.watch.tracker import Tracker
 from agent.watch.tree import CgroupOwnership, first_pss
@@ -90,9 +91,11 @@ class Collector:
         for state, target in self.tracker.up_targets():
             samples: list[Sample] = []
             processes: dict[ProcessIdentity, dict[str, float]] = {}
+            notes: dict[str, str] = {}
             for probe in probes:
                 result = self._run_probe(state, target, probe, now_)
                 samples.extend(result.samples)
+                notes.update(result.notes)
                 for identity, figures in result.processes.items():
                     processes.setdefault(identity, {}).update(figures)
             samples.extend(self._tree_samples(state, target, schedule, processes, samples, now_))
@@ -104,9 +107,12 @@ class Collector:
                 if state.pid == target.pid:  # still the same process: publish
                     for sample in samples:
                         state.latest[sample.metric] = sample.value
+                    state.notes.update(notes)
                     if "cpu_seconds_total" in state.latest and schedule == "fast":
                         state.observe_cpu(now_, state.latest["cpu_seconds_total"])
                     state.last_probe = now_
+                    if schedule == "slow":
+                        announce_ceilings(state, self.events)
             changed = [sample for sample in samples if self._worth_storing(sample)]
             self.store.add_samples(changed)
             taken += len(changed)

@@ -664,7 +664,16 @@ function findingCard(f, now) {
 
 function suspectLine(sp) {
   const share = isNum(sp.share) ? `, ${fmtPercent(sp.share)} of the growth` : "";
-  return `${sp.name || "?"}: ${fmtRate(sp.bytes_per_second)}${share}`;
+  const held = heldBy(sp);
+  return `${sp.name || "?"}: ${fmtRate(sp.bytes_per_second)}${share}${held ? `; ${held}` : ""}`;
+}
+
+// what holds a suspect, where the process could say: "held by static field Cache.ENTRIES (java.util.HashMap…)"
+function heldBy(sp) {
+  const first = Array.isArray(sp.held_by) ? sp.held_by[0] : null;
+  if (!first) return "";
+  if (typeof first === "string") return `held by ${first}`;
+  return first.where ? `held by ${first.where}${first.what ? ` (${first.what})` : ""}` : "";
 }
 
 function renderSuspects(inst) {
@@ -690,7 +699,7 @@ function renderSuspects(inst) {
     h(
       "tr",
       {},
-      h("td", { class: "mono" }, sp.name || "?"),
+      h("td", { class: "mono" }, heldBy(sp) ? `${sp.name || "?"} ${heldBy(sp)}` : sp.name || "?"),
       h("td", {}, sp.kind || ""),
       h("td", { class: "num" }, fmtRate(sp.bytes_per_second)),
       h("td", { class: "num" }, fmtPercent(sp.share)),
