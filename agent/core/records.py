@@ -44,12 +44,14 @@ class ProbeTarget:
 
 @dataclass(slots=True)
 class ProbeResult:
-    """Samples a probe read, the histogram snapshots it took (the collector stores both), plus the
-    figures it could not read (partial failure)."""
+    """Samples a probe read, the histogram snapshots it took (the collector stores both), the figures it
+    could not read (partial failure), and what it saw happen in the target (events the collector records,
+    such as a tracing session that ended)."""
 
     samples: list[Sample] = field(default_factory=list)
     problems: list[Exception] = field(default_factory=list)
     snapshots: list[Snapshot] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
 
 
 @dataclass(slots=True)

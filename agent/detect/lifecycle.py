@@ -21,7 +21,11 @@ from dataclasses import replace
 from agent.detect.model import Finding, Observation, Transition
 from agent.detect.params import DetectParams
 
-EXPLANATION_KEYS = ("suspects", "attribution")  # added by the detection job, not by the detectors
+EXPLANATION_KEYS = (
+    "suspects",
+    "attribution",
+    "collecting",
+)  # added by the detection job, not by the detectors
 
 
 def update(

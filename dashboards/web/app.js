@@ -609,12 +609,28 @@ function findingCard(f, now) {
     suspects.length
       ? h("ul", { class: "suspect-lines" }, suspects.map((sp) => h("li", {}, suspectLine(sp))))
       : null,
+    collectingLine(ev.collecting),
   );
+}
+
+// what a leak finding waits for: allocation sites being collected, or why their tracing ended
+function collectingLine(waiting) {
+  if (!waiting || typeof waiting !== "object" || !waiting.message) return null;
+  return h("p", { class: "muted" }, `collecting ${waiting.what || "allocation sites"}: ${waiting.message}`);
 }
 
 function suspectLine(sp) {
   const share = isNum(sp.share) ? `, ${fmtPercent(sp.share)} of the growth` : "";
-  return `${sp.name || "?"}: ${fmtRate(sp.bytes_per_second)}${share}`;
+  return `${sp.name || "?"}: ${fmtRate(sp.bytes_per_second)}${share}${holderText(sp)}`;
+}
+
+// what holds a Python suspect (a container named by where it lives) and the line that adds to it
+function holderText(sp) {
+  const held = sp.held_by;
+  if (held && typeof held === "object" && held.name) {
+    return ` — held by ${held.name}${held.added_at ? `, added at ${held.added_at}` : ""}`;
+  }
+  return sp.added_at ? ` — filled at ${sp.added_at}` : "";
 }
 
 function renderSuspects(inst) {
@@ -640,7 +656,7 @@ function renderSuspects(inst) {
     h(
       "tr",
       {},
-      h("td", { class: "mono" }, sp.name || "?"),
+      h("td", { class: "mono" }, (sp.name || "?") + holderText(sp)),
       h("td", {}, sp.kind || ""),
       h("td", { class: "num" }, fmtRate(sp.bytes_per_second)),
       h("td", { class: "num" }, fmtPercent(sp.share)),
