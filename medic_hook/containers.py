@@ -35,8 +35,10 @@ SEQUENCES = frozenset((list, set, frozenset, deque))
 _BASES = (dict, list, set, frozenset, deque)
 RECORD_TYPES = frozenset((dict, OrderedDict, defaultdict, tuple))  # untracked when holding atomics only
 NAMED_MIN_LEN = 64  # a shorter container is not worth a name (nor a row of its own)
-SAMPLE_ITEMS = 20_000  # items of one container counted one by one; past this, a sample
+SAMPLE_ITEMS = 10_000  # items of one container counted one by one; past this, a sample
+SAMPLE_ITEMS_TRACING = 2_000  # ... while tracemalloc traces (and makes every allocation ~30x dearer)
 _ATTRIBUTE_NAMES = 256  # names tried as attributes of one class
+_SHAPES = 256  # first entries of a container whose types say what it holds
 _DICT_KEYS = 256  # keys of a module-level dict looked into for containers
 _CHECK_EVERY = 1024
 _OWN_PREFIX = "medic_hook"
@@ -176,6 +178,15 @@ def _safe_items(cls: type) -> list[tuple[str, Any]]:
         return []
 
 
+def _class_containers(cls: type, roles: _Roles) -> list[tuple[str, Any]]:
+    """The containers a class holds as class attributes. The class's namespace is iterated in place:
+    the pair its iterator yields is reused, so this makes no object per attribute."""
+    try:
+        return [(k, v) for k, v in class_dict(cls).items() if roles[type(v)] == _CONTAINER and type(k) is str]
+    except Exception:  # changed by another thread meanwhile, or no namespace to read
+        return []
+
+
 def attributes(obj: Any, names: list[str]) -> Iterator[tuple[str, Any]]:
     """`(name, value)` of the instance attributes among `names` that `obj` has."""
     for name in names:
@@ -219,13 +230,16 @@ class _Roles(dict[type, int]):
         return role
 
 
-def scan_roots(found: Longest, over: Callable[[], bool]) -> bool:
+def scan_roots(found: Longest, over: Callable[[], bool], library: Longest | None = None) -> bool:
     """Offer every container that module globals hold, by name: globals, the attributes of the classes
-    and instances they hold, and the containers a module-level dict holds under a string key. False
-    when `over()` said the time was up before the scan ended."""
+    and instances they hold, and the containers a module-level dict holds under a string key; those of
+    the standard library's modules to `library` when given (its static tables, a few hundred entries
+    each, would crowd out a young cache of the application). False when `over()` said the time was up
+    before the scan ended."""
     seen_classes: set[int] = set()
     names_of: dict[type, list[str]] = {}
     roles = _Roles()
+    standard = sys.stdlib_module_names
     for module_name, module in list(sys.modules.items()):
         if type(module_name) is not str or module_name.startswith(_OWN_PREFIX):
             continue
@@ -234,27 +248,43 @@ def scan_roots(found: Longest, over: Callable[[], bool]) -> bool:
             continue
         if over():
             return False
-        for name, value in list(members.items()):
-            role = roles[type(value)]
-            if role == _OTHER or type(name) is not str or name.startswith("__"):
-                continue
-            if role == _CONTAINER:
-                path = f"{module_name}.{name}"
-                found.offer(value, path)
-                if type(value) in MAPPINGS:
-                    _offer_nested(found, value, path, roles)
-            elif role == _CLASS:
-                if id(value) not in seen_classes:
-                    seen_classes.add(id(value))
-                    for key, member in _safe_items(value):
-                        if roles[type(member)] == _CONTAINER:
-                            found.offer(member, f"{owner_name(value)}.{key}", owner=value)
-            else:
-                floor = max(found.low, NAMED_MIN_LEN - 1)
-                for attr, member in instance_containers(value, names_of, floor):
-                    if attr is not None:
-                        found.offer(member, f"{module_name}.{name}.{attr}", owner=type(value))
+        into = library if library is not None and module_name.partition(".")[0] in standard else found
+        try:
+            _scan_module(into, module_name, members, roles, seen_classes, names_of)
+        except RuntimeError:  # another thread changed the module's globals meanwhile: skipped
+            continue
     return True
+
+
+def _scan_module(
+    found: Longest,
+    module_name: str,
+    members: dict[str, Any],
+    roles: _Roles,
+    seen_classes: set[int],
+    names_of: dict[type, list[str]],
+) -> None:
+    """Offer the containers one module's globals hold (see `scan_roots`). The globals are iterated in
+    place, not copied: the pair the iterator yields is reused, so this makes no object per global."""
+    for name, value in members.items():
+        role = roles[type(value)]
+        if role == _OTHER or type(name) is not str or name.startswith("__"):
+            continue
+        if role == _CONTAINER:
+            path = f"{module_name}.{name}"
+            found.offer(value, path)
+            if type(value) in MAPPINGS:
+                _offer_nested(found, value, path, roles)
+        elif role == _CLASS:
+            if id(value) not in seen_classes:
+                seen_classes.add(id(value))
+                for key, member in _class_containers(value, roles):
+                    found.offer(member, f"{owner_name(value)}.{key}", owner=value)
+        else:
+            floor = max(found.low, NAMED_MIN_LEN - 1)
+            for attr, member in instance_containers(value, names_of, floor):
+                if attr is not None:
+                    found.offer(member, f"{module_name}.{name}.{attr}", owner=type(value))
 
 
 def _offer_nested(found: Longest, mapping: dict[Any, Any], path: str, roles: _Roles) -> None:
@@ -350,72 +380,119 @@ def size_of(obj: Any) -> int:
         return 0
 
 
+_C_METHODS = (types.MethodDescriptorType, types.WrapperDescriptorType)
+
+
+def measure(objects: list[Any]) -> tuple[int, int]:
+    """How many `objects` (all of one type) and their shallow bytes as `sys.getsizeof` says, summed in
+    C: the type's own C `__sizeof__` is called unbound (`getsizeof` makes a bound method per object,
+    which a tracing session would trace), plus the headers `getsizeof` adds (the same for every
+    object of a type: the collector's, a managed dict's), read once from the first."""
+    if not objects:
+        return 0, 0
+    kind = type(objects[0])
+    sizeof = getattr(kind, "__sizeof__", None)
+    try:
+        if sizeof is not None and type(sizeof) in _C_METHODS and not issubclass(kind, type):
+            header = sys.getsizeof(objects[0]) - sizeof(objects[0])
+            return len(objects), sum(map(sizeof, objects)) + header * len(objects)
+        return len(objects), sum(map(sys.getsizeof, objects))
+    except Exception:  # a broken __sizeof__ in the host's code: measured one by one, without it
+        return len(objects), sum(size_of(obj) for obj in objects)
+
+
 def count_contents(
     container: Any, name: str | None, counts: dict[type, list[int]], over: Callable[[], bool]
 ) -> tuple[dict[str, Any], int, bool]:
     """Count what `container` holds and the tracker does not (atomics, untracked dicts and tuples with
     their own contents) into `counts`; its summary, how many objects were added, and whether `over()`
-    cut the count short. A container another thread resizes meanwhile is counted as far as it got."""
+    cut the count short. A container another thread resizes meanwhile is counted as far as it got.
+    What it holds is grouped by type and measured per group (`measure`): counting makes almost no
+    objects of its own, which a tracing session would trace one by one."""
     kind = type(container)
     base = base_of(kind) or list
     total = length(container, base)
-    step = sample_step(total, SAMPLE_ITEMS)
+    step = sample_step(total, SAMPLE_ITEMS_TRACING if _tracing() else SAMPLE_ITEMS)
     offset = time.perf_counter_ns() % step
-    content_bytes = entries = 0
-    complete, cut = True, False
-    kinds: dict[tuple[type, ...], int] = {}
-    found: dict[type, list[int]] = {}  # what the entries counted hold, before scaling
     mapping = base is dict
+    complete, cut, entries = True, False, 0
+    found: dict[type, list[Any]] = {}  # what the entries counted hold, by type, before scaling
+    is_tracked = gc.is_tracked
 
-    def count(item: Any) -> int:
-        if item is None or item is True or item is False or gc.is_tracked(item):
-            return 0  # tracked objects are the walk's; a singleton held a million times is one object
-        size = size_of(item)
-        row = found.setdefault(type(item), [0, 0])
-        row[0] += 1
-        row[1] += size
-        return size
+    def count(item: Any) -> None:
+        if item is None or item is True or item is False or is_tracked(item):
+            return  # tracked objects are the walk's; a singleton held a million times is one object
+        bucket = found.get(type(item))
+        if bucket is None:
+            bucket = found[type(item)] = []
+        bucket.append(item)
 
     try:
-        for entry in _items(container, base, step, offset):
-            entries += 1
-            if entries % _CHECK_EVERY == 0 and over():
+        if mapping:  # keys and values side by side: no (key, value) pair made per entry
+            keys = _sampled(dict.keys(container), step, offset)
+            values = _sampled(dict.values(container), step, offset)
+        else:
+            keys, values = _sampled(base.__iter__(container), step, offset), iter(())
+        while True:
+            chunk = list(islice(keys, _CHECK_EVERY))
+            if not chunk:
+                break
+            entries += len(chunk)
+            for item in chunk:
+                count(item)
+                if not mapping and type(item) in RECORD_TYPES and not is_tracked(item):
+                    for part in item.values() if type(item) is not tuple else item:
+                        count(part)
+            for item in islice(values, len(chunk)):
+                count(item)
+            if over():
                 complete, cut = False, True
                 break
-            if mapping:
-                key, value = entry
-                content_bytes += count(key) + count(value)
-                shape: tuple[type, ...] = (type(key), type(value))
-            else:
-                content_bytes += count(entry)
-                if type(entry) in RECORD_TYPES and not gc.is_tracked(entry):
-                    for part in entry.values() if type(entry) is not tuple else entry:
-                        content_bytes += count(part)
-                shape = (type(entry),)
-            if len(kinds) < 16 or shape in kinds:
-                kinds[shape] = kinds.get(shape, 0) + 1
     except RuntimeError:  # resized by another thread while we counted
         complete = False
     scale = total / entries if step > 1 and entries and complete else 1.0  # a sample: to the whole
-    added = 0
-    for item_kind, (item_count, item_bytes) in found.items():
+    added = content_bytes = 0
+    for item_kind, items in found.items():
+        item_count, item_bytes = measure(items)
         row = counts.setdefault(item_kind, [0, 0])
         row[0] += round(item_count * scale)
         row[1] += round(item_bytes * scale)
         added += round(item_count * scale)
-    ranked = [
-        (tuple(type_name(kind) for kind in shape), seen)
-        for shape, seen in sorted(kinds.items(), key=lambda item: -item[1])
-    ]
+        content_bytes += item_bytes
+    found.clear()
+    ranked = _shapes(container, base)
     summary = {
         "name": name,
         "type": type_name(kind),
         "len": total,
         "bytes": size_of(container) if base is kind or kind in MAPPINGS else base.__sizeof__(container),
         "content_bytes": round(content_bytes * scale),
-        "holds": " -> ".join(ranked[0][0]) if ranked else None,
-        "kinds": [" -> ".join(shape) for shape, _ in ranked[:4]],
+        "holds": ranked[0] if ranked else None,
+        "kinds": ranked[:4],
         "complete": complete,
         "sampled": step,
     }
     return summary, added, cut
+
+
+def _tracing() -> bool:
+    tracemalloc = sys.modules.get("tracemalloc")
+    return tracemalloc is not None and tracemalloc.is_tracing()
+
+
+def _sampled(iterator: Iterable[Any], step: int, offset: int) -> Iterator[Any]:
+    return iter(iterator) if step == 1 else islice(iterator, offset, None, step)
+
+
+def _shapes(container: Any, base: Any) -> list[str]:
+    """What the first entries of a container are, most frequent first: `int -> bytes`, `str`."""
+    kinds: dict[tuple[type, ...], int] = {}
+    try:
+        entries = islice(dict.items(container) if base is dict else base.__iter__(container), _SHAPES)
+        for entry in entries:
+            shape = (type(entry[0]), type(entry[1])) if base is dict else (type(entry),)
+            kinds[shape] = kinds.get(shape, 0) + 1
+    except RuntimeError:  # resized by another thread meanwhile
+        pass
+    ranked = sorted(kinds.items(), key=lambda item: -item[1])
+    return [" -> ".join(type_name(kind) for kind in shape) for shape, _ in ranked]

@@ -4,8 +4,9 @@ on a heap of any size.
 `gc.get_objects()` lists only objects the collector tracks (containers and class instances); atomic
 objects such as `str`, `bytes` and `int` are never tracked, and a dict holding only such objects is
 not tracked either. So, besides the tracked objects, the walk counts what the longest containers hold
-(`medic_hook.containers`): the `contents` longest containers that module globals reach by name
-(`cache_service.cache`, `app.BUS._subscribers`), and the `contents` longest dicts and lists the walk
+(`medic_hook.containers`): the `2 × contents` longest containers that the application's module
+globals reach by name (`cache_service.cache`, `app.BUS._subscribers`; the standard library's
+modules get `contents / 2` of their own), and the `contents` longest dicts and lists the walk
 meets (tracked ones, the untracked dicts that tracked dicts hold as values, and the containers held
 as attributes of the instances walked, named `module.Class().attr`). Each is listed under
 `containers` with its length, content types and bytes, and what it holds is counted into the types
@@ -42,6 +43,7 @@ from medic_hook.containers import (
     Longest,
     count_contents,
     is_instance_type,
+    measure,
     offer_attributes,
     sample_step,
     scan_roots,
@@ -55,8 +57,9 @@ DEFAULT_CONTENTS = 8  # longest containers of each kind whose contents are count
 PASS_OBJECTS = 50_000  # objects walked per pass of a sampled walk
 MAX_OBJECTS = 100_000_000  # the most a request may ask to walk (`max_objects`)
 WALK_SHARE = 0.7  # passes start only while they fit within this share of the budget
-ROOTS_SHARE = 0.25  # the scan of module globals and the count of what they hold stop here
+ROOTS_SHARE = 0.5  # the scan of module globals and the count of what they hold stop here
 _VALUES_SCANNED = 100_000  # values of one tracked dict looked at for untracked dicts
+_VALUES_FROM = 16  # ... in dicts of at least this many entries
 _OWN_MODULES = ("socket", "selectors", "threading", "_thread", "ctypes", "_ctypes", "_socket")
 _MAX_OWN = 2000
 _NONE, _MAPPING, _SEQUENCE, _INSTANCE = 0, 1, 2, 3
@@ -147,9 +150,12 @@ def type_histogram(
 
     budget = Budget(budget_s)
     counts: dict[type, list[int]] = {}  # exact figures: what the containers hold
-    named, mappings, sequences = Longest(2 * contents), Longest(contents), Longest(contents)
-    complete = scan_roots(named, lambda: budget.over(ROOTS_SHARE)) if contents else True
-    by_id, counted, cut = _count_all(named.drain(NAMED_MIN_LEN), counts, budget, ROOTS_SHARE, set())
+    named, library = Longest(2 * contents), Longest(contents // 2)
+    mappings, sequences = Longest(contents), Longest(contents)
+    complete = scan_roots(named, lambda: budget.over(ROOTS_SHARE), library) if contents else True
+    roots = named.drain(NAMED_MIN_LEN) + library.drain(NAMED_MIN_LEN)
+    by_id, counted, cut = _count_all(roots, counts, budget, ROOTS_SHARE, set())
+    del roots
     held, summaries = set(by_id), list(by_id.values())  # counted whole: the walk leaves them out
     del by_id
     objects = gc.get_objects()
@@ -258,7 +264,7 @@ def _walk(
         walk.passes += 1
         walk.walked += len(sample)
         walk.untracked += untracked
-        for kind, (count, size, _role) in tally.items():
+        for kind, (count, size) in tally.items():
             row = walk.counts.setdefault(kind, [0, 0])
             row[0] += count
             row[1] += size
@@ -290,56 +296,75 @@ def _one_pass(
     held: set[int],
     found: tuple[Longest, Longest],
     contents: bool,
-) -> tuple[dict[type, list[int]] | None, int]:
-    """One pass over `sample`: per type [count, bytes, role], and the untracked referents counted; no
-    tally when the budget ran out before its end. The containers in `held` are counted elsewhere."""
+) -> tuple[dict[type, tuple[int, int]] | None, int]:
+    """One pass over `sample`: per type (count, bytes), and the untracked referents counted; no tally
+    when the budget ran out before its end. The containers in `held` are counted elsewhere. Objects
+    are grouped by type and measured per group at the end, so that the pass makes almost no objects
+    of its own (a tracing session would trace each one)."""
     import gc
 
     mappings, sequences = found
-    tally: dict[type, list[int]] = {}
+    groups: dict[type, tuple[int, list[Any]]] = {}
+    extra: dict[type, tuple[int, list[Any]]] = {}  # untracked referents
     names_of: dict[type, list[str]] = {}
-    untracked = 0
-    getsizeof, is_tracked = sys.getsizeof, gc.is_tracked
-    for walked, obj in enumerate(sample, 1):
-        if walked % _CHECK_EVERY == 0 and budget.over():
+    is_tracked = gc.is_tracked
+    for start in range(0, len(sample), _CHECK_EVERY):
+        if start and budget.over():
             return None, 0
-        kind = type(obj)
-        row = tally.get(kind)
-        if row is None:
-            row = tally[kind] = [0, 0, _role(kind) if contents else _NONE]
-        role = row[2]
-        if role == _MAPPING:
-            if id(obj) in held:
-                continue
-            if len(obj) > mappings.low:
-                mappings.offer(obj, size=len(obj))
-            try:
-                for value in islice(obj.values(), _VALUES_SCANNED):
-                    if type(value) in MAPPINGS and len(value) > mappings.low and not is_tracked(value):
-                        mappings.offer(value, size=len(value))  # a dict of atomics only: found here
-            except RuntimeError:  # resized by another thread meanwhile
-                pass
-        elif role == _SEQUENCE:
-            if id(obj) in held:
-                continue
-            if len(obj) > sequences.low:
-                sequences.offer(obj, size=len(obj))
-        elif role == _INSTANCE:
-            offer_attributes(mappings, sequences, obj, names_of)
-        row[0] += 1
-        try:
-            row[1] += getsizeof(obj)
-        except Exception:  # a broken __sizeof__ in the host's code must not break the walk
-            pass
-        if referents:
-            for ref in gc.get_referents(obj):
-                if not gc.is_tracked(ref) and id(ref) not in seen:
-                    seen.add(id(ref))
-                    ref_row = tally.setdefault(type(ref), [0, 0, _NONE])
-                    ref_row[0] += 1
-                    ref_row[1] += size_of(ref)
-                    untracked += 1
+        for obj in sample[start : start + _CHECK_EVERY]:
+            kind = type(obj)
+            group = groups.get(kind)
+            if group is None:
+                group = groups[kind] = (_role(kind) if contents else _NONE, [])
+            role = group[0]
+            if role == _MAPPING:
+                size = len(obj)
+                if size >= NAMED_MIN_LEN and id(obj) in held:
+                    continue
+                if size > mappings.low:
+                    mappings.offer(obj, size=size)
+                if size >= _VALUES_FROM:  # smaller: an instance's __dict__, kwargs (their owners are walked)
+                    _offer_untracked(mappings, obj)
+            elif role == _SEQUENCE:
+                size = len(obj)
+                if size >= NAMED_MIN_LEN and id(obj) in held:
+                    continue
+                if size > sequences.low:
+                    sequences.offer(obj, size=size)
+            elif role == _INSTANCE:
+                offer_attributes(mappings, sequences, obj, names_of)
+            group[1].append(obj)
+            if referents:
+                for ref in gc.get_referents(obj):
+                    if not is_tracked(ref) and id(ref) not in seen:
+                        seen.add(id(ref))
+                        ref_group = extra.get(type(ref))
+                        if ref_group is None:
+                            ref_group = extra[type(ref)] = (_NONE, [])
+                        ref_group[1].append(ref)
+    tally = {kind: measure(objects) for kind, (_, objects) in groups.items()}
+    untracked = 0
+    for kind, (_, objects) in extra.items():
+        count, size = measure(objects)
+        before = tally.get(kind, (0, 0))
+        tally[kind] = (before[0] + count, before[1] + size)
+        untracked += count
     return tally, untracked
+
+
+def _offer_untracked(mappings: Longest, mapping: dict[Any, Any]) -> None:
+    """Offer the untracked dicts `mapping` holds as values: a dict of atomics only is found here."""
+    import gc
+
+    try:
+        values = (
+            mapping.values() if len(mapping) <= _VALUES_SCANNED else islice(mapping.values(), _VALUES_SCANNED)
+        )
+        for value in values:
+            if type(value) in MAPPINGS and len(value) > mappings.low and not gc.is_tracked(value):
+                mappings.offer(value, size=len(value))
+    except RuntimeError:  # resized by another thread meanwhile
+        pass
 
 
 def _leave_out_own(counts: dict[type, list[int]]) -> int:

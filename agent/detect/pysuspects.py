@@ -49,7 +49,8 @@ def python_order(
     sites first, builtin types last."""
     if not any(s.source in ("python", "containers", "tracemalloc") for s in found):
         return found
-    sites = _latest(histos, instance, "site", since, now) if any(s.kind == "site" for s in found) else None
+    wanted = any(s.kind in ("site", "container") for s in found)
+    sites = _latest(histos, instance, "site", since, now) if wanted else None
     holders = [h for h in (sites.meta.get("holders") or []) if isinstance(h, dict)] if sites else []
     types = _latest(histos, instance, "type", since, now)
     contents = {
@@ -132,18 +133,25 @@ def unexplained(suspects: list[dict[str, Any]]) -> bool:
 
 
 def collecting(
-    store: Store, instance: str, since: float, now: float, suspects: list[dict[str, Any]], requested: bool
+    store: Store,
+    instance: str,
+    since: float,
+    now: float,
+    suspects: list[dict[str, Any]],
+    requested: bool,
+    lifetime: float | None = None,
 ) -> dict[str, Any] | None:
-    """What a leak finding on a Python target waits for: the allocation-site session's snapshots so far
-    and when a site suspect can be expected (`expected_at`), or why the session ended first; None when
-    a site suspect is there already, the target has no Python hook, or no session was `requested`."""
+    """What a leak finding on a Python target waits for: the allocation-site session's snapshots in
+    [since, now] and when a site suspect can be expected (`expected_at`), or why the session ended
+    (since `lifetime`, the process's start); None when a site suspect is there already, the target has
+    no Python hook, or no session was `requested`."""
     if any(s.get("kind") == "site" for s in suspects):
         return None
     if not python_target(store, instance, since, now):
         return None
     histos = HistogramStore(store)
     session = current_lifetime(histos.snapshots(instance, since, now, "site", "tracemalloc", limit=500))
-    stopped = _stopped(store, instance, session[0].ts if session else since)
+    stopped = _stopped(store, instance, session[0].ts if session else min(since, lifetime or since))
     what = "allocation sites (tracemalloc)"
     if not session:
         if stopped:

@@ -261,7 +261,7 @@ class Detection:
                 instance=instance,
                 finding=leaks[0].id,
             )
-        return collecting(self.store, instance, since, now, suspects, requested)
+        return collecting(self.store, instance, since, now, suspects, requested, key[1])
 
     # ------------------------------------------------------------------------------ queries
     def findings(
