@@ -122,6 +122,7 @@ def op_histogram(request: dict[str, Any]) -> dict[str, Any]:
         budget_s=optional_float(request, "budget_s", 1.0, 0.001, 10.0),
         referents=request.get("referents", False) is True,
         contents=optional_int(request, "contents", DEFAULT_CONTENTS, 0, 64),
+        wall_s=optional_float(request, "wall_s", 1.0, 0.001, 60.0) if "wall_s" in request else None,
     )
     return {**_common("histogram"), **result, "sites_tracing": sites.tracing()}
 

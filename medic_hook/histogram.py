@@ -14,8 +14,8 @@ as attributes of the instances walked, named `module.Class().attr`). Each is lis
 its `bytes` at their real size. `referents=True` adds every untracked object any walked one points to.
 
 **Cost.** Walking holds the GIL (the host's other threads get it back every switch interval), so the
-walk has a budget: `budget_s` seconds of the walking thread's CPU time (and twice that of wall time,
-which medic's client waits for). A heap of up to 50,000 tracked objects is walked whole. A larger
+walk has a budget: `budget_s` seconds of the walking thread's CPU time, and `wall_s` of wall time
+(what medic's client waits for; by default `budget_s + 1`, at least twice `budget_s`). A heap of up to 50,000 tracked objects is walked whole. A larger
 one is walked in passes: with a prime stride `q` (at least 7, so that no period of the heap's layout
 lines up with it) each pass takes every `q`-th object from a different offset, and passes go on while
 the next one fits within 70 % of the budget, or until all `q` are done (a whole walk). Counts and bytes
@@ -68,10 +68,12 @@ _rotation = 0  # the offset the next sampled walk starts at
 
 class Budget:
     """The walking thread's CPU time within `seconds` (what the host's other threads wait for), and
-    wall time within twice that (what medic's client waits for)."""
+    wall time within `wall_seconds` (what medic's client waits for: on a busy host the walk gets only
+    part of a CPU)."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, wall_seconds: float | None = None) -> None:
         self.seconds = seconds
+        self.wall_seconds = wall_seconds if wall_seconds is not None else wall_allowance(seconds)
         self.cpu_started = time.thread_time()
         self.wall_started = time.perf_counter()
 
@@ -82,7 +84,14 @@ class Budget:
         return time.perf_counter() - self.wall_started
 
     def over(self, share: float = 1.0) -> bool:
-        return self.cpu() > share * self.seconds or self.wall() > 2 * share * self.seconds
+        return self.cpu() > share * self.seconds or self.wall() > share * self.wall_seconds
+
+
+def wall_allowance(seconds: float) -> float:
+    """The wall time a walk of `seconds` of CPU may take when the client did not say (`wall_s`): one
+    second short of the `seconds + 2` that medic's clients before `wall_s` wait, and at least twice
+    the CPU budget."""
+    return max(seconds + 1.0, 2 * seconds)
 
 
 def _module_of(kind: type) -> str:
@@ -142,13 +151,14 @@ def type_histogram(
     budget_s: float = 1.0,
     referents: bool = False,
     contents: int = DEFAULT_CONTENTS,
+    wall_s: float | None = None,
 ) -> dict[str, Any]:
     """Counts and shallow sizes per type, the `top` largest by count, from a walk of at most
-    `max_objects` tracked objects (default: as many as `budget_s` allows); raises `RequestError`
-    (`too_expensive`) when not even one pass of the walk fits in the budget."""
+    `max_objects` tracked objects (default: as many as `budget_s` of CPU allows, within `wall_s` of
+    wall time); raises `RequestError` (`too_expensive`) when not even one pass of the walk fits."""
     import gc
 
-    budget = Budget(budget_s)
+    budget = Budget(budget_s, wall_s)
     counts: dict[type, list[int]] = {}  # exact figures: what the containers hold
     named, library = Longest(2 * contents), Longest(contents // 2)
     mappings, sequences = Longest(contents), Longest(contents)

@@ -46,6 +46,7 @@ __all__ = ["PythonHistogramProbe", "sites_snapshot_from_reply", "snapshot_from_r
 
 Key = tuple[str, int, float]
 SITES_TIMEOUT = 10.0
+MAX_BUDGET = 10.0  # the most CPU the hook lets one walk take
 _STOPPED = re.compile(r"not tracing allocations \((?P<reason>.*)\): send sites_start first", re.S)
 # what the hook's reasons speak of, and the setting that raises it
 _SETTINGS = (
@@ -97,9 +98,9 @@ class PythonHistogramProbe:
         except HookNotFound:
             return ProbeResult()  # no hook: the allocator probe already says so and how to add one
         hook_timeout = float((target.settings.get("hook") or {}).get("timeout") or 1.0)
-        # the walk may take up to three times its CPU budget in wall time on a busy host; a sites
-        # snapshot at the default memory budget takes up to about 3 s (docs/performance.md)
-        timeout = max(hook_timeout, 3 * settings.budget + 2.0, SITES_TIMEOUT if sites_due else 0.0)
+        # a sites snapshot at the default memory budget takes up to about 3 s (docs/performance.md)
+        budget = min(settings.budget, MAX_BUDGET)
+        timeout = max(hook_timeout, walk_timeout(budget), SITES_TIMEOUT if sites_due else 0.0)
         result = ProbeResult()
         with HookClient(path, timeout, pid=target.pid, root=self.root) as client:
             if sites_due:  # first: a histogram refused as too expensive must not cost the sites
@@ -128,7 +129,13 @@ class PythonHistogramProbe:
         result: ProbeResult,
     ) -> None:
         try:
-            reply = client.request("histogram", top=settings.top, budget_s=settings.budget)
+            budget = min(settings.budget, MAX_BUDGET)
+            reply = client.request(
+                "histogram",
+                top=settings.top,
+                budget_s=budget,
+                wall_s=walk_timeout(budget) - 1.0,  # an older hook ignores it
+            )
         except HookOpUnavailable as exc:
             raise HookOpUnavailable(_with_setting(str(exc), settings.budget), exc.code) from None
         except HookRequestError as exc:
@@ -263,6 +270,12 @@ class PythonHistogramProbe:
             self._sites_next.pop(key, None)
             self._no_sites.discard(key)
             self._sessions.pop(key, None)
+
+
+def walk_timeout(budget: float) -> float:
+    """How long the probe waits for a type walk of `budget` seconds of the target's CPU: on a busy
+    host the walk gets only part of a CPU (the hook stops a second before)."""
+    return 4 * budget + 2.0
 
 
 def _with_setting(message: str, budget: float) -> str:

@@ -22,7 +22,7 @@ classes rank first, by the correlation of their count floor with the RSS floor, 
 
 The share of growth explained is the suspect's slope over the process's growth in the same span:
 the first steadily growing series of the kind's reference list (JVM classes: heap after GC, then
-RSS; Python types and native sites: allocator live bytes, then RSS), else the growth of the
+RSS; Python types, containers and native sites: allocator live bytes, then RSS), else the growth of the
 histogram's total, else of the suspects together.
 """
 
