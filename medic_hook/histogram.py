@@ -22,8 +22,10 @@ the next one fits within 70 % of the budget, or until all `q` are done (a whole 
 are scaled by `q / passes`. The next walk starts at the offset where this one stopped (an index,
 no reference kept), so successive walks cover the heap. Only the list that `gc.get_objects()` makes
 is proportional to the heap (8 bytes per tracked object, freed before the reply); a first pass that
-cannot end within the budget is refused as `too_expensive`. A count of the contents that the budget
-cut short makes `contents_complete` false: a partial figure, not to compare with the others.
+cannot end within the CPU budget is refused as `too_expensive` (the wall time stops only the passes
+after it: an answer late on a busy host is better than none). A count of the contents that the budget
+cut short makes `contents_complete` false: a partial figure, not to compare with the others (the
+containers the walk met are counted whole or not at all, the shortest left out first).
 
 The hook's own objects (types of `medic_hook`, its ctypes handles, its server's sockets and thread)
 are left out, so medic never shows among the host's types.
@@ -60,6 +62,8 @@ WALK_SHARE = 0.7  # passes start only while they fit within this share of the bu
 ROOTS_SHARE = 0.5  # the scan of module globals and the count of what they hold stop here
 _VALUES_SCANNED = 100_000  # values of one tracked dict looked at for untracked dicts
 _VALUES_FROM = 16  # ... in dicts of at least this many entries
+_EVERY_INSTANCE = 64  # a pass looks into the attributes of a class's first 64 instances, then every 64th
+_EVERY_INSTANCE_MASK = _EVERY_INSTANCE - 1
 _OWN_MODULES = ("socket", "selectors", "threading", "_thread", "ctypes", "_ctypes", "_socket")
 _MAX_OWN = 2000
 _NONE, _MAPPING, _SEQUENCE, _INSTANCE = 0, 1, 2, 3
@@ -83,8 +87,9 @@ class Budget:
     def wall(self) -> float:
         return time.perf_counter() - self.wall_started
 
-    def over(self, share: float = 1.0) -> bool:
-        return self.cpu() > share * self.seconds or self.wall() > share * self.wall_seconds
+    def over(self, share: float = 1.0, wall: bool = True) -> bool:
+        """Whether `share` of the CPU budget is used, or (with `wall`) `share` of the wall time."""
+        return self.cpu() > share * self.seconds or (wall and self.wall() > share * self.wall_seconds)
 
 
 def wall_allowance(seconds: float) -> float:
@@ -180,7 +185,7 @@ def type_histogram(
         row[0] += round(count * scale)
         row[1] += round(size * scale)
     found = [entry for entry in (*mappings.drain(), *sequences.drain()) if id(entry[0]) not in held]
-    more, added, more_cut = _count_all(found, counts, budget, 1.0, held)
+    more, added, more_cut = _count_all(found, counts, budget, 1.0, held, walked=True)
     del found, held
     summaries += more.values()
     hidden = _leave_out_own(counts)
@@ -207,11 +212,14 @@ def _count_all(
     budget: Budget,
     share: float,
     skip: set[int],
+    walked: bool = False,
 ) -> tuple[dict[int, dict[str, Any]], int, bool]:
     """Count each container of `found` (by id, the ones in `skip` left out) and what it holds until
-    `share` of the budget is used; their summaries by id, the objects added, whether the budget cut it
-    short. A container is counted itself unless it is tracked and `skip` is not empty (the walk met
-    it, or may have: its count is the walk's)."""
+    `share` of the budget is used; their summaries by id, the objects added, and whether the budget
+    cut the count short (a partial figure). A container is counted itself unless it is tracked and
+    was met by the walk (`walked`: its count is the walk's). The walk's containers are counted whole
+    or not at all: which of them a sampled walk meets changes from walk to walk anyway, and the budget
+    only ever leaves out the shortest (they come longest first)."""
     import gc
 
     summaries: dict[int, dict[str, Any]] = {}
@@ -220,15 +228,23 @@ def _count_all(
         if id(container) in skip:
             continue
         if budget.over(share):
-            return summaries, added, True
-        summary, more, cut = count_contents(container, name, counts, lambda: budget.over(share))
+            return summaries, added, not walked
+        into: dict[type, list[int]] = {} if walked else counts
+        summary, more, cut = count_contents(container, name, into, lambda: budget.over(share))
+        if cut and walked:
+            return summaries, added, False
         summaries[id(container)] = summary
         added += more
-        if not (skip and gc.is_tracked(container)):
-            row = counts.setdefault(type(container), [0, 0])
+        if not (walked and gc.is_tracked(container)):
+            row = into.setdefault(type(container), [0, 0])
             row[0] += 1
             row[1] += summary["bytes"]
             added += not gc.is_tracked(container)
+        if into is not counts:
+            for kind, (count, size) in into.items():
+                row = counts.setdefault(kind, [0, 0])
+                row[0] += count
+                row[1] += size
         if cut:
             return summaries, added, True
     return summaries, added, False
@@ -268,7 +284,8 @@ def _walk(
         if walk.passes and began + slowest > WALK_SHARE * budget.seconds:
             break
         sample = objects if stride == 1 else objects[(start + turn) % stride :: stride]
-        tally, untracked = _one_pass(sample, budget, referents, seen, held, found, contents)
+        # the first pass is what the reply cannot do without: only the CPU budget stops it
+        tally, untracked = _one_pass(sample, budget, referents, seen, held, found, contents, walk.passes > 0)
         if tally is None:
             break
         walk.passes += 1
@@ -306,6 +323,7 @@ def _one_pass(
     held: set[int],
     found: tuple[Longest, Longest],
     contents: bool,
+    wall: bool = True,
 ) -> tuple[dict[type, tuple[int, int]] | None, int]:
     """One pass over `sample`: per type (count, bytes), and the untracked referents counted; no tally
     when the budget ran out before its end. The containers in `held` are counted elsewhere. Objects
@@ -314,18 +332,18 @@ def _one_pass(
     import gc
 
     mappings, sequences = found
-    groups: dict[type, tuple[int, list[Any]]] = {}
+    groups: dict[type, list[Any]] = {}  # [role, objects, countdown, first instances left]
     extra: dict[type, tuple[int, list[Any]]] = {}  # untracked referents
     names_of: dict[type, list[str]] = {}
     is_tracked = gc.is_tracked
     for start in range(0, len(sample), _CHECK_EVERY):
-        if start and budget.over():
+        if start and budget.over(wall=wall):
             return None, 0
         for obj in sample[start : start + _CHECK_EVERY]:
             kind = type(obj)
             group = groups.get(kind)
             if group is None:
-                group = groups[kind] = (_role(kind) if contents else _NONE, [])
+                group = groups[kind] = [_role(kind) if contents else _NONE, [], 0, _EVERY_INSTANCE]
             role = group[0]
             if role == _MAPPING:
                 size = len(obj)
@@ -342,7 +360,15 @@ def _one_pass(
                 if size > sequences.low:
                     sequences.offer(obj, size=size)
             elif role == _INSTANCE:
-                offer_attributes(mappings, sequences, obj, names_of)
+                # of a class of many, one instance in 64 (a countdown: len() past 256 makes an int,
+                # which a tracing session would trace)
+                if group[3]:
+                    group[3] -= 1
+                    offer_attributes(mappings, sequences, obj, names_of)
+                else:
+                    group[2] = (group[2] - 1) & _EVERY_INSTANCE_MASK
+                    if group[2] == 0:
+                        offer_attributes(mappings, sequences, obj, names_of)
             group[1].append(obj)
             if referents:
                 for ref in gc.get_referents(obj):
@@ -352,7 +378,7 @@ def _one_pass(
                         if ref_group is None:
                             ref_group = extra[type(ref)] = (_NONE, [])
                         ref_group[1].append(ref)
-    tally = {kind: measure(objects) for kind, (_, objects) in groups.items()}
+    tally = {kind: measure(group[1]) for kind, group in groups.items()}
     untracked = 0
     for kind, (_, objects) in extra.items():
         count, size = measure(objects)
