@@ -6,8 +6,9 @@
   were allocated there (the `holders` of the latest tracemalloc snapshot, `medic_hook.holders`); a
   type is held by a growing container whose contents are of that type (the containers of the latest
   type snapshot). `held_by` says which container, what it holds, and the line that adds to it;
-- a container suspect gets that line too (`added_at`); one that holds a site suspect is shown beside
-  that site (`held_by`, with its growth) rather than again on its own;
+- a container suspect gets that line too (`added_at`); one that holds a site suspect or an
+  application's class is shown beside it (`held_by`, with its growth) rather than again on its own
+  (one that holds only builtins, `bytes`, stays: it is the name to look for);
 - order: allocation sites first (a line to look at), then containers and the application's types,
   then builtin types (`bytes`, `str`, `dict`: the payload of the others).
 
@@ -74,6 +75,8 @@ def python_order(
             container = _holding_type(suspect.name, contents, growing)
             if container is not None:
                 holder = next((h for h in holders if h.get("name") == container.name), None)
+                if not _builtin_type(suspect):  # an application's class: shown with what holds it
+                    folded.add(container.name)
                 suspect = replace(suspect, held_by=_held_by(holder or {"name": container.name}, container))
         out.append(suspect)
     out = [s for s in out if not (s.kind == "container" and s.name in folded)]
