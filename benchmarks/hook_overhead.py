@@ -160,7 +160,9 @@ def python_sites(ops: int, rounds: int) -> dict:
                             for contents in (8, 0):
                                 reply = client.request("histogram", top=50, contents=contents, budget_s=10)
                                 # the walk's own CPU when the hook reports it: a busy host stretches wall time
-                                histogram_s[f"contents={contents}"].append(reply.get("cpu_s", reply["elapsed_s"]))
+                                histogram_s[f"contents={contents}"].append(
+                                    reply.get("cpu_s", reply["elapsed_s"])
+                                )
                 finally:
                     proc.kill()
                     proc.wait()

@@ -43,15 +43,11 @@ from medic_hook.containers import (
     NAMED_MIN_LEN,
     SEQUENCES,
     Longest,
-    count_contents,
     is_instance_type,
-    measure,
     offer_attributes,
-    sample_step,
     scan_roots,
-    size_of,
-    type_name,
 )
+from medic_hook.contents import count_contents, measure, sample_step, size_of, type_name
 from medic_hook.errors import RequestError
 
 _CHECK_EVERY = 1024
@@ -345,20 +341,17 @@ def _one_pass(
             if group is None:
                 group = groups[kind] = [_role(kind) if contents else _NONE, [], 0, _EVERY_INSTANCE]
             role = group[0]
-            if role == _MAPPING:
+            if role in (_MAPPING, _SEQUENCE):
                 size = len(obj)
                 if size >= NAMED_MIN_LEN and id(obj) in held:
                     continue
-                if size > mappings.low:
-                    mappings.offer(obj, size=size)
-                if size >= _VALUES_FROM:  # smaller: an instance's __dict__, kwargs (their owners are walked)
+                longest = mappings if role == _MAPPING else sequences
+                if size > longest.low:
+                    longest.offer(obj, size=size)
+                if (
+                    role == _MAPPING and size >= _VALUES_FROM
+                ):  # smaller: a __dict__, kwargs (owners are walked)
                     _offer_untracked(mappings, obj)
-            elif role == _SEQUENCE:
-                size = len(obj)
-                if size >= NAMED_MIN_LEN and id(obj) in held:
-                    continue
-                if size > sequences.low:
-                    sequences.offer(obj, size=size)
             elif role == _INSTANCE:
                 # of a class of many, one instance in 64 (a countdown: len() past 256 makes an int,
                 # which a tracing session would trace)

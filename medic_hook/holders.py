@@ -39,9 +39,9 @@ from medic_hook.containers import (
     length,
     module_dict,
     scan_roots,
-    type_name,
     type_slot,
 )
+from medic_hook.contents import type_name
 
 KEEP = 16  # containers looked at
 ENTRIES = 8  # newest entries of each whose allocation is looked up

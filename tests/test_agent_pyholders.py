@@ -38,6 +38,12 @@ def service(tmp_path, sock_dir: str, name: str, module: str, mode: str, limit: i
     }
 
 
+def start(agent, tmp_path, *instances: dict) -> None:
+    """Write the services into `tmp_path` and start the agent on `instances` of them."""
+    write_services(tmp_path)
+    agent.start({"agent": FAST, "detect": DETECT, "instances": list(instances)})
+
+
 def leak_of(agent, instance: str) -> dict | None:
     leaks = [f for f in agent.get("/api/v1/findings", kind="leak")["findings"] if f["instance"] == instance]
     return leaks[0] if leaks else None
@@ -58,18 +64,13 @@ def holding(finding: dict | None, holder: str, added_at: str) -> dict | None:
 def test_a_module_dict_of_bytes_and_a_list_of_str_are_named_with_their_line_and_the_lru_is_not(
     agent, tmp_path, sock_dir
 ):
-    write_services(tmp_path)
     source = tmp_path / "cache_service.py"
-    agent.start(
-        {
-            "agent": FAST,
-            "detect": DETECT,
-            "instances": [
-                service(tmp_path, sock_dir, "responses", "cache_service", "dict", 200 * MiB),
-                service(tmp_path, sock_dir, "lines", "cache_service", "list", 200 * MiB),
-                service(tmp_path, sock_dir, "recent", "cache_service", "lru", 200 * MiB),
-            ],
-        }
+    start(
+        agent,
+        tmp_path,
+        service(tmp_path, sock_dir, "responses", "cache_service", "dict", 200 * MiB),
+        service(tmp_path, sock_dir, "lines", "cache_service", "list", 200 * MiB),
+        service(tmp_path, sock_dir, "recent", "cache_service", "lru", 200 * MiB),
     )
     fills = line(source, "fills the cache")
     found = wait_until(lambda: holding(leak_of(agent, "responses"), "cache_service.CACHE", fills), 150, 1.0)
@@ -94,14 +95,7 @@ def test_a_leak_the_type_view_cannot_see_is_named_by_its_site_and_the_finding_sa
 ):
     """A leak this close to its limit opens at once (critical): the collector starts the sites then;
     the detection job's earlier request, for a pending finding, is tested in test_pysuspects.py."""
-    write_services(tmp_path)
-    agent.start(
-        {
-            "agent": FAST,
-            "detect": DETECT,
-            "instances": [service(tmp_path, sock_dir, "hidden", "cache_service", "local", 200 * MiB)],
-        }
-    )
+    start(agent, tmp_path, service(tmp_path, sock_dir, "hidden", "cache_service", "local", 200 * MiB))
     keeps = line(tmp_path / "cache_service.py", "keeps it locally")
 
     def named() -> dict | None:
@@ -123,16 +117,11 @@ def test_a_leak_the_type_view_cannot_see_is_named_by_its_site_and_the_finding_sa
 
 
 def test_a_registry_leak_names_the_registering_line_and_a_numpy_list_its_append(agent, tmp_path, sock_dir):
-    write_services(tmp_path)
-    agent.start(
-        {
-            "agent": FAST,
-            "detect": DETECT,
-            "instances": [
-                service(tmp_path, sock_dir, "events", "events_service", "bus", 200 * MiB),
-                service(tmp_path, sock_dir, "batches", "numpy_service", "list", 260 * MiB),
-            ],
-        }
+    start(
+        agent,
+        tmp_path,
+        service(tmp_path, sock_dir, "events", "events_service", "bus", 200 * MiB),
+        service(tmp_path, sock_dir, "batches", "numpy_service", "list", 260 * MiB),
     )
     registers = line(tmp_path / "events_service.py", "registers")
     holder = "events_service.BUS._subscribers"

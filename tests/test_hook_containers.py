@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from medic_hook import containers, sites
+from medic_hook import containers, contents, sites
 from medic_hook.histogram import type_histogram
 from medic_hook.holders import holders
 
@@ -153,7 +153,7 @@ def test_the_histogram_counts_what_an_untracked_module_dict_holds_and_names_it(m
 def test_a_long_container_is_counted_from_a_sample_scaled_to_its_length() -> None:
     lines = [f"request {i} " + "x" * (i % 50) for i in range(55_000)]
     counts: dict[type, list[int]] = {}
-    summary, added, cut = containers.count_contents(lines, "lines", counts, lambda: False)
+    summary, added, cut = contents.count_contents(lines, "lines", counts, lambda: False)
     assert summary["sampled"] > 1 and not cut and summary["complete"]
     assert counts[str][0] == added == len(lines)  # each sampled item stands for `len / sampled` items
     exact = sum(map(sys.getsizeof, lines))
@@ -165,7 +165,7 @@ def test_sizes_summed_per_type_are_those_sys_getsizeof_gives() -> None:
     for obj in [*gc.get_objects(), b"x" * 5000, 10**40, "é" * 40, OrderedDict(a=1), 2.5]:
         by_type.setdefault(type(obj), []).append(obj)
     for kind, objects in by_type.items():
-        assert containers.measure(objects) == (len(objects), sum(map(sys.getsizeof, objects))), kind
+        assert contents.measure(objects) == (len(objects), sum(map(sys.getsizeof, objects))), kind
 
 
 def test_a_session_names_the_holders_and_the_lines_that_add_to_them(module):

@@ -83,7 +83,7 @@ def test_a_heap_past_max_objects_is_sampled_and_a_budget_too_small_for_one_pass_
         assert sampled["walked"] <= 20_000 and sampled["sample_fraction"] < 0.1
         count = next(r["count"] for r in sampled["types"] if r["type"].endswith("Kept"))
         assert 0.9 * len(kept) < count < 1.1 * len(kept)  # every 17th object, scaled back up
-        with pytest.raises(HookOpUnavailable, match="histograms.python.budget"):
+        with pytest.raises(HookOpUnavailable, match=r"histograms\.python\.budget"):
             client.request("histogram", budget_s=0.001)
         assert client.request("ping")["pong"] is True
     del kept

@@ -27,7 +27,8 @@ from itertools import pairwise
 from typing import Any
 
 from agent.core.histograms import Snapshot
-from agent.detect.suspects import Suspect, current_lifetime, snapshots_needed
+from agent.detect.suspects import MIN_CONFIDENCE, MIN_POINTS, Suspect, compared_confidence, current_lifetime
+from agent.detect.trend import mann_kendall, normal_cdf
 from agent.state.histograms import HistogramStore
 from agent.state.store import Store
 
@@ -120,6 +121,16 @@ def _held_by(holder: dict[str, Any], container: Suspect | None) -> dict[str, Any
         held["count_per_second"] = container.count_per_second
         held["holds"] = held["holds"] or container.detail
     return held
+
+
+def snapshots_needed(compared: int, min_confidence: float = MIN_CONFIDENCE) -> int:
+    """The fewest snapshots of an unbroken rise that pass `compared_confidence` with `compared` names
+    (8 for 50 names at the defaults): when a suspect can be expected at the earliest."""
+    required = compared_confidence(min_confidence, compared)
+    n = MIN_POINTS
+    while n < 100 and normal_cdf(mann_kendall([float(i) for i in range(n)])[1]) < required:
+        n += 1
+    return n
 
 
 def python_target(store: Store, instance: str, since: float, now: float) -> bool:

@@ -260,16 +260,6 @@ def compared_confidence(min_confidence: float, compared: int) -> float:
     return max(min_confidence, 1 - (1 - min_confidence) / max(compared, 1))
 
 
-def snapshots_needed(compared: int, min_confidence: float = MIN_CONFIDENCE) -> int:
-    """The fewest snapshots of an unbroken rise that pass `compared_confidence` with `compared` names
-    (8 for 50 names at the defaults): when a suspect can be expected at the earliest."""
-    required = compared_confidence(min_confidence, compared)
-    n = MIN_POINTS
-    while n < 100 and normal_cdf(mann_kendall([float(i) for i in range(n)])[1]) < required:
-        n += 1
-    return n
-
-
 def floor_snapshots(snapshots: list[Snapshot], min_points: int) -> list[Snapshot]:
     """The live JVM histograms of a lifetime when there are enough of them (each is a floor already)."""
     live = [s for s in snapshots if s.source == "jvm" and s.meta.get("variant") == "live"]
