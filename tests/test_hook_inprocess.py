@@ -91,7 +91,15 @@ def test_a_heap_past_max_objects_is_sampled_and_a_budget_too_small_for_one_pass_
 
 @pytest.mark.parametrize(
     "params",
-    [{"top": 0}, {"top": "5"}, {"top": True}, {"budget_s": 11}, {"max_objects": -1}],
+    [
+        {"top": 0},
+        {"top": "5"},
+        {"top": True},
+        {"budget_s": 11},
+        {"max_objects": -1},
+        {"wall_s": 0},
+        {"wall_s": 61},
+    ],
 )
 def test_histogram_parameters_are_validated(server: medic_hook.HookServer, params: dict) -> None:
     with HookClient(server.path) as client, pytest.raises(HookRequestError, match="must be"):
