@@ -10,13 +10,14 @@ modules get `contents / 2` of their own), and the `contents` longest dicts and l
 meets (tracked ones, the untracked dicts that tracked dicts hold as values, and the containers held
 as attributes of the instances walked, named `module.Class().attr`). Each is listed under
 `containers` with its length, content types and bytes, and what it holds is counted into the types
-(one by one up to 20,000 items, else a scaled sample): an unbounded `dict` of `int -> bytes` shows as
-its `bytes` at their real size. `referents=True` adds every untracked object any walked one points to.
+(`medic_hook.contents`: one by one up to 10,000 items, else a scaled sample): an unbounded `dict` of
+`int -> bytes` shows as its `bytes` at their real size. `referents=True` adds every untracked object
+any walked one points to.
 
 **Cost.** Walking holds the GIL (the host's other threads get it back every switch interval), so the
 walk has a budget: `budget_s` seconds of the walking thread's CPU time, and `wall_s` of wall time
-(what medic's client waits for; by default `budget_s + 1`, at least twice `budget_s`). A heap of up to 50,000 tracked objects is walked whole. A larger
-one is walked in passes: with a prime stride `q` (at least 7, so that no period of the heap's layout
+(what medic's client waits for; by default `budget_s + 1`, at least twice `budget_s`). A heap of up
+to 50,000 tracked objects is walked in one pass. A larger one is walked in passes: with a prime stride `q` (at least 7, so that no period of the heap's layout
 lines up with it) each pass takes every `q`-th object from a different offset, and passes go on while
 the next one fits within 70 % of the budget, or until all `q` are done (a whole walk). Counts and bytes
 are scaled by `q / passes`. The next walk starts at the offset where this one stopped (an index,
