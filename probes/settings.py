@@ -53,12 +53,14 @@ class PythonSites(Strict):
 
 
 class PythonHistograms(Strict):
-    """Python targets with the in-process hook: type histograms (gc-tracked objects, and the contents
-    of the largest dicts) and, while a session runs, allocation sites."""
+    """Python targets with the in-process hook: type histograms (gc-tracked objects, and what the
+    longest containers hold), the containers module globals name and, while a session runs,
+    allocation sites with what holds them."""
 
     interval: Annotated[Duration, within(1, DAY)] = 300.0
     top: int = Field(200, ge=1, le=1000)
-    budget: Annotated[Duration, within(0.001, 60)] = 1.0  # the walk holds the GIL at most this long
+    # the walk's CPU in the target (it holds the GIL): a larger heap is sampled to stay within it
+    budget: Annotated[Duration, within(0.001, 60)] = 1.0
     sites: PythonSites = Field(default_factory=PythonSites)
 
 

@@ -24,7 +24,11 @@ from agent.core.units import format_bytes
 from agent.detect.model import Finding, Observation, Transition, Verdict
 from agent.detect.params import DetectParams
 
-EXPLANATION_KEYS = ("suspects", "attribution")  # added by the detection job, not by the detectors
+EXPLANATION_KEYS = (
+    "suspects",
+    "attribution",
+    "collecting",
+)  # added by the detection job, not by the detectors
 
 
 def update(

@@ -39,6 +39,7 @@ from agent.detect.model import (
     TREE_MEMORY,
 )
 from agent.detect.priors import PriorBook, WorkloadProfile, merge, workload_key
+from agent.detect.pysuspects import collecting, python_target, unexplained
 from agent.detect.slow import INPUT_METRICS as SLOW_METRICS
 from agent.detect.slow import Slo, SlowParams, evaluate_slow, slo_from_settings
 from agent.detect.slow import history as slow_history
@@ -89,6 +90,7 @@ class Detection:
         self.priors = PriorBook()  # peers' and Prometheus' profiles are offered here (`PriorBook.offer`)
         self._learned: dict[tuple[str, float], WorkloadProfile | None] = {}
         self._keys: dict[str, str] = {}  # instance -> workload key, as of the last judgement
+        self._sites_requested: set[tuple[str, float]] = set()  # (instance, lifetime) asked for sites
         self.tracker = tracker
         self.store = store
         self.events = events
@@ -267,6 +269,7 @@ class Detection:
             self._name_process(instance, findings, since, now)
             try:
                 explanation = explain(self.store, instance, since, now)
+                explanation["collecting"] = self._collecting(instance, findings, since, now, explanation)
             except Exception:  # a bad snapshot must not stop detection
                 log.exception("cannot explain the memory growth of %s", instance)
                 continue
@@ -294,6 +297,30 @@ class Detection:
                 f"{PROCESS_TAIL}{cause['role']} pid {cause['pid']} "
                 f"(+{format_bytes(cause['growth_bytes'])}, {format_bytes(cause['growth_bytes_per_hour'])}/h)"
             )
+
+    def _collecting(
+        self, instance: str, findings: list[Finding], since: float, now: float, explanation: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """What the leak findings of `instance` wait for (`agent.detect.pysuspects.collecting`); a leak
+        the type view cannot explain asks for allocation sites once, while still pending (an open one
+        has asked already: the collector starts them when a leak opens)."""
+        leaks = [f for f in findings if f.kind == "leak"]
+        if not leaks:
+            return None
+        suspects = explanation["suspects"]
+        key = (instance, max(f.lifetime_start for f in leaks))
+        requested = key in self._sites_requested or any(f.state == "open" for f in leaks)
+        if not requested and unexplained(suspects) and python_target(self.store, instance, since, now):
+            self._sites_requested.add(key)
+            requested = True
+            self.events.emit(
+                "sites_requested",
+                f"the type histograms of {instance} name nothing that explains its growth: allocation "
+                "sites requested before the leak finding opens",
+                instance=instance,
+                finding=leaks[0].id,
+            )
+        return collecting(self.store, instance, since, now, suspects, requested, key[1])
 
     # ------------------------------------------------------------------------------ queries
     def findings(

@@ -74,9 +74,11 @@ class Collector:
         events.subscribe(self._on_event)
 
     def _on_event(self, event: Event) -> None:
-        """A leak finding that opens asks the probes that can name allocation sites to start doing so."""
+        """A leak finding that opens, or a leak the type view cannot explain (`sites_requested`, from the
+        detection job), asks the probes that can name allocation sites to start doing so."""
         finding = event.data.get("finding") if event.kind == "finding_opened" else None
-        if not isinstance(finding, dict) or finding.get("kind") != "leak" or not event.instance:
+        opened = isinstance(finding, dict) and finding.get("kind") == "leak"
+        if not (opened or event.kind == "sites_requested") or not event.instance:
             return
         for probe in self.probes:
             want_sites = getattr(probe, "want_sites", None)
@@ -183,6 +185,10 @@ class Collector:
             self._failed(state, probe.name, health, exc, started)
             return ProbeResult()
         self._store_snapshots(result)
+        for event in result.events:
+            self.events.emit(
+                event.kind, event.message, instance=state.name, severity=event.severity, **event.data
+            )
         elapsed = time.perf_counter() - started
         health.last_duration = elapsed
         since = self._unavailable_since.pop((state.name, probe.name), None)

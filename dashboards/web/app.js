@@ -659,7 +659,14 @@ function findingCard(f, now) {
     suspects.length
       ? h("ul", { class: "suspect-lines" }, suspects.map((sp) => h("li", {}, suspectLine(sp))))
       : null,
+    collectingLine(ev.collecting),
   );
+}
+
+// what a leak finding waits for: allocation sites being collected, or why their tracing ended
+function collectingLine(waiting) {
+  if (!waiting || typeof waiting !== "object" || !waiting.message) return null;
+  return h("p", { class: "muted" }, `collecting ${waiting.what || "allocation sites"}: ${waiting.message}`);
 }
 
 function suspectLine(sp) {
@@ -668,12 +675,15 @@ function suspectLine(sp) {
   return `${sp.name || "?"}: ${fmtRate(sp.bytes_per_second)}${share}${held ? `; ${held}` : ""}`;
 }
 
-// what holds a suspect, where the process could say: "held by static field Cache.ENTRIES (java.util.HashMap…)"
+// what holds a suspect, where the process could say: "held by static field Cache.ENTRIES (java.util.HashMap…)",
+// "held by cache_service.CACHE (dict of 5000 int -> bytes), added at cache_service.py:16"; or where a
+// Python container is filled
 function heldBy(sp) {
   const first = Array.isArray(sp.held_by) ? sp.held_by[0] : null;
-  if (!first) return "";
+  if (!first) return sp.added_at ? `filled at ${sp.added_at}` : "";
   if (typeof first === "string") return `held by ${first}`;
-  return first.where ? `held by ${first.where}${first.what ? ` (${first.what})` : ""}` : "";
+  if (!first.where) return "";
+  return `held by ${first.where}${first.what ? ` (${first.what})` : ""}${first.added_at ? `, added at ${first.added_at}` : ""}`;
 }
 
 function renderSuspects(inst) {
