@@ -147,7 +147,7 @@ class Agent:
             inherit_output=[self.main_instance] if self.main_instance else [],
         )
         disable_created_metrics()  # no `_created` series; a process-wide switch, so set by the agent
-        self.telemetry = Telemetry(self.tracker)
+        self.telemetry = Telemetry(self.tracker, max_age=cfg.interval)
         self.notifier = start_notifier(self)  # events → Alertmanager/webhook/Slack (agent/notify)
         memory_params = self.config.detect.memory_params()
         # a flat series must still fill every detection bucket, or the detectors see no data and a
@@ -286,16 +286,21 @@ class Agent:
             job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
         )
 
-        def job(fn, seconds: float, name: str) -> None:
+        def job(fn, seconds: float, name: str, shown: bool = True) -> None:
+            """`shown`: what the job changes shows on /metrics, so the page is built anew after it."""
+
             async def run() -> None:
                 try:
                     await asyncio.to_thread(fn)
                 except asyncio.CancelledError:  # the scheduler's shutdown: the agent is stopping
                     log.debug("job %s cancelled: the agent is stopping", name)
+                    return
                 except StoreError as exc:
                     log.error("%s: %s", name, exc)
                 except Exception:
                     log.exception("job %s failed; it runs again on its next tick", name)
+                if shown:
+                    self.telemetry.changed()
 
             scheduler.add_job(
                 run, "interval", seconds=seconds, id=name, name=name, jitter=min(seconds * 0.05, 1.0)
@@ -304,8 +309,8 @@ class Agent:
         job(self._fast_tick, cfg.interval, "probe-fast")
         job(lambda: self.collector.run("slow"), cfg.slow_interval, "probe-slow")
         job(lambda: self.tracker.reconcile(scan=True), cfg.discovery_interval, "discovery")
-        job(self.store.flush, cfg.flush_interval, "flush")
-        job(self._retention, min(3600.0, cfg.raw_retention / 4), "retention")
+        job(self.store.flush, cfg.flush_interval, "flush", shown=False)
+        job(self._retention, min(3600.0, cfg.raw_retention / 4), "retention", shown=False)
         job(self._refresh_limits, cfg.slow_interval, "memory-limits")
         job(self.detection.run, self.config.detect.interval, "detect")
         if self.history is not None:

@@ -1,5 +1,7 @@
-"""`/metrics` is encoded family by family: byte for byte what prometheus_client's own encoders write
-for the whole registry at once, in both formats, gzipped or not."""
+"""`/metrics` is encoded family by family from the texts the library wrote once: byte for byte what
+prometheus_client's own encoders write for the whole registry at once, in every format and escaping
+a scraper can ask for, gzipped or not, page after page; and a page is built once per tick and
+variant, then served as bytes."""
 
 from __future__ import annotations
 
@@ -12,13 +14,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
-from agent.api.metrics import render
+from agent.api.exposition import PageEncoder
+from agent.api.metrics import MAX_VARIANTS, Pages, render
 
 ACCEPTS = (
     "*/*",
     "text/plain;version=1.0.0",
+    "text/plain;version=1.0.0;escaping=allow-utf-8",
+    "text/plain;version=1.0.0;escaping=dots",
     "application/openmetrics-text;version=1.0.0",
     "application/openmetrics-text",
+    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8",
+    "application/openmetrics-text;version=1.0.0;escaping=values",
+    "application/openmetrics-text;version=1.0.0;escaping=dots",
 )
 label_values = st.text(max_size=20)
 values = st.floats(allow_nan=False, allow_infinity=False, min_value=0, max_value=1e12)
@@ -38,13 +46,18 @@ def registry_of(rows: list[tuple[str, float]]) -> CollectorRegistry:
     counter = CounterMetricFamily("medic_test_events", "A counter.", labels=["probe", "name"])
     info = InfoMetricFamily("medic_test", "An info.", labels=["name"])
     summary = Metric("medic_test_seconds", "Quantiles.", "summary")
+    odd = Metric("medic:odd_name_bytes", "A colon, and a unit.", "gauge", "bytes")  # escapings differ
+    stamped = GaugeMetricFamily("medic_test_stamped", "Samples with a timestamp.", labels=["name"])
     for i, (name, value) in enumerate(rows):
         label = f"{name}-{i}"  # one series per row
         gauge.add_metric([label], value)
         counter.add_metric(["process", label], value)
-        info.add_metric([label], {"mode": name})
+        info.add_metric([label], {"mode": name, "limit.source": name})
         summary.add_sample("medic_test_seconds", {"name": label, "quantile": "0.99"}, value)
-    registry.register(Families([gauge, counter, info, summary, GaugeMetricFamily("medic_empty", "None.")]))
+        odd.add_sample("medic:odd_name_bytes", {"name": label}, value)
+        stamped.add_metric([label], value, timestamp=1_700_000_000.5)
+    families = [gauge, counter, info, summary, odd, stamped, GaugeMetricFamily("medic_empty", "None.")]
+    registry.register(Families(families))
     histogram = Histogram("medic_test_duration_seconds", "A histogram.", ["probe"], registry=registry)
     for _, value in rows:
         histogram.labels("process").observe(value)
@@ -63,6 +76,62 @@ def test_the_page_is_what_the_whole_registry_encodes_to(rows):
         zipped, zipped_headers = render(registry, accept, "gzip, deflate")
         assert zipped_headers["Content-Encoding"] == "gzip"
         assert gzip.decompress(zipped) == body
+
+
+@settings(max_examples=30, deadline=None, database=None)
+@given(st.lists(st.lists(st.tuples(label_values, values), max_size=12), min_size=2, max_size=4))
+def test_one_encoder_page_after_page_writes_what_the_library_writes(pages):
+    """The texts kept from one page serve the next, whose instances and values differ."""
+    for accept in ACCEPTS:
+        encoder, _ = choose_encoder(accept)
+        kept = PageEncoder(encoder)
+        for rows in pages:
+            registry = registry_of(rows)
+            assert kept.page(registry.collect(), gzipped=False) == encoder(registry), accept
+
+
+class Counting:
+    """A collector that counts how often a page asked for its families."""
+
+    def __init__(self) -> None:
+        self.collected = 0
+        self.value = 1.0
+
+    def collect(self):
+        self.collected += 1
+        gauge = GaugeMetricFamily("medic_test_bytes", "A gauge.", labels=["name"])
+        gauge.add_metric(["a"], self.value)
+        yield gauge
+
+
+def test_a_page_is_built_once_per_tick_and_variant_and_again_when_old():
+    counting = Counting()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(counting)
+    pages = Pages(registry, max_age=3600.0)
+    first, _ = pages.get("*/*", "gzip")
+    assert pages.get("*/*", "gzip")[0] == first and counting.collected == 1
+    text, _ = pages.get("*/*", "")  # another variant: built on its own, once
+    assert pages.get("*/*", "")[0] == text and counting.collected == 2
+    assert gzip.decompress(first) == text
+    counting.value = 2.0
+    assert pages.get("*/*", "")[0] == text  # the samples changed, but no tick said so yet
+    pages.changed()
+    assert b'medic_test_bytes{name="a"} 2.0' in pages.get("*/*", "")[0] and counting.collected == 3
+    pages.max_age = 0.0  # a page as old as max_age is built again, tick or not
+    counting.value = 3.0
+    assert b"} 3.0" in pages.get("*/*", "")[0] and counting.collected == 4
+
+
+def test_the_variants_kept_are_bounded():
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Counting())
+    pages = Pages(registry, max_age=3600.0)
+    for version in range(MAX_VARIANTS * 3):
+        body, headers = pages.get(f"application/openmetrics-text;version=1.0.{version}", "")
+        assert headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.")
+        assert body.endswith(b"# EOF\n")
+    assert len(pages._pages) == MAX_VARIANTS and len(pages._encoders) == MAX_VARIANTS
 
 
 def test_an_openmetrics_page_ends_once_and_parses_strictly():

@@ -27,7 +27,7 @@ from agent.api.auth import TokenGuard
 from agent.api.dashboard import dashboard_routes
 from agent.api.guard import DEFAULT_MAX_BODY, HttpGuard, allowed_hosts, route_policies
 from agent.api.histograms import histogram_routes
-from agent.api.metrics import Telemetry, render
+from agent.api.metrics import Telemetry
 from agent.api.remediation import remediation_routes
 from agent.core.catalog import CATALOG
 from agent.core.errors import ProbeError
@@ -185,10 +185,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     @app.get("/metrics")
     def metrics(request: Request) -> Response:
-        body, headers = render(
-            ctx.telemetry.registry,
-            request.headers.get("accept", ""),
-            request.headers.get("accept-encoding", ""),
+        body, headers = ctx.telemetry.pages.get(
+            request.headers.get("accept", ""), request.headers.get("accept-encoding", "")
         )
         return Response(body, headers=headers)
 

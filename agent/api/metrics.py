@@ -9,7 +9,8 @@ the scraper accepts gzip.
 
 from __future__ import annotations
 
-import zlib
+import threading
+import time
 from collections.abc import Iterable, Iterator
 from functools import cache
 from typing import NamedTuple
@@ -20,16 +21,12 @@ from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 
 from agent import __version__
+from agent.api.exposition import Families, PageEncoder
 from agent.config.model import InstanceSpec
 from agent.core.catalog import CATALOG, ExportedFamily, exported_families, exported_sample
 from agent.watch.tracker import Tracker
 
-# the page's gzip stream: gzip.compress's level, with a 4 KiB window and a small hash table (72 KiB of
-# compressor state instead of zlib's default 256 KiB, 5 times less CPU): the page repeats itself
-# within a family, a few KiB apart, so the body comes out no larger (10.8 KiB for 50 instances)
-_GZIP_LEVEL = 9
-_GZIP_WBITS = 16 + 12  # 16 +: a gzip header and trailer
-_GZIP_MEM_LEVEL = 4
+MAX_VARIANTS = 4  # pages (and encoders) kept at once: Prometheus asks for one, a person's curl another
 _PROBE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 
 
@@ -230,7 +227,8 @@ class Telemetry:
     """The agent's registry: instance snapshot, probe timings and the agent's own process
     (`process_*`, the names every client library's process collector exports)."""
 
-    def __init__(self, tracker: Tracker) -> None:
+    def __init__(self, tracker: Tracker, max_age: float = 1.0) -> None:
+        """`max_age`: how long a page is served before it is built again even without a new tick."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(InstanceCollector(tracker))
         ProcessCollector(registry=self.registry)
@@ -249,11 +247,17 @@ class Telemetry:
         )
         build = InfoMetricFamily("medic_build", "medic's version.")
         build.add_metric([], {"version": __version__})
-        self.registry.register(_Static([build]))
+        self.registry.register(Families([build]))
+        self.pages = Pages(self.registry, max_age)
 
     def watch_findings(self, detection) -> None:
         """Export the open findings of `detection` (an `agent.jobs.detection.Detection`)."""
         self.registry.register(FindingCollector(detection))
+
+    def changed(self) -> None:
+        """What the page shows changed (a probe tick, a reconcile, a detection run): the next scrape
+        builds it anew."""
+        self.pages.changed()
 
     def count_skipped_run(self, job: str) -> None:
         self.job_skipped_runs.labels(job).inc()
@@ -262,39 +266,68 @@ class Telemetry:
         self.probe_duration.labels(probe).observe(seconds)
 
 
-def render(registry: CollectorRegistry, accept: str, accept_encoding: str) -> tuple[bytes, dict[str, str]]:
-    """The body and headers of a scrape: prometheus_client's own negotiation and encoders, so the
-    agent answers exactly as any client-library exporter would.
-
-    The page is encoded family by family (and gzipped as it goes), so a scrape holds one family's
-    samples and lines at a time instead of the whole page's: the encoders treat each family on its
-    own, and the page's trailer (OpenMetrics' `# EOF`) is what they write for no family at all."""
+def render(registry: Collector, accept: str, accept_encoding: str) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of a scrape of `registry` built afresh: prometheus_client's own
+    negotiation, and the page byte for byte as its encoders write it (agent/api/exposition.py)."""
     encoder, content_type = choose_encoder(accept)
-    trailer = encoder(_Static([]))
     compressed = gzip_accepted(accept_encoding)
-    gzipper = (
-        zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, _GZIP_WBITS, _GZIP_MEM_LEVEL) if compressed else None
-    )
-    chunks: list[bytes] = []
-    for family in registry.collect():
-        chunk = encoder(_Static([family]))
-        del family  # the family's samples go before the next one is built
-        if trailer and chunk.endswith(trailer):
-            chunk = chunk[: -len(trailer)]
-        chunks.append(gzipper.compress(chunk) if gzipper is not None else chunk)
-    if gzipper is not None:
-        chunks.append(gzipper.compress(trailer) + gzipper.flush())
-    else:
-        chunks.append(trailer)
+    return PageEncoder(encoder).page(registry.collect(), compressed), _headers(content_type, compressed)
+
+
+def _headers(content_type: str, compressed: bool) -> dict[str, str]:
     headers = {"Content-Type": content_type, "Vary": "Accept, Accept-Encoding"}
     if compressed:
         headers["Content-Encoding"] = "gzip"
-    return b"".join(chunks), headers
+    return headers
 
 
-class _Static(Collector):
-    def __init__(self, families: list[Metric]) -> None:
-        self.families = families
+class _Page(NamedTuple):
+    body: bytes
+    generation: int
+    built: float  # time.monotonic()
 
-    def collect(self) -> Iterator[Metric]:
-        return iter(self.families)
+
+class Pages:
+    """The page of each variant a scraper asks for (format and gzip), built when first asked after
+    the samples changed and then served as bytes to every scraper: the samples change once per probe
+    tick, and a variant nobody scrapes is never built.
+
+    `changed()` marks a new tick (the runtime calls it after each job that changes what the page
+    shows); a page is also built again once it is `max_age` old, so the agent's own figures and
+    whatever changed between ticks (a finding, a notification) are never older than that."""
+
+    def __init__(self, registry: Collector, max_age: float) -> None:
+        self.registry = registry
+        self.max_age = max_age
+        self.generation = 0
+        self._lock = threading.Lock()  # one build at a time; the scrapers that wait get its page
+        self._encoders: dict[str, PageEncoder] = {}  # by content type
+        self._pages: dict[tuple[str, bool], _Page] = {}  # by (content type, gzipped)
+
+    def changed(self) -> None:
+        self.generation += 1
+
+    def get(self, accept: str, accept_encoding: str) -> tuple[bytes, dict[str, str]]:
+        """The body and headers of a scrape that sent these Accept and Accept-Encoding headers."""
+        encoder, content_type = choose_encoder(accept)
+        compressed = gzip_accepted(accept_encoding)
+        key = (content_type, compressed)
+        with self._lock:
+            page = self._pages.get(key)
+            now = time.monotonic()
+            if page is None or page.generation != self.generation or now - page.built >= self.max_age:
+                generation = self.generation
+                page_encoder = self._encoders.pop(content_type, None) or PageEncoder(encoder)
+                _bounded_put(self._encoders, content_type, page_encoder)
+                page = _Page(page_encoder.page(self.registry.collect(), compressed), generation, now)
+                self._pages.pop(key, None)
+                _bounded_put(self._pages, key, page)
+        return page.body, _headers(content_type, compressed)
+
+
+def _bounded_put(table: dict, key: object, value: object) -> None:
+    """Put `key` last in `table`, dropping the entries used longest ago beyond MAX_VARIANTS (the
+    Accept header is the client's: each new version or escaping it names is a variant)."""
+    table[key] = value
+    while len(table) > MAX_VARIANTS:
+        del table[next(iter(table))]
