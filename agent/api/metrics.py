@@ -39,9 +39,10 @@ class _Seen(NamedTuple):
     spec: InstanceSpec
     limit_source: str | None
     restarts: int
-    start_time: float | None
     last_probe: float | None
-    probes: list[tuple[str, int, float | None]]  # (probe, errors_total, last_success), by probe
+    # (probe, errors_total, last_success), by probe: the probes that read figures of the instance or
+    # failed on it; one with nothing to read here (no latency source, not a JVM) has no health to tell
+    probes: list[tuple[str, int, float | None]]
     latest: dict[str, float]  # empty unless the instance is up
 
 
@@ -54,6 +55,8 @@ class InstanceCollector(Collector):
         self.tracker = tracker
 
     def collect(self) -> Iterator[Metric]:
+        # the process's start time is `medic_process_start_time_seconds` (the catalog's), so it is not
+        # repeated here as `medic_instance_start_time_seconds` (docs/metrics.md, "Dropped")
         with self.tracker.lock:
             seen = [
                 _Seen(
@@ -62,9 +65,12 @@ class InstanceCollector(Collector):
                     state.spec,
                     state.memory_limit_source,
                     state.restarts,
-                    state.start_time,
                     state.last_probe,
-                    [(probe, h.errors_total, h.last_success) for probe, h in sorted(state.probes.items())],
+                    [
+                        (probe, h.errors_total, h.last_success)
+                        for probe, h in sorted(state.probes.items())
+                        if h.has_figures or h.errors_total
+                    ],
                     dict(state.latest) if state.status == "up" else {},
                 )
                 for state in sorted(self.tracker.states.values(), key=lambda s: s.name)
@@ -77,12 +83,6 @@ class InstanceCollector(Collector):
             "medic_instance_restarts",
             "Restarts seen (new pid or start time).",
             ((s.name, s.restarts) for s in seen),
-        )
-        yield _by_instance(
-            GaugeMetricFamily,
-            "medic_instance_start_time_seconds",
-            "Start time of the followed process.",
-            ((s.name, s.start_time) for s in seen if s.start_time and s.status == "up"),
         )
         yield _by_instance(
             GaugeMetricFamily,
