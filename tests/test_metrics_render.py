@@ -16,6 +16,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 
 from agent.api.exposition import PageEncoder
 from agent.api.metrics import MAX_VARIANTS, Pages, render
+from agent.api.snapshots import Ticks
 
 ACCEPTS = (
     "*/*",
@@ -108,7 +109,8 @@ def test_a_page_is_built_once_per_tick_and_variant_and_again_when_old():
     counting = Counting()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(counting)
-    pages = Pages(registry, max_age=3600.0)
+    ticks = Ticks()
+    pages = Pages(registry, ticks, max_age=3600.0)
     first, _ = pages.get("*/*", "gzip")
     assert pages.get("*/*", "gzip")[0] == first and counting.collected == 1
     text, _ = pages.get("*/*", "")  # another variant: built on its own, once
@@ -116,9 +118,9 @@ def test_a_page_is_built_once_per_tick_and_variant_and_again_when_old():
     assert gzip.decompress(first) == text
     counting.value = 2.0
     assert pages.get("*/*", "")[0] == text  # the samples changed, but no tick said so yet
-    pages.changed()
+    ticks.changed()
     assert b'medic_test_bytes{name="a"} 2.0' in pages.get("*/*", "")[0] and counting.collected == 3
-    pages.max_age = 0.0  # a page as old as max_age is built again, tick or not
+    pages._pages.max_age = 0.0  # a page as old as max_age is built again, tick or not
     counting.value = 3.0
     assert b"} 3.0" in pages.get("*/*", "")[0] and counting.collected == 4
 
@@ -126,7 +128,7 @@ def test_a_page_is_built_once_per_tick_and_variant_and_again_when_old():
 def test_the_variants_kept_are_bounded():
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Counting())
-    pages = Pages(registry, max_age=3600.0)
+    pages = Pages(registry, Ticks(), max_age=3600.0)
     for version in range(MAX_VARIANTS * 3):
         body, headers = pages.get(f"application/openmetrics-text;version=1.0.{version}", "")
         assert headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.")

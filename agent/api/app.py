@@ -27,6 +27,7 @@ from agent.api.auth import TokenGuard
 from agent.api.dashboard import dashboard_routes
 from agent.api.guard import DEFAULT_MAX_BODY, HttpGuard, allowed_hosts, route_policies
 from agent.api.histograms import histogram_routes
+from agent.api.instances import instances_routes
 from agent.api.metrics import Telemetry
 from agent.api.remediation import remediation_routes
 from agent.core.catalog import CATALOG
@@ -160,6 +161,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     )  # Alertmanager receiver, outbox (agent/api/alertmanager.py)
     app.include_router(histogram_routes(ctx))  # histograms, heap diffs, suspects, attribution
     app.include_router(dashboard_routes())  # the web dashboard at / (agent/api/dashboard.py)
+    app.include_router(instances_routes(ctx))  # the instance list, once per tick (agent/api/instances.py)
 
     def instance_or_404(name: str) -> Any:
         state = ctx.tracker.get(name)
@@ -189,12 +191,6 @@ def create_app(ctx: ApiContext) -> FastAPI:
             request.headers.get("accept", ""), request.headers.get("accept-encoding", "")
         )
         return Response(body, headers=headers)
-
-    @app.get("/api/v1/instances")
-    def instances() -> dict[str, Any]:
-        now = time.time()
-        # time_scale rides along so the dashboard can say plainly when time is compressed
-        return {"now": now, "time_scale": ctx.time_scale, "instances": ctx.tracker.snapshot(now)}
 
     @app.get("/api/v1/instances/{name}")
     def instance(name: str) -> dict[str, Any]:

@@ -9,8 +9,6 @@ the scraper accepts gzip.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterable, Iterator
 from functools import cache
 from typing import NamedTuple
@@ -22,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from agent import __version__
 from agent.api.exposition import Families, PageEncoder
+from agent.api.snapshots import TickCache, Ticks
 from agent.config.model import InstanceSpec
 from agent.core.catalog import CATALOG, ExportedFamily, exported_families, exported_sample
 from agent.watch.tracker import Tracker
@@ -248,7 +247,9 @@ class Telemetry:
         build = InfoMetricFamily("medic_build", "medic's version.")
         build.add_metric([], {"version": __version__})
         self.registry.register(Families([build]))
-        self.pages = Pages(self.registry, max_age)
+        self.ticks = Ticks()
+        self.max_age = max_age
+        self.pages = Pages(self.registry, self.ticks, max_age)
 
     def watch_findings(self, detection) -> None:
         """Export the open findings of `detection` (an `agent.jobs.detection.Detection`)."""
@@ -256,8 +257,8 @@ class Telemetry:
 
     def changed(self) -> None:
         """What the page shows changed (a probe tick, a reconcile, a detection run): the next scrape
-        builds it anew."""
-        self.pages.changed()
+        builds it anew, and so does `/api/v1/instances`."""
+        self.ticks.changed()
 
     def count_skipped_run(self, job: str) -> None:
         self.job_skipped_runs.labels(job).inc()
@@ -281,53 +282,26 @@ def _headers(content_type: str, compressed: bool) -> dict[str, str]:
     return headers
 
 
-class _Page(NamedTuple):
-    body: bytes
-    generation: int
-    built: float  # time.monotonic()
-
-
 class Pages:
     """The page of each variant a scraper asks for (format and gzip), built when first asked after
-    the samples changed and then served as bytes to every scraper: the samples change once per probe
-    tick, and a variant nobody scrapes is never built.
+    a tick and then served as bytes to every scraper (agent/api/snapshots.py): the samples change
+    once per probe tick, and a variant nobody scrapes is never built."""
 
-    `changed()` marks a new tick (the runtime calls it after each job that changes what the page
-    shows); a page is also built again once it is `max_age` old, so the agent's own figures and
-    whatever changed between ticks (a finding, a notification) are never older than that."""
-
-    def __init__(self, registry: Collector, max_age: float) -> None:
+    def __init__(self, registry: Collector, ticks: Ticks, max_age: float) -> None:
         self.registry = registry
-        self.max_age = max_age
-        self.generation = 0
-        self._lock = threading.Lock()  # one build at a time; the scrapers that wait get its page
-        self._encoders: dict[str, PageEncoder] = {}  # by content type
-        self._pages: dict[tuple[str, bool], _Page] = {}  # by (content type, gzipped)
-
-    def changed(self) -> None:
-        self.generation += 1
+        self._pages: TickCache[bytes] = TickCache(ticks, max_age, MAX_VARIANTS)
+        self._encoders: dict[str, PageEncoder] = {}  # by content type, the ones of the pages kept
 
     def get(self, accept: str, accept_encoding: str) -> tuple[bytes, dict[str, str]]:
         """The body and headers of a scrape that sent these Accept and Accept-Encoding headers."""
         encoder, content_type = choose_encoder(accept)
         compressed = gzip_accepted(accept_encoding)
-        key = (content_type, compressed)
-        with self._lock:
-            page = self._pages.get(key)
-            now = time.monotonic()
-            if page is None or page.generation != self.generation or now - page.built >= self.max_age:
-                generation = self.generation
-                page_encoder = self._encoders.pop(content_type, None) or PageEncoder(encoder)
-                _bounded_put(self._encoders, content_type, page_encoder)
-                page = _Page(page_encoder.page(self.registry.collect(), compressed), generation, now)
-                self._pages.pop(key, None)
-                _bounded_put(self._pages, key, page)
-        return page.body, _headers(content_type, compressed)
 
+        def build() -> bytes:
+            page_encoder = self._encoders.pop(content_type, None) or PageEncoder(encoder)
+            self._encoders[content_type] = page_encoder
+            while len(self._encoders) > MAX_VARIANTS:
+                del self._encoders[next(iter(self._encoders))]
+            return page_encoder.page(self.registry.collect(), compressed)
 
-def _bounded_put(table: dict, key: object, value: object) -> None:
-    """Put `key` last in `table`, dropping the entries used longest ago beyond MAX_VARIANTS (the
-    Accept header is the client's: each new version or escaping it names is a variant)."""
-    table[key] = value
-    while len(table) > MAX_VARIANTS:
-        del table[next(iter(table))]
+        return self._pages.get((content_type, compressed), build), _headers(content_type, compressed)
