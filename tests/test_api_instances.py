@@ -3,6 +3,7 @@ tick; fields selected and pages walked with `after`/`next` add up to the whole l
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 
@@ -10,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.api.instances import etag_matches, instance_fields
+from agent.api.instances import _json, etag_matches, instance_fields
+from agent.api.snapshots import TickCache, Ticks
 from agent.cli.status import TABLE_FIELDS
 from support.http_guard import World
 
@@ -50,6 +52,36 @@ def test_the_whole_list_is_as_before_and_served_again_until_a_tick(world):
     world.telemetry.changed()
     later = get(world, "/api/v1/instances")
     assert later.json()["now"] > body["now"] and later.headers["etag"] != first.headers["etag"]
+
+
+def test_the_answer_encoded_instance_by_instance_is_what_the_whole_dict_encodes_to(world):
+    for path in ("/api/v1/instances", "/api/v1/instances?limit=2&after=svc-0&fields=status,latest"):
+        data = get(world, path).content
+        assert data == _json().dump_json(json.loads(data)), path
+
+
+def test_a_tick_cache_builds_once_per_tick_and_keeps_what_its_bounds_allow():
+    ticks, builds = Ticks(), []
+
+    def build(value: bytes):
+        builds.append(value)
+        return value
+
+    cache = TickCache(ticks, max_age=3600.0, size=3, budget=10, weigh=len)
+    assert cache.peek("a") is None
+    assert cache.get("a", lambda: build(b"aaaa")) == b"aaaa" and cache.peek("a") == b"aaaa"
+    assert cache.get("a", lambda: build(b"other")) == b"aaaa" and builds == [b"aaaa"]
+    ticks.changed()
+    assert cache.peek("a") is None and cache.get("a", lambda: build(b"a2")) == b"a2"
+    cache.get("b", lambda: build(b"bbbb"))
+    cache.get("c", lambda: build(b"cccc"))  # 2 + 4 + 4 bytes: within the budget of 10
+    assert len(cache) == 3
+    cache.get("d", lambda: build(b"dd"))  # four keys: the one asked for longest ago goes
+    assert cache.peek("a") is None and len(cache) == 3
+    cache.get("e", lambda: build(b"e" * 50))  # over the budget alone: kept, the others go
+    assert cache.peek("e") == b"e" * 50 and len(cache) == 1
+    cache.max_age = 0.0
+    assert cache.peek("e") is None  # as old as max_age: built again
 
 
 def test_an_etag_sent_back_gets_304_until_the_next_tick(world):

@@ -18,6 +18,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent import __version__
@@ -186,10 +187,11 @@ def create_app(ctx: ApiContext) -> FastAPI:
         }
 
     @app.get("/metrics")
-    def metrics(request: Request) -> Response:
-        body, headers = ctx.telemetry.pages.get(
-            request.headers.get("accept", ""), request.headers.get("accept-encoding", "")
-        )
+    async def metrics(request: Request) -> Response:
+        accept, encoding = request.headers.get("accept", ""), request.headers.get("accept-encoding", "")
+        pages = ctx.telemetry.pages
+        # served from the event loop when this tick's page is built; built in a thread otherwise
+        body, headers = pages.peek(accept, encoding) or await run_in_threadpool(pages.get, accept, encoding)
         return Response(body, headers=headers)
 
     @app.get("/api/v1/instances/{name}")

@@ -20,12 +20,14 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 from pydantic import TypeAdapter
+from starlette.concurrency import run_in_threadpool
 
 from agent.api.snapshots import TickCache
 from agent.config.model import InstanceSpec
 from agent.watch.instances import InstanceState
 
-VARIANTS = 16  # field selections and pages kept per tick: each client's own, a few at a time
+VARIANTS = 8  # field selections and pages kept per tick: each client's own, a few at a time
+BUDGET = 4 * 2**20  # bytes of answers kept (the newest always): 5 whole lists of 200 instances
 MAX_NAME = 256  # `after`: an instance name, as long as any
 
 
@@ -67,25 +69,37 @@ def etag_matches(if_none_match: str | None, etag: str) -> bool:
 def instances_routes(ctx: Any) -> APIRouter:
     """The instance list, for `create_app` (`ctx` is its `ApiContext`)."""
     router = APIRouter()
-    built: TickCache[tuple[bytes, str]] = TickCache(ctx.telemetry.ticks, ctx.telemetry.max_age, VARIANTS)
+    built: TickCache[tuple[bytes, str]] = TickCache(
+        ctx.telemetry.ticks, ctx.telemetry.max_age, VARIANTS, BUDGET, lambda answer: len(answer[0])
+    )
 
     def build(fields: frozenset[str] | None, after: str | None, limit: int | None) -> tuple[bytes, str]:
+        """The answer's JSON, each instance encoded as soon as it is described: the answer's peak is
+        its bytes and one instance's dict, not every instance's dict at once."""
+        dump = _json().dump_json
         now = time.time()
-        instances = ctx.tracker.snapshot(now)
-        if after is not None:
-            instances = [inst for inst in instances if inst["name"] > after]
-        page = instances[:limit] if limit is not None else instances
-        if fields is not None:
-            page = [{key: value for key, value in inst.items() if key in fields} for inst in page]
+        chunks: list[bytes] = []
+        more, last = False, None
+        with ctx.tracker.lock:  # every instance as of the same moment
+            for state in sorted(ctx.tracker.states.values(), key=lambda s: s.name):
+                if after is not None and state.name <= after:
+                    continue
+                if limit is not None and len(chunks) == limit:
+                    more = True
+                    break
+                inst = state.to_dict(now)
+                chunks.append(
+                    dump(inst if fields is None else {k: v for k, v in inst.items() if k in fields})
+                )
+                last = state.name
         # time_scale rides along so the dashboard can say plainly when time is compressed
-        body: dict[str, Any] = {"now": now, "time_scale": ctx.time_scale, "instances": page}
-        if limit is not None:
-            body["next"] = page[-1]["name"] if len(instances) > limit else None
-        data = _json().dump_json(body)
+        head = dump({"now": now, "time_scale": ctx.time_scale})[:-1] + b',"instances":['
+        tail = b"]}" if limit is None else b"]," + dump({"next": last if more else None})[1:]
+        data = head + b",".join(chunks) + tail
         return data, f'"{hashlib.blake2b(data, digest_size=12).hexdigest()}"'
 
     @router.get("/api/v1/instances")
-    def instances(
+    async def instances(
         request: Request,
         fields: str | None = Query(
             None, max_length=4096, description="fields of each instance, e.g. name,status,memory_bytes"
@@ -99,7 +113,11 @@ def instances_routes(ctx: Any) -> APIRouter:
     ) -> Response:
         wanted = parse_fields(fields)
         key = (wanted, after, limit)
-        data, etag = built.get(key, lambda: build(wanted, after, limit))
+        # served from the event loop when this tick's answer is built; built in a thread otherwise
+        answer = built.peek(key) or await run_in_threadpool(
+            built.get, key, lambda: build(wanted, after, limit)
+        )
+        data, etag = answer
         headers = {"ETag": etag, "Cache-Control": "no-cache"}
         if etag_matches(request.headers.get("if-none-match"), etag):
             return Response(status_code=304, headers=headers)

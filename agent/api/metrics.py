@@ -292,6 +292,13 @@ class Pages:
         self._pages: TickCache[bytes] = TickCache(ticks, max_age, MAX_VARIANTS)
         self._encoders: dict[str, PageEncoder] = {}  # by content type, the ones of the pages kept
 
+    def peek(self, accept: str, accept_encoding: str) -> tuple[bytes, dict[str, str]] | None:
+        """`get`'s answer if this tick's page is built, else None: what the event loop may ask."""
+        _, content_type = choose_encoder(accept)
+        compressed = gzip_accepted(accept_encoding)
+        body = self._pages.peek((content_type, compressed))
+        return None if body is None else (body, _headers(content_type, compressed))
+
     def get(self, accept: str, accept_encoding: str) -> tuple[bytes, dict[str, str]]:
         """The body and headers of a scrape that sent these Accept and Accept-Encoding headers."""
         encoder, content_type = choose_encoder(accept)

@@ -37,27 +37,50 @@ class _Built(Generic[T]):
 
 
 class TickCache(Generic[T]):
-    """Values built by `get` at most once per tick and key, at most `size` keys kept (the ones asked
-    for longest ago go first)."""
+    """Values built by `get` at most once per tick and key; at most `size` keys kept, and no more
+    than `budget` as `weigh` counts them (the newest always): the ones asked for longest ago go first."""
 
-    def __init__(self, ticks: Ticks, max_age: float, size: int) -> None:
+    def __init__(
+        self,
+        ticks: Ticks,
+        max_age: float,
+        size: int,
+        budget: int | None = None,
+        weigh: Callable[[T], int] | None = None,
+    ) -> None:
         self.ticks = ticks
         self.max_age = max_age
         self.size = size
+        self.budget = budget
+        self.weigh = weigh or (lambda value: 0)
         self._lock = threading.Lock()  # one build at a time: who waits for it is served what it built
         self._built: dict[Hashable, _Built[T]] = {}
+
+    def peek(self, key: Hashable) -> T | None:
+        """The value of `key` if it is of this tick, without waiting for a build: what an event
+        loop may ask (a build runs in a thread, through `get`)."""
+        built = self._built.get(key)
+        if built is not None and self._fresh(built, time.monotonic()):
+            return built.value
+        return None
 
     def get(self, key: Hashable, build: Callable[[], T]) -> T:
         with self._lock:
             built = self._built.pop(key, None)
             now = time.monotonic()
-            if built is None or built.generation != self.ticks.generation or now - built.at >= self.max_age:
+            if built is None or not self._fresh(built, now):
                 generation = self.ticks.generation  # a tick that ends during the build is a new one
                 built = _Built(build(), generation, now)
             self._built[key] = built
-            while len(self._built) > self.size:
-                del self._built[next(iter(self._built))]
+            weight = sum(self.weigh(b.value) for b in self._built.values())
+            while len(self._built) > 1 and (
+                len(self._built) > self.size or (self.budget is not None and weight > self.budget)
+            ):
+                weight -= self.weigh(self._built.pop(next(iter(self._built))).value)
             return built.value
+
+    def _fresh(self, built: _Built[T], now: float) -> bool:
+        return built.generation == self.ticks.generation and now - built.at < self.max_age
 
     def __len__(self) -> int:
         return len(self._built)
