@@ -97,6 +97,20 @@ def test_an_etag_sent_back_gets_304_until_the_next_tick(world):
     assert get(world, "/api/v1/instances?fields=status", **{"If-None-Match": etag}).status_code == 200
 
 
+def test_gzip_for_who_accepts_it_the_same_list_with_its_own_etag(world):
+    zipped = get(world, "/api/v1/instances", **{"Accept-Encoding": "gzip"})
+    plain = get(world, "/api/v1/instances", **{"Accept-Encoding": "identity"})
+    assert zipped.headers["content-encoding"] == "gzip" and "content-encoding" not in plain.headers
+    assert zipped.headers["vary"] == plain.headers["vary"] == "Accept-Encoding"
+    # httpx has gunzipped it; each variant is built when first asked, so `now` may differ
+    assert [tuple(i) for i in zipped.json()["instances"]] == [tuple(i) for i in plain.json()["instances"]]
+    assert zipped.headers["etag"] != plain.headers["etag"]
+    again = get(
+        world, "/api/v1/instances", **{"Accept-Encoding": "gzip", "If-None-Match": zipped.headers["etag"]}
+    )
+    assert again.status_code == 304
+
+
 def test_an_unknown_field_is_named_with_the_known_ones(world):
     answer = get(world, "/api/v1/instances?fields=status,rss,pid")
     assert answer.status_code == 400

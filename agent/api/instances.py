@@ -2,7 +2,8 @@
 
 The list is the largest answer pollers ask for (3.6 KB an instance: its settings, probe health and
 newest figures), so each variant is encoded once per tick (agent/api/snapshots.py) and served as
-bytes with an ETag: a client that sends it back in If-None-Match gets 304 until the next tick. The
+bytes (gzipped, 20 times smaller, for a client that accepts gzip) with an ETag: a client that sends
+it back in If-None-Match gets 304 until the next tick. The
 figures are as of the answer's `now`, when it was built: at most one probe interval ago.
 
 `fields` keeps only some fields of each instance (`name` always comes along); `limit` and `after`
@@ -12,6 +13,7 @@ last one).
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import time
 from functools import cache
@@ -19,6 +21,7 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
+from prometheus_client.exposition import gzip_accepted
 from pydantic import TypeAdapter
 from starlette.concurrency import run_in_threadpool
 
@@ -28,6 +31,7 @@ from agent.watch.instances import InstanceState
 
 VARIANTS = 8  # field selections and pages kept per tick: each client's own, a few at a time
 BUDGET = 4 * 2**20  # bytes of answers kept (the newest always): 5 whole lists of 200 instances
+GZIP_LEVEL = 6  # the list of 200 instances: 776 KB, 39 KB gzipped, 5 ms once per tick
 MAX_NAME = 256  # `after`: an instance name, as long as any
 
 
@@ -73,7 +77,9 @@ def instances_routes(ctx: Any) -> APIRouter:
         ctx.telemetry.ticks, ctx.telemetry.max_age, VARIANTS, BUDGET, lambda answer: len(answer[0])
     )
 
-    def build(fields: frozenset[str] | None, after: str | None, limit: int | None) -> tuple[bytes, str]:
+    def build(
+        fields: frozenset[str] | None, after: str | None, limit: int | None, compressed: bool
+    ) -> tuple[bytes, str]:
         """The answer's JSON, each instance encoded as soon as it is described: the answer's peak is
         its bytes and one instance's dict, not every instance's dict at once."""
         dump = _json().dump_json
@@ -96,6 +102,8 @@ def instances_routes(ctx: Any) -> APIRouter:
         head = dump({"now": now, "time_scale": ctx.time_scale})[:-1] + b',"instances":['
         tail = b"]}" if limit is None else b"]," + dump({"next": last if more else None})[1:]
         data = head + b",".join(chunks) + tail
+        if compressed:
+            data = gzip.compress(data, GZIP_LEVEL)
         return data, f'"{hashlib.blake2b(data, digest_size=12).hexdigest()}"'
 
     @router.get("/api/v1/instances")
@@ -112,15 +120,17 @@ def instances_routes(ctx: Any) -> APIRouter:
         ),
     ) -> Response:
         wanted = parse_fields(fields)
-        key = (wanted, after, limit)
+        compressed = gzip_accepted(request.headers.get("accept-encoding", ""))
+        key = (wanted, after, limit, compressed)
         # served from the event loop when this tick's answer is built; built in a thread otherwise
-        answer = built.peek(key) or await run_in_threadpool(
-            built.get, key, lambda: build(wanted, after, limit)
+        data, etag = built.peek(key) or await run_in_threadpool(
+            built.get, key, lambda: build(wanted, after, limit, compressed)
         )
-        data, etag = answer
-        headers = {"ETag": etag, "Cache-Control": "no-cache"}
+        headers = {"ETag": etag, "Cache-Control": "no-cache", "Vary": "Accept-Encoding"}
         if etag_matches(request.headers.get("if-none-match"), etag):
             return Response(status_code=304, headers=headers)
+        if compressed:
+            headers["Content-Encoding"] = "gzip"
         return Response(data, media_type="application/json", headers=headers)
 
     return router
