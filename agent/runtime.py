@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import anyio.to_thread
 import uvicorn
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, EVENT_JOB_MAX_INSTANCES
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -72,6 +73,7 @@ def quiet_skipped_runs(scheduler: AsyncIOScheduler, runs: SkippedRuns) -> None:
 
 
 MAIN_INSTANCE = "main"
+API_THREADS = 8  # worker threads of the API's blocking routes (SQLite reads), at most
 
 
 class _Server(uvicorn.Server):
@@ -243,6 +245,9 @@ class Agent:
                     max_connections=cfg.http.max_connections,
                 )
             )
+            # the API's plain `def` routes run in anyio's worker threads, 40 by default: each thread a
+            # clients' burst starts keeps its stack and its share of the heap's high-water mark
+            anyio.to_thread.current_default_thread_limiter().total_tokens = API_THREADS
             serving = asyncio.create_task(server.serve(sockets=[sock]))
             scheduler.start()
             await self._stop.wait()
