@@ -79,16 +79,16 @@ def start_medic(procs: list[subprocess.Popen], workdir: Path) -> tuple[subproces
     return agent, json.loads(info.read_text())["url"]
 
 
-def start_exporter(procs: list[subprocess.Popen], workdir: Path) -> tuple[subprocess.Popen, str]:
+def start_exporter(procs: list[subprocess.Popen], size: str, workdir: Path) -> tuple[subprocess.Popen, str]:
     binary = shutil.which(EXPORTER)
     if binary is None:
         raise SystemExit(f"{EXPORTER} is not installed: apt-get install {EXPORTER}")
     pids = "|".join(str(p.pid) for p in procs)
-    # one group per process, as medic has one instance per process; only these processes
+    # one group per process, as medic has one instance per process; only this run's processes (their
+    # size is this run's own: other workloads on a shared machine run the same module)
+    matcher = rf"agent\.demo\.workload stable --size {size}$"
     (workdir / "exporter.yml").write_text(
-        json.dumps(
-            {"process_names": [{"name": "{{.Comm}}-{{.PID}}", "cmdline": ["agent\\.demo\\.workload"]}]}
-        )
+        json.dumps({"process_names": [{"name": "{{.Comm}}-{{.PID}}", "cmdline": [matcher]}]})
     )
     port = free_port()
     exporter = subprocess.Popen(
@@ -211,12 +211,13 @@ def api_load(url: str, path: str, seconds: float, etag: bool = False) -> dict[st
 
 
 def run_once(count: int, seconds: float, api_seconds: float, warmup: float) -> dict[str, Any]:
-    procs = start_workloads(count)
+    size = f"{4096 + os.getpid() % 1024}Ki"  # about 4 MiB, and this run's own (start_exporter)
+    procs = start_workloads(count, size)
     workdir = Path(tempfile.mkdtemp(prefix="medic-serve-"))
     medic = exporter = None
     try:
         medic, medic_url = start_medic(procs, workdir)
-        exporter, exporter_url = start_exporter(procs, workdir)
+        exporter, exporter_url = start_exporter(procs, size, workdir)
         time.sleep(warmup)  # start-up and the first slow probes are not the steady state
         pids = {"medic": medic.pid, "process-exporter": exporter.pid}
         urls = {"medic": medic_url, "process-exporter": exporter_url}

@@ -30,7 +30,11 @@ ACCEPTS = (
     "application/openmetrics-text;version=1.0.0;escaping=dots",
 )
 label_values = st.text(max_size=20)
-values = st.floats(allow_nan=False, allow_infinity=False, min_value=0, max_value=1e12)
+values = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False, min_value=0, max_value=1e12),
+    # the values written in another form than repr's (and -0.0, equal to 0.0 but written otherwise)
+    st.sampled_from([-0.0, 0.0, -1.5, float("inf"), float("-inf"), float("nan"), 1e22, 123456789.0, 7]),
+)
 
 
 class Families:

@@ -24,7 +24,8 @@ from prometheus_client.utils import floatToGoString
 Encoder = Callable[[Collector], bytes]
 _VALUE = " 0.0\n"  # what the library writes for a sample of value 0, after its name and labels
 _PROBE = "x"  # a name no escaping changes, to read off the text of a label set
-_MOVED = ("_created", "_gsum", "_gcount")  # the text format moves these samples out of their family
+_MOVED = ("_created", "_gsum", "_gcount")
+_UNKNOWN = object()  # not asked of the library yet (None: the library writes it otherwise)  # the text format moves these samples out of their family
 # the page's gzip stream: gzip.compress's level, with a 4 KiB window and a small hash table (72 KiB of
 # compressor state instead of zlib's default 256 KiB, 5 times less CPU): the page repeats itself
 # within a family, a few KiB apart, so the body comes out no larger
@@ -53,6 +54,7 @@ class PageEncoder:
         self._names: dict[str, str | None] = {}  # None: the library writes it otherwise
         self._labels: dict[tuple[tuple[str, str], ...], str | None] = {}
         self._used: tuple[dict, dict, dict] = ({}, {}, {})  # what the page under way used
+        self._values: dict[float, str] = {}  # values the page under way wrote: many repeat (0, limits)
 
     def page(self, families: Iterable[Metric], gzipped: bool) -> bytes:
         """The whole page: every family, then the trailer; gzipped as it goes when asked."""
@@ -78,9 +80,12 @@ class PageEncoder:
             return self._library([metric])
         moved = {metric.name + suffix for suffix in _MOVED}
         lines = [header]
+        append, name_text, label_text, values = lines.append, self._name, self._label_text, self._values
+        last, name = None, None  # the samples of a family mostly share their name: asked once
         for sample in metric.samples:
-            name = self._name(sample.name)
-            labels = self._label_text(sample.labels)
+            if sample.name is not last:
+                last, name = sample.name, name_text(sample.name)
+            labels = label_text(sample.labels)
             if (
                 name is None
                 or labels is None
@@ -88,10 +93,14 @@ class PageEncoder:
                 or sample.timestamp is not None
                 or sample.exemplar is not None
                 or sample.native_histogram is not None
-                or sample.name in moved
+                or last in moved
             ):
                 return self._library([metric])
-            lines.append(f"{name}{labels} {floatToGoString(sample.value)}\n")
+            value = sample.value
+            text = values.get(value) if value else None  # -0.0 equals 0.0 but is written otherwise
+            if text is None:
+                text = values[value] = floatToGoString(value)
+            append(f"{name}{labels} {text}\n")
         return "".join(lines)
 
     def _library(self, families: list[Metric]) -> str:
@@ -120,14 +129,13 @@ class PageEncoder:
         if not labels:
             return ""
         key = tuple(labels.items())
-        if key in self._labels:
-            text = self._labels[key]
-        else:
+        text = self._labels.get(key, _UNKNOWN)
+        if text is _UNKNOWN:
             bare = _compose(self._sample_line(_PROBE, {}), "")
             text = None if bare is None else _compose(self._sample_line(_PROBE, labels), bare)
             self._labels[key] = text
         self._used[2][key] = text
-        return text
+        return text  # type: ignore[return-value]
 
     def _sample_line(self, name: str, labels: dict[str, str]) -> str:
         """The library's line for one sample of value 0 named `name`, in an untyped family of that name."""
@@ -141,6 +149,7 @@ class PageEncoder:
     def _keep_used(self) -> None:
         """Keep only what the page just written used: a vanished instance's label sets go with it."""
         (self._headers, self._names, self._labels), self._used = self._used, ({}, {}, {})
+        self._values = {}
 
 
 def _compose(line: str, prefix: str) -> str | None:
