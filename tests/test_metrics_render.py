@@ -147,3 +147,48 @@ def test_an_openmetrics_page_ends_once_and_parses_strictly():
     assert {"medic_test_bytes", "medic_test_events", "medic_test", "medic_test_duration_seconds"} <= names
     text, _ = render(registry_of([("a", 1.0)]), "*/*", "")
     assert b"# EOF" not in text
+
+
+def test_the_agents_own_page_is_what_the_library_writes_for_it(tmp_path):
+    """The instance families (label sets shared across families, counters, the summary, the info
+    family) through the page's texts, against the library's encoders over the same registry."""
+    from agent.api.metrics import Telemetry
+    from agent.config.loader import validate_config
+    from agent.core.catalog import CATALOG
+    from agent.state.eventlog import EventLog
+    from agent.state.store import Store
+    from agent.watch.instances import ProbeHealth
+    from agent.watch.tracker import Tracker
+
+    specs = [
+        {"name": "a", "match": {"pid": 1}, "labels": {"team": 'x"y\nz', "zone": "b"}},
+        {"name": "b.c", "match": {"pid": 2}},
+        {"name": "down", "match": {"pid": 3}},
+    ]
+    store = Store(tmp_path / "state")
+    tracker = Tracker(validate_config({"instances": specs}).instances, store, EventLog(store))
+    for i, name in enumerate(["a", "b.c"]):
+        state = tracker.states[name]
+        state.status, state.last_probe, state.restarts = "up", 1_700_000_000.0 + i, i
+        state.latest = {metric: float(n * (i + 1)) for n, metric in enumerate(CATALOG)}
+        state.probes = {"process": ProbeHealth(has_figures=True), "jvm": ProbeHealth(errors_total=2)}
+    telemetry = Telemetry(tracker)
+    telemetry.observe_probe("process", 0.002, True)
+    try:
+        for accept in ACCEPTS:
+            encoder, _ = choose_encoder(accept)
+            body, _ = render(telemetry.registry, accept, "")
+            assert body == encoder(telemetry.registry) or _without_process(body) == _without_process(
+                encoder(telemetry.registry)
+            ), accept
+        body, _ = render(telemetry.registry, "*/*", "")
+        assert b'name="down"' in body and b'medic_latency_seconds{name="a",quantile="0.99"}' in body
+        assert b'medic_probe_errors_total{name="b.c",probe="jvm"} 2.0' in body
+    finally:
+        store.close()
+
+
+def _without_process(page: bytes) -> list[bytes]:
+    """The page less the agent's own `process_*` lines (however the escaping writes them), which
+    change between two reads."""
+    return [line for line in page.splitlines() if b"process_" not in line or b"medic" in line]

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from agent import __version__
 from agent.api.exposition import Families, PageEncoder
@@ -34,6 +35,7 @@ class _Seen(NamedTuple):
     scrape tells of the same moment."""
 
     name: str
+    labels: dict[str, str]  # {"name": name}: one dict shared by the instance's samples of the page
     status: str
     spec: InstanceSpec
     limit_source: str | None
@@ -60,6 +62,7 @@ class InstanceCollector(Collector):
             seen = [
                 _Seen(
                     state.name,
+                    {"name": state.name},
                     state.status,
                     state.spec,
                     state.memory_limit_source,
@@ -81,13 +84,13 @@ class InstanceCollector(Collector):
             CounterMetricFamily,
             "medic_instance_restarts",
             "Restarts seen (new pid or start time).",
-            ((s.name, s.restarts) for s in seen),
+            ((s.labels, s.restarts) for s in seen),
         )
         yield _by_instance(
             GaugeMetricFamily,
             "medic_instance_last_probe_timestamp_seconds",
             "When the instance was last probed.",
-            ((s.name, s.last_probe) for s in seen if s.last_probe),
+            ((s.labels, s.last_probe) for s in seen if s.last_probe),
         )
         yield _by_probe(
             CounterMetricFamily,
@@ -110,7 +113,7 @@ class InstanceCollector(Collector):
 def _instance_up(seen: list[_Seen]) -> Metric:
     up = GaugeMetricFamily("medic_instance_up", "1 if the instance's process runs, else 0.", labels=["name"])
     for s in seen:
-        up.add_metric([s.name], 1.0 if s.status == "up" else 0.0)
+        _add(up, s.labels, 1.0 if s.status == "up" else 0.0)
     return up
 
 
@@ -130,12 +133,23 @@ def _instance_info(seen: list[_Seen]) -> Metric:
     return info
 
 
-def _by_instance(kind: type, name: str, help_text: str, values: Iterable[tuple[str, float]]) -> Metric:
-    """A family labelled by instance `name` alone, from `(instance, value)` pairs."""
+def _by_instance(
+    kind: type, name: str, help_text: str, values: Iterable[tuple[dict[str, str], float]]
+) -> Metric:
+    """A family labelled by instance `name` alone, from `(the instance's labels, value)` pairs."""
     family = kind(name, help_text, labels=["name"])
-    for instance, value in values:
-        family.add_metric([instance], value)
+    for labels, value in values:
+        _add(family, labels, value)
     return family
+
+
+def _add(family: Metric, labels: dict[str, str], value: float) -> None:
+    """`family.add_metric` with the instance's own label dict, shared by its samples on the page, and
+    the sample name `add_metric` gave the family's first sample (a counter's has `_total`)."""
+    if family.samples:
+        family.samples.append(Sample(family.samples[0].name, labels, value))
+    else:
+        family.add_metric(list(labels.values()), value)
 
 
 def _by_probe(kind: type, name: str, help_text: str, values: Iterable[tuple[str, str, float]]) -> Metric:
@@ -178,7 +192,7 @@ def _catalog_family(
         for stored, _ in metrics:
             value = s.latest.get(stored)
             if value is not None:
-                metric.add_metric([s.name], value)
+                _add(metric, s.labels, value)
     return metric
 
 
