@@ -3,6 +3,7 @@
     apt-get install prometheus-process-exporter        # Debian's package; scripts/install-system-deps.sh
     python -m benchmarks.serve_cost                     # 50, then 200 processes
     python -m benchmarks.serve_cost --processes 50 --seconds 30s --repeat 3 --json
+    python -m benchmarks.serve_cost --page-cost         # one /metrics page's CPU, against the library's
 
 For each count it starts N `agent.demo.workload stable` processes, then medic (`medic run`, a 1 s
 interval, each process an instance by pid) and process-exporter (each process a group of its own,
@@ -252,6 +253,61 @@ def run_once(count: int, seconds: float, api_seconds: float, warmup: float) -> d
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def page_cost(count: int, repeat: int = 15) -> dict[str, Any]:
+    """CPU ms of one `/metrics` page (OpenMetrics, gzip) of `count` instances after a probe tick, in
+    this process: built as the agent builds it (agent/api/exposition.py), and by prometheus_client's
+    own encoder for the same registry, as every scrape did before; medians of `repeat`."""
+    from prometheus_client import disable_created_metrics
+    from prometheus_client.exposition import choose_encoder
+
+    from agent.api.exposition import PageEncoder
+    from agent.api.metrics import Telemetry
+    from agent.config.loader import validate_config
+    from agent.state.eventlog import EventLog
+    from agent.state.store import Store
+    from agent.watch.collector import Collector
+    from agent.watch.tracker import Tracker
+    from probes.registry import PROBES, create_probe
+
+    procs = start_workloads(count)
+    workdir = Path(tempfile.mkdtemp(prefix="medic-page-"))
+    try:
+        disable_created_metrics()
+        specs = [{"name": f"w{i}", "match": {"pid": p.pid}} for i, p in enumerate(procs)]
+        store = Store(workdir / "state")
+        events = EventLog(store)
+        tracker = Tracker(validate_config({"instances": specs}).instances, store, events)
+        telemetry = Telemetry(tracker)
+        probes = [create_probe(name) for name, entry in PROBES.items() if entry.default_enabled]
+        collector = Collector(tracker, store, events, probes, telemetry.observe_probe)
+        tracker.reconcile(time.time(), scan=True)
+        for schedule in ("fast", "slow", "fast"):
+            collector.run(schedule)  # type: ignore[arg-type]
+    finally:
+        stop_workloads(procs)
+    encoder, _ = choose_encoder(ACCEPT)
+    page = PageEncoder(encoder)
+
+    def library() -> bytes:
+        return gzip.compress(encoder(telemetry.registry))
+
+    out: dict[str, Any] = {"instances": count}
+    for label, build in (
+        ("page_ms", lambda: page.page(telemetry.registry.collect(), True)),
+        ("library_ms", library),
+    ):
+        build()
+        costs = []
+        for _ in range(repeat):
+            began = time.process_time()
+            build()
+            costs.append(1000 * (time.process_time() - began))
+        out[label] = statistics.median(costs)
+    store.close()
+    shutil.rmtree(workdir, ignore_errors=True)
+    return out
+
+
 def report(run: dict[str, Any]) -> str:
     medic, peer = run["scraped"]["medic"], run["scraped"]["process-exporter"]
     cpu_ratio = medic["cpu_percent"] / peer["cpu_percent"] if peer["cpu_percent"] else float("inf")
@@ -354,7 +410,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", default="15s", help="start-up not measured (default 15s)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each count (default 1)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument(
+        "--page-cost", action="store_true", help="only the CPU of one /metrics page, against the library's"
+    )
     args = parser.parse_args(argv)
+    if args.page_cost:
+        costs = [page_cost(count) for count in args.processes or [50, 200]]
+        for cost in costs if not args.json else []:
+            print(
+                f"{cost['instances']} instances, one /metrics page (OpenMetrics, gzip), CPU: "
+                f"{cost['page_ms']:.1f} ms; prometheus_client's encoder for the same registry "
+                f"{cost['library_ms']:.1f} ms"
+            )
+        if args.json:
+            print(json.dumps(costs, indent=2))
+        return 0
     runs = []
     for count in args.processes or [50, 200]:
         for _ in range(args.repeat):
