@@ -22,6 +22,12 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 Encoder = Callable[[Collector], bytes]
+# headers by (name, type, help, unit); sample names; label sets: the texts the library wrote for them
+_Texts = tuple[
+    dict[tuple[str, str, str, str], str],
+    dict[str, "str | None"],
+    dict[tuple[tuple[str, str], ...], "str | None"],
+]
 _VALUE = " 0.0\n"  # what the library writes for a sample of value 0, after its name and labels
 _PROBE = "x"  # a name no escaping changes, to read off the text of a label set
 _MOVED = ("_created", "_gsum", "_gcount")
@@ -53,7 +59,7 @@ class PageEncoder:
         self._headers: dict[tuple[str, str, str, str], str] = {}
         self._names: dict[str, str | None] = {}  # None: the library writes it otherwise
         self._labels: dict[tuple[tuple[str, str], ...], str | None] = {}
-        self._used: tuple[dict, dict, dict] = ({}, {}, {})  # what the page under way used
+        self._used: _Texts = ({}, {}, {})  # what the page under way used
         self._values: dict[float, str] = {}  # values the page under way wrote: many repeat (0, limits)
 
     def page(self, families: Iterable[Metric], gzipped: bool) -> bytes:
@@ -99,7 +105,7 @@ class PageEncoder:
             value = sample.value
             text = values.get(value) if value else None  # -0.0 equals 0.0 but is written otherwise
             if text is None:
-                text = values[value] = floatToGoString(value)
+                text = values[value] = floatToGoString(value)  # type: ignore[no-untyped-call]
             append(f"{name}{labels} {text}\n")
         return "".join(lines)
 
@@ -129,13 +135,14 @@ class PageEncoder:
         if not labels:
             return ""
         key = tuple(labels.items())
-        text = self._labels.get(key, _UNKNOWN)
-        if text is _UNKNOWN:
+        if key in self._labels:
+            text = self._labels[key]
+        else:
             bare = _compose(self._sample_line(_PROBE, {}), "")
             text = None if bare is None else _compose(self._sample_line(_PROBE, labels), bare)
             self._labels[key] = text
         self._used[2][key] = text
-        return text  # type: ignore[return-value]
+        return text
 
     def _sample_line(self, name: str, labels: dict[str, str]) -> str:
         """The library's line for one sample of value 0 named `name`, in an untyped family of that name."""

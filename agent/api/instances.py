@@ -123,9 +123,10 @@ def instances_routes(ctx: Any) -> APIRouter:
         compressed = gzip_accepted(request.headers.get("accept-encoding", ""))
         key = (wanted, after, limit, compressed)
         # served from the event loop when this tick's answer is built; built in a thread otherwise
-        data, etag = built.peek(key) or await run_in_threadpool(
-            built.get, key, lambda: build(wanted, after, limit, compressed)
-        )
+        answer = built.peek(key)
+        if answer is None:
+            answer = await run_in_threadpool(built.get, key, lambda: build(wanted, after, limit, compressed))
+        data, etag = answer
         headers = {"ETag": etag, "Cache-Control": "no-cache", "Vary": "Accept-Encoding"}
         if etag_matches(request.headers.get("if-none-match"), etag):
             return Response(status_code=304, headers=headers)
