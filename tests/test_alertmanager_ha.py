@@ -117,8 +117,10 @@ def test_every_replica_gets_every_alert_and_a_stopped_one_catches_up(spawn, tmp_
         medic.until(lambda: medic_alerts(second) >= {"serving-2"})
         [caught_up] = [i for i in medic.items(two) if i.instance == "serving-2"]
         assert caught_up.state == "delivered" and caught_up.attempts >= 3
-        [once] = [i for i in medic.items(one) if i.instance == "serving-2"]
-        assert once.attempts == 1  # the replica that accepted was not sent it again
+        # the replica that accepted was not sent it again (a slow run may add the alert's periodic
+        # resend, an item of its own, sent once as well)
+        sent = [i for i in medic.items(one) if i.instance == "serving-2"]
+        assert sent[0].attempts == 1 and all(i.attempts <= 1 for i in sent), sent
     finally:
         medic.close()
 

@@ -22,10 +22,10 @@ def scrape(agent) -> tuple[float | None, float | None]:
     text = httpx.get(f"{agent.url}/metrics", timeout=5).text
     found: dict[str, float] = {}
     for line in text.splitlines():
-        for family in ("medic_instance_start_time_seconds", "medic_time_to_oom_seconds"):
-            if line.startswith(f'{family}{{name="leaky"}}'):
+        for family in ("medic_process_start_time_seconds", "medic_time_to_oom_seconds"):
+            if line.startswith(f"{family}{{") and 'name="leaky"' in line.split("}")[0]:
                 found[family] = float(line.split()[-1])
-    return found.get("medic_instance_start_time_seconds"), found.get("medic_time_to_oom_seconds")
+    return found.get("medic_process_start_time_seconds"), found.get("medic_time_to_oom_seconds")
 
 
 def measured_anew(agent, old_start: float) -> bool:
