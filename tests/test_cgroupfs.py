@@ -299,6 +299,22 @@ def test_unreadable_file_is_a_problem_missing_file_is_not(tmp_path):
     assert "cpu.max" in str(problems[-1])
 
 
+def test_members_of_a_cgroup_with_and_without_child_cgroups(tmp_path):
+    directory = ControllerDir(str(tmp_path), str(tmp_path), 2)
+    (tmp_path / "cgroup.procs").write_text("41\n42\n")
+    assert cgroupfiles.cgroup_members(directory, 2) == (41, 42)
+    assert cgroupfiles.cgroup_members(directory, 1) is None  # more processes than the instance has
+    (tmp_path / "cgroup.procs").write_text("".join(f"{pid}\n" for pid in range(1000, 3000)))
+    assert cgroupfiles.cgroup_members(directory, 3) is None  # a long file is not read whole to say so
+    (tmp_path / "cgroup.procs").write_text("41\n")
+    (tmp_path / "child").mkdir()
+    assert cgroupfiles.cgroup_members(directory, 2) is None  # its usage holds a child cgroup's
+    assert cgroupfiles.has_subdirectories(str(tmp_path))
+    (tmp_path / "child").rmdir()
+    assert not cgroupfiles.has_subdirectories(str(tmp_path))
+    assert cgroupfiles.cgroup_members(ControllerDir(str(tmp_path / "gone"), str(tmp_path), 2), 2) is None
+
+
 def test_no_cgroup_filesystem_and_vanished_pid(tmp_path):
     root = write_tree(
         tmp_path, {"proc/5/cgroup": "0::/\n", "proc/self/mountinfo": "1 0 0:1 / / rw - ext4 /dev/x rw\n"}

@@ -60,6 +60,23 @@ def read_raw(path: str) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+def read_head(path: str, size: int) -> bytes:
+    """At most the first `size` bytes of a file (all of it if shorter); OSError passes through."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunk = os.read(fd, size)
+        if len(chunk) in (0, size):
+            return chunk
+        chunks = [chunk]
+        got = len(chunk)
+        while got < size and (chunk := os.read(fd, size - got)):
+            chunks.append(chunk)
+            got += len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
 def read_file(path: str, pid: int | None = None) -> bytes:
     """`read_raw` with OS errors translated into the `ProbeError` family (about `pid`, if given)."""
     try:
