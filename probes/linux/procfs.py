@@ -151,19 +151,24 @@ def parse_stat(data: bytes, clock_ticks: int = CLOCK_TICKS) -> ProcStat:
         state = fields[0].decode("ascii")
     except UnicodeDecodeError:
         raise _malformed(what, "the state field is not a letter", data) from None
-    return ProcStat(
-        pid=_int(data[:open_paren], what, data),
-        comm=data[open_paren + 1 : close_paren].decode("utf-8", "replace"),
-        state=state,
-        ppid=_int(fields[1], what, data),
-        minor_faults=_int(fields[7], what, data),
-        major_faults=_int(fields[9], what, data),
-        user_seconds=_int(fields[11], what, data) / clock_ticks,
-        system_seconds=_int(fields[12], what, data) / clock_ticks,
-        threads=_int(fields[17], what, data),
-        start_seconds_after_boot=_int(fields[19], what, data) / clock_ticks,
-        session=_int(fields[3], what, data),
-    )
+    try:  # one handler for every number: this runs for every process on every tick
+        return ProcStat(
+            pid=int(data[:open_paren]),
+            comm=data[open_paren + 1 : close_paren].decode("utf-8", "replace"),
+            state=state,
+            ppid=int(fields[1]),
+            minor_faults=int(fields[7]),
+            major_faults=int(fields[9]),
+            user_seconds=int(fields[11]) / clock_ticks,
+            system_seconds=int(fields[12]) / clock_ticks,
+            threads=int(fields[17]),
+            start_seconds_after_boot=int(fields[19]) / clock_ticks,
+            session=int(fields[3]),
+        )
+    except ValueError:
+        for value in (data[:open_paren], *(fields[i] for i in (1, 3, 7, 9, 11, 12, 17, 19))):
+            _int(value, what, data)  # says which one
+        raise _malformed(what, "a field is not an integer", data) from None
 
 
 def read_stat(pid: int, root: Path = HOST_ROOT) -> ProcStat:
@@ -215,7 +220,12 @@ def read_live_stat(pid: int, expected_start_time: float, root: Path = HOST_ROOT)
 
     An `expected_start_time` of 0 or less skips the reuse check (identity not known yet).
     """
-    stat = read_stat(pid, root)
+    return check_live(read_stat(pid, root), pid, expected_start_time, root)
+
+
+def check_live(stat: ProcStat, pid: int, expected_start_time: float, root: Path = HOST_ROOT) -> ProcStat:
+    """`stat` (of `pid`) when it is still the process known by its start time; `TargetGone` when that
+    process exited or its pid now belongs to another (`read_live_stat` says more)."""
     if stat.state in ("Z", "X"):
         raise TargetGone(f"process {pid} has exited (a zombie waiting for its parent to reap it)")
     if expected_start_time > 0 and not same_process(start_time(stat, root), expected_start_time):
@@ -273,6 +283,7 @@ class ProcStatus:
     swap_bytes: int | None = None
     voluntary_ctx_switches: int | None = None
     involuntary_ctx_switches: int | None = None
+    vms_bytes: int | None = None  # VmSize: what `statm` calls size, in bytes
 
 
 _STATUS_KB_FIELDS = {
@@ -282,6 +293,7 @@ _STATUS_KB_FIELDS = {
     b"RssShmem": "rss_shmem_bytes",
     b"VmHWM": "rss_peak_bytes",
     b"VmSwap": "swap_bytes",
+    b"VmSize": "vms_bytes",
 }
 _STATUS_COUNT_FIELDS = {
     b"voluntary_ctxt_switches": "voluntary_ctx_switches",
@@ -289,8 +301,8 @@ _STATUS_COUNT_FIELDS = {
 }
 # Anchored on the newline rather than `^` with MULTILINE: three times faster, and `Name:` comes first.
 _STATUS_LINE = re.compile(
-    rb"\n(Uid|Gid|NSpid|VmHWM|VmRSS|RssAnon|RssFile|RssShmem|VmSwap|voluntary_ctxt_switches|nonvoluntary_ctxt_switches)"
-    rb":[ \t]*([^\n]*)"
+    rb"\n(Uid|Gid|NSpid|VmSize|VmHWM|VmRSS|RssAnon|RssFile|RssShmem|VmSwap|voluntary_ctxt_switches"
+    rb"|nonvoluntary_ctxt_switches):[ \t]*([^\n]*)"
 )
 
 
@@ -302,26 +314,29 @@ def parse_status(data: bytes) -> ProcStatus:
     values: dict[str, int] = {}
     uids: tuple[int, ...] = ()
     ns_pids: tuple[int, ...] = ()
-    for key, rest in _STATUS_LINE.findall(data):
-        if key == b"Uid":
-            uids = tuple(_int(uid, what, data) for uid in rest.split())
-            if len(uids) < 2:
-                raise _malformed(what, "the Uid line has fewer than 2 ids", data)
-            values["real_uid"], values["effective_uid"] = uids[0], uids[1]
-        elif key == b"Gid":
-            gids = rest.split()
-            if len(gids) < 2:
-                raise _malformed(what, "the Gid line has fewer than 2 ids", data)
-            values["effective_gid"] = _int(gids[1], what, data)
-        elif key == b"NSpid":
-            ns_pids = tuple(_int(ns_pid, what, data) for ns_pid in rest.split())
-        elif key in _STATUS_KB_FIELDS:
-            number, _, unit = rest.partition(b" ")
-            if unit.strip() != b"kB":
-                raise _malformed(what, f"{key.decode()} is not in kB", data)
-            values[_STATUS_KB_FIELDS[key]] = _int(number, what, data) * 1024
-        else:
-            values[_STATUS_COUNT_FIELDS[key]] = _int(rest, what, data)
+    key = rest = b""
+    try:  # one handler for every number: this runs for every process on every tick
+        for key, rest in _STATUS_LINE.findall(data):
+            if key in _STATUS_KB_FIELDS:
+                if not rest.endswith(b" kB"):
+                    raise _malformed(what, f"{key.decode()} is not in kB", data)
+                values[_STATUS_KB_FIELDS[key]] = int(rest[:-3]) * 1024
+            elif key in _STATUS_COUNT_FIELDS:
+                values[_STATUS_COUNT_FIELDS[key]] = int(rest)
+            elif key == b"Uid":
+                uids = tuple(map(int, rest.split()))
+                if len(uids) < 2:
+                    raise _malformed(what, "the Uid line has fewer than 2 ids", data)
+                values["real_uid"], values["effective_uid"] = uids[0], uids[1]
+            elif key == b"Gid":
+                gids = rest.split()
+                if len(gids) < 2:
+                    raise _malformed(what, "the Gid line has fewer than 2 ids", data)
+                values["effective_gid"] = int(gids[1])
+            else:
+                ns_pids = tuple(map(int, rest.split()))
+    except ValueError:
+        raise _malformed(what, f"{key.decode()}: {rest[:40]!r} is not an integer", data) from None
     return ProcStatus(uids=uids, ns_pids=ns_pids, **values)
 
 
