@@ -76,6 +76,16 @@ def test_mountinfo_unescapes_and_reads_optional_fields():
     assert v1 == CgroupMount("/my cgroups/cpu", "/docker/abc", 1, ("cpu", "cpuacct"))
 
 
+def test_mounts_are_parsed_again_only_when_mountinfo_changed(tmp_path):
+    mountinfo = tmp_path / "proc/self/mountinfo"
+    mountinfo.parent.mkdir(parents=True)
+    mountinfo.write_text("1 0 0:38 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n")
+    first = cgroupfs.cgroup_mounts(tmp_path)
+    assert cgroupfs.cgroup_mounts(tmp_path) is first and cgroupfs.cgroup_layout(first) == "v2"
+    mountinfo.write_text("2 0 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n")
+    assert cgroupfs.cgroup_layout(cgroupfs.cgroup_mounts(tmp_path)) == "v1"
+
+
 def test_layouts():
     v1 = CgroupMount("/sys/fs/cgroup/memory", "/", 1, ("memory",))
     v2 = CgroupMount("/sys/fs/cgroup", "/", 2, ())

@@ -422,10 +422,10 @@ def parse_environ(data: bytes) -> dict[str, str]:
     """NUL-separated `KEY=VALUE` entries; undecodable bytes survive as surrogates (`os.fsencode` gives
     them back), entries without `=` or without a key are skipped, a repeated key keeps its last value."""
     env: dict[str, str] = {}
-    for entry in data.split(b"\0"):
-        key, sep, value = entry.partition(b"=")
+    for entry in os.fsdecode(data).split("\0"):  # NUL and = never occur inside a multi-byte character
+        key, sep, value = entry.partition("=")
         if sep and key:
-            env[os.fsdecode(key)] = os.fsdecode(value)
+            env[key] = value
     return env
 
 
