@@ -83,40 +83,30 @@ class ProcessProbe:
                 if statm is not None:
                     rss, vms = statm.rss_bytes, statm.vms_bytes
             fds = try_read(result, proc.count_fds)
-        add_samples(
-            result,
-            target,
-            now,
-            {
-                "cpu_seconds_total": stat.cpu_seconds,
-                "threads": stat.threads,
-                "minor_faults_total": stat.minor_faults,
-                "major_faults_total": stat.major_faults,
-                "rss_bytes": rss,
-                "vms_bytes": vms,
-            },
-        )
+        figures: list[tuple[str, float | None]] = [
+            ("cpu_seconds_total", stat.cpu_seconds),
+            ("threads", stat.threads),
+            ("minor_faults_total", stat.minor_faults),
+            ("major_faults_total", stat.major_faults),
+            ("rss_bytes", rss),
+            ("vms_bytes", vms),
+        ]
+        if status is not None:
+            figures += (
+                ("rss_anon_bytes", status.rss_anon_bytes),
+                ("rss_file_bytes", status.rss_file_bytes),
+                ("rss_shmem_bytes", status.rss_shmem_bytes),
+                ("rss_peak_bytes", status.rss_peak_bytes),
+                ("swap_bytes", status.swap_bytes),
+                ("ctx_switches_voluntary_total", status.voluntary_ctx_switches),
+                ("ctx_switches_involuntary_total", status.involuntary_ctx_switches),
+            )
+        figures.append(("open_fds", fds))
+        instance = target.instance
+        result.samples = [Sample(instance, metric, now, float(v)) for metric, v in figures if v is not None]
         if rss is not None:
             result.processes[main] = {"rss_bytes": rss, "cpu_seconds_total": stat.cpu_seconds}
         add_workers(result, target.workers, self._worker)
-        if status is not None:
-            add_samples(
-                result,
-                target,
-                now,
-                {
-                    "rss_anon_bytes": status.rss_anon_bytes,
-                    "rss_file_bytes": status.rss_file_bytes,
-                    "rss_shmem_bytes": status.rss_shmem_bytes,
-                    "rss_peak_bytes": status.rss_peak_bytes,
-                    "swap_bytes": status.swap_bytes,
-                    "ctx_switches_voluntary_total": status.voluntary_ctx_switches,
-                    "ctx_switches_involuntary_total": status.involuntary_ctx_switches,
-                    "open_fds": fds,
-                },
-            )
-        else:
-            add_samples(result, target, now, {"open_fds": fds})
         return result
 
     def _worker(self, worker: ProcessIdentity) -> dict[str, float]:
