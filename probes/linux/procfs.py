@@ -20,6 +20,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from agent.core.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable, TargetGone
 from agent.core.records import ProcessIdentity
@@ -116,9 +117,10 @@ def _int(value: bytes, what: str, data: bytes) -> int:
 # --------------------------------------------------------------------------- /proc/PID/stat
 
 
-@dataclass(frozen=True, slots=True)
-class ProcStat:
-    """The figures medic uses from `/proc/PID/stat` (times already converted to seconds)."""
+class ProcStat(NamedTuple):
+    """The figures medic uses from `/proc/PID/stat` (times already converted to seconds). A named
+    tuple, as `ProcStatus`: made for every followed process on every tick, three times cheaper to make
+    than a frozen dataclass."""
 
     pid: int
     comm: str
@@ -266,8 +268,7 @@ def read_statm(pid: int, root: Path = HOST_ROOT) -> ProcStatm:
 # --------------------------------------------------------------------------- /proc/PID/status
 
 
-@dataclass(frozen=True, slots=True)
-class ProcStatus:
+class ProcStatus(NamedTuple):
     """Figures of `/proc/PID/status`; None where the line is absent (kernel threads, old kernels)."""
 
     real_uid: int | None = None
