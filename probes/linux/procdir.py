@@ -32,10 +32,10 @@ from probes.linux.procfs import (
     parse_statm,
     parse_status,
     proc_path,
+    read_piece,
     translate_os_error,
 )
 
-_READ_SIZE = 4096  # stat, statm and status of any process fit; a longer file takes more reads
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 MAX_HELD = 1 << 16
 
@@ -85,24 +85,19 @@ class ProcDir:
             self._dir = None
 
     def read(self, name: str) -> bytes:
-        """The whole of one file of the directory, with OS errors translated."""
+        """One file of the directory that the kernel renders whole (`read_piece`), with OS errors
+        translated."""
         try:
             if self._dir is None:
                 fd = os.open(f"{self._base}/{name}", os.O_RDONLY | os.O_CLOEXEC)
             else:
                 fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self._dir)
             try:
-                data = os.read(fd, _READ_SIZE)
-                if len(data) == _READ_SIZE:
-                    chunks = [data]
-                    while chunk := os.read(fd, _READ_SIZE):
-                        chunks.append(chunk)
-                    data = b"".join(chunks)
+                return read_piece(fd)
             finally:
                 os.close(fd)
         except OSError as exc:
             raise translate_os_error(exc, f"{self._base}/{name}", self.identity.pid) from None
-        return data
 
     def stat(self) -> ProcStat:
         """`/proc/PID/stat`; `TargetGone` once the process exited (a zombie) or, when not held, its pid

@@ -35,6 +35,7 @@ _ACCESS_HINT = (
 )
 _GONE_ERRNOS = {errno.ENOENT, errno.ESRCH}
 _READ_SIZE = 16384
+PIECE_SIZE = 4096  # stat, statm and status of any process fit; a longer one takes more reads
 
 
 # --------------------------------------------------------------------------- reading
@@ -42,8 +43,8 @@ _READ_SIZE = 16384
 
 def proc_path(root: Path, *parts: str | int) -> str:
     """`<root>/proc/<parts...>` as a plain string (cheaper than Path arithmetic on every tick)."""
-    base = str(root).rstrip("/")
-    return base + "/proc/" + "/".join(str(part) for part in parts)
+    base = "" if root is HOST_ROOT else str(root).rstrip("/")
+    return base + "/proc/" + "/".join(map(str, parts))
 
 
 def read_raw(path: str) -> bytes:
@@ -59,6 +60,31 @@ def read_raw(path: str) -> bytes:
     finally:
         os.close(fd)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def read_piece(fd: int) -> bytes:
+    """The rest of an open file that the kernel renders whole on the first read (`stat`, `statm` and
+    `status` of a process): one read when it fits in `PIECE_SIZE`, a short read being its end."""
+    data = os.read(fd, PIECE_SIZE)
+    if len(data) < PIECE_SIZE:
+        return data
+    chunks = [data]
+    while chunk := os.read(fd, _READ_SIZE):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def read_process_file(pid: int, name: str, root: Path = HOST_ROOT) -> bytes:
+    """`/proc/PID/<name>`, a file rendered whole (see `read_piece`), with OS errors translated."""
+    path = proc_path(root, pid, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return read_piece(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise translate_os_error(exc, path, pid) from None
 
 
 def read_head(path: str, size: int) -> bytes:
@@ -174,7 +200,7 @@ def parse_stat(data: bytes, clock_ticks: int = CLOCK_TICKS) -> ProcStat:
 
 
 def read_stat(pid: int, root: Path = HOST_ROOT) -> ProcStat:
-    return parse_stat(read_file(proc_path(root, pid, "stat"), pid))
+    return parse_stat(read_process_file(pid, "stat", root))
 
 
 # --------------------------------------------------------------------------- /proc/stat (boot time)
@@ -262,7 +288,7 @@ def parse_statm(data: bytes, page_size: int = PAGE_SIZE) -> ProcStatm:
 
 
 def read_statm(pid: int, root: Path = HOST_ROOT) -> ProcStatm:
-    return parse_statm(read_file(proc_path(root, pid, "statm"), pid))
+    return parse_statm(read_process_file(pid, "statm", root))
 
 
 # --------------------------------------------------------------------------- /proc/PID/status
@@ -342,7 +368,7 @@ def parse_status(data: bytes) -> ProcStatus:
 
 
 def read_status(pid: int, root: Path = HOST_ROOT) -> ProcStatus:
-    return parse_status(read_file(proc_path(root, pid, "status"), pid))
+    return parse_status(read_process_file(pid, "status", root))
 
 
 def read_nspid(pid: int, root: Path = HOST_ROOT) -> tuple[int, ...]:
