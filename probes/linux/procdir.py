@@ -111,7 +111,9 @@ class ProcDir:
         return parse_statm(self.read("statm"))
 
     def status(self) -> ProcStatus:
-        return parse_status(self.read("status"))
+        """The figures of `status` (memory, context switches); its ids (`Uid`, `Gid`, `NSpid`) are
+        left out: the process's identity is known."""
+        return parse_status(self.read("status"), ids=False)
 
     def count_fds(self) -> int:
         """Open file descriptors: the entries of `fd` (needs ptrace access to the process, as a
