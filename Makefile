@@ -2,6 +2,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# `make run` and `make demo` use a venv of their own with medic's runtime dependencies alone (no test or
+# lint tools); ARGS go to the command, e.g. make run ARGS='--port 9500 --state-dir /tmp/medic-demo'
+RUN_VENV ?= .venv-run
+RUN_BIN := $(RUN_VENV)/bin
+ARGS ?=
 
 .PHONY: help install system-deps run demo test test-fast lint typecheck format bench clean
 
@@ -18,15 +23,20 @@ $(BIN)/medic: pyproject.toml setup.py constraints.txt
 
 install: $(BIN)/medic  ## create .venv and install medic with its test and lint tools
 
+$(RUN_BIN)/medic: pyproject.toml setup.py constraints.txt
+	$(PYTHON) -m venv $(RUN_VENV)
+	$(RUN_BIN)/pip install -q -c constraints.txt -e .
+	@touch $@
+
 system-deps:  ## install the Debian packages the tests need (root or sudo)
 	./scripts/install-system-deps.sh
 
-run: install  ## the agent on its built-in demo, compressed time: a leak finding within 2 minutes (http://127.0.0.1:9464/)
-	$(BIN)/medic run
+run: $(RUN_BIN)/medic  ## the agent alone in .venv-run, on its built-in demo: a leak finding and its suspect within 2 minutes (http://127.0.0.1:9464/)
+	$(RUN_BIN)/medic run $(ARGS)
 
-demo: install  ## real onnxruntime servers (healthy, leaking, slow) and medic restarting them, narrated
-	$(BIN)/pip install -q -c constraints.txt -e '.[demo]'
-	$(BIN)/medic demo
+demo: $(RUN_BIN)/medic  ## real onnxruntime servers (healthy, leaking, slow) and medic restarting them, narrated
+	$(RUN_BIN)/pip install -q -c constraints.txt -e '.[demo]'
+	$(RUN_BIN)/medic demo $(ARGS)
 
 # four workers on two cores: the slow tests mostly wait on real processes and servers; each file
 # runs in one worker (--dist loadfile), so a file's tests keep their order and their servers
@@ -55,5 +65,5 @@ format: install  ## apply ruff's fixes and formatting
 bench: install  ## print the benchmark figures quoted in docs/
 	$(BIN)/python benchmarks/probe_cost.py
 
-clean:  ## remove the virtualenv and caches
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis medic-state
+clean:  ## remove the virtualenvs and caches
+	rm -rf $(VENV) $(RUN_VENV) .pytest_cache .ruff_cache .hypothesis medic-state

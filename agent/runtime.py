@@ -34,6 +34,7 @@ from agent.api.guard import allowed_hosts, is_loopback
 from agent.api.metrics import Telemetry
 from agent.api.server import server_config
 from agent.config.model import Config
+from agent.config.timescale import notes, time_axis
 from agent.core.errors import ConfigError, StoreError
 from agent.jobs.detection import Detection
 from agent.jobs.history import TICK as HISTORY_TICK
@@ -147,27 +148,37 @@ class Agent:
             inherit_output=[self.main_instance] if self.main_instance else [],
         )
         disable_created_metrics()  # no `_created` series; a process-wide switch, so set by the agent
-        self.telemetry = Telemetry(self.tracker)
+        self.agent_name = cfg.agent_name()  # the `agent` label of its alerts and of medic_build_info
+        self.telemetry = Telemetry(
+            self.tracker, agent=self.agent_name, fleet_label=self.config.notify.fleet_label
+        )
         self.notifier = start_notifier(self)  # events → Alertmanager/webhook/Slack (agent/notify)
-        memory_params = self.config.detect.memory_params()
+        axis = time_axis(self.config)  # every duration medic judges or waits by, on agent.time_scale
+        for note in notes(self.config):
+            log.info("agent.time_scale %g: %s", axis.scale.factor, note)
+        memory_params = axis.memory
         # a flat series must still fill every detection bucket, or the detectors see no data and a
-        # finding about a leak that stopped would never clear (it matters only for short windows)
+        # finding about a leak that stopped would never clear (it matters only for short windows);
+        # and it is stored again before the slow detector would read it as stale
         self.collector = Collector(
             self.tracker,
             self.store,
             self.events,
             probes,
             self.telemetry.observe_probe,
-            keepalive=min(KEEPALIVE, memory_params.bucket / SAMPLES_PER_BUCKET),
+            keepalive=max(
+                0.0,
+                min(KEEPALIVE, memory_params.bucket / SAMPLES_PER_BUCKET, axis.slow.stale - 2 * cfg.interval),
+            ),
         )
         self.detection = Detection(
             self.tracker,
             self.store,
             self.events,
             memory_params,
-            self.config.detect.slow_params(),
+            axis.slow,
             workload_label=self.config.detect.workload_label,
-            time_scale=self.config.detect.time_scale,
+            scale=axis.scale,
         )
         self.telemetry.watch_findings(self.detection)
         history = self.config.history.prometheus  # the workloads' past, for new processes
@@ -179,7 +190,7 @@ class Agent:
             else None
         )
         self.remediation = Remediation(
-            self.config.remediation, self.tracker, self.store, self.events, self.detection
+            axis.remediation, self.tracker, self.store, self.events, self.detection
         )
         engine = self.remediation.engine  # the fleet's profiles travel through its coordinator
         self.peers = (
@@ -228,7 +239,8 @@ class Agent:
                 notify=self.config.notify,
                 allowed_hosts=allowed_hosts(cfg.host, cfg.allowed_hosts),
                 max_body=cfg.http.max_body,
-                time_scale=self.config.detect.time_scale,
+                time_scale=self.config.agent.time_scale,
+                agent_name=self.agent_name,
             )
             # FastAPI asks, for every route parameter, whether it is a pydantic.v1 model by importing
             # pydantic.v1 (0.9 MiB of RSS kept for the agent's life); medic has none, so in the agent's
@@ -277,8 +289,31 @@ class Agent:
         now = time.time()
         self.tracker.launch_managed(now)
         self.tracker.reconcile(now, scan=True)
+        self._say_what_is_not_found()
         self.collector.run("fast", now)
         self.collector.run("slow", now)
+
+    def _say_what_is_not_found(self) -> None:
+        """One line per instance with no process at start: waiting is what medic does then, but
+        silently it looks like a hang."""
+        for state in list(self.tracker.states.values()):
+            if state.status != "waiting":
+                continue
+            match = state.spec.match
+            how = next(
+                (
+                    f"{key} {getattr(match, key)}"
+                    for key in ("pid", "pidfile", "cmdline")
+                    if getattr(match, key)
+                ),
+                "its matcher",
+            )
+            log.warning(
+                "%s: no process found by %s (%s); medic keeps looking (`medic status` shows it once found)",
+                state.name,
+                how,
+                state.status_reason,
+            )
 
     def _schedule(self) -> AsyncIOScheduler:
         cfg = self.config.agent

@@ -1,5 +1,6 @@
 """`medic doctor`'s diagnosis of one process: which allocator serves it, whether a hook answers, and
-what to add (LD_PRELOAD, MALLOC_CONF, MEDIC_HOOK_SOCKET, PYTHONMALLOC) to see more.
+what to add (LD_PRELOAD, MALLOC_CONF, MEDIC_HOOK_SOCKET, PYTHONMALLOC) to see more. When the hook of
+a Python process does not answer, `native_hooks.delivery` says exactly what it lacks (`missing`).
 
 The hook's own answer is the truth about the allocator when it is reachable (it asks `dladdr` from
 inside); otherwise the outside view of `native_hooks.which_allocator` is used. Each piece of advice is one
@@ -15,6 +16,7 @@ from typing import Any
 
 from agent.core.errors import ProbeError
 from agent.core.figures import is_figure
+from native_hooks.delivery import python_hook_gaps
 from native_hooks.errors import ShimNotBuilt
 from native_hooks.sockets import find_socket
 from native_hooks.which_allocator import AllocatorGuess, detect_allocator
@@ -46,6 +48,7 @@ class DoctorReport:
     hook: HookStatus
     advice: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # what keeps a Python process's hook from answering
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -62,6 +65,7 @@ class DoctorReport:
                 "prof": self.hook.prof,
                 "python": self.hook.python,
             },
+            "missing": self.missing,
             "advice": self.advice,
             "problems": self.problems,
         }
@@ -120,6 +124,9 @@ def diagnose(
     hook = _probe_hook(socket or find_socket(pid, root), timeout, pid, root)
     allocator = hook.allocator or (detected.allocator if detected else "unknown")
     report = DoctorReport(pid=pid, allocator=allocator, detected=detected, hook=hook, problems=problems)
+    shimmed = detected is not None and any("medic_shim" in os.path.basename(p) for p in detected.preload)
+    if not hook.reachable and detected is not None and detected.is_python and not shimmed:
+        report.missing = python_hook_gaps(pid, socket, root)  # the in-process hook: what it lacks
     report.advice = advise(report)
     return report
 
@@ -135,13 +142,18 @@ def advise(report: DoctorReport) -> list[str]:
             advice.append(
                 f"{hook.socket} is stale (its process exited or exec'd): `medic hook clean` removes it"
             )
-        if env.get("MEDIC_HOOK_SOCKET"):
+        if env.get("MEDIC_HOOK_SOCKET") and not report.missing:
             advice.append(
                 f"MEDIC_HOOK_SOCKET={env['MEDIC_HOOK_SOCKET']} is set but no hook answers: check that the shim is "
                 "in LD_PRELOAD (or the autostart imported) and set MEDIC_HOOK_DEBUG=1 to see why it did not start"
             )
         preload = ":".join([*(detected.preload if detected else []), _shim()])
-        if is_python:
+        if report.missing:
+            advice.append(
+                f"instead of the in-process hook, the shim gives allocator figures (but no type histogram): "
+                f"LD_PRELOAD={preload} MEDIC_HOOK_SOCKET=auto"
+            )
+        elif is_python:
             advice.append(
                 f"restart it with the in-process hook ({AUTOSTART_HINT}); it also answers `histogram`. "
                 f"The shim works too: LD_PRELOAD={preload} MEDIC_HOOK_SOCKET=auto"
@@ -218,6 +230,9 @@ def render(report: DoctorReport) -> str:
         lines.append(f"hook           none reachable ({hook.error})")
     for problem in report.problems:
         lines.append(f"problem        {problem}")
+    if report.missing:
+        lines.append("missing:")
+        lines += [f"  - {item}" for item in report.missing]
     if report.advice:
         lines.append("to see more:")
         lines += [f"  - {item}" for item in report.advice]

@@ -39,8 +39,9 @@ __all__ = [
 
 HOOK_HOWTO = (
     "native targets: start them with LD_PRELOAD=$(medic hook path) MEDIC_HOOK_SOCKET=auto; "
-    "Python targets: MEDIC_HOOK_SOCKET=auto and `medic hook install-pth` once per environment "
-    "(see docs/allocators.md)"
+    "Python targets: MEDIC_HOOK_SOCKET=auto and `medic hook install-pth` once per environment, or "
+    "PYTHONPATH=DIR/python after `medic hook install DIR --python` for one of another image "
+    "(see docs/allocators.md; `medic doctor` says what a target lacks)"
 )
 
 

@@ -1,8 +1,11 @@
-"""The `latency` probe: scrape the instance's own `/metrics` and turn its latency histogram into
-per-interval quantiles, request rate and error rate.
+"""The `latency` probe: scrape the instance's own `/metrics` and turn its latency source into
+per-interval figures, request rate and error rate.
 
-Each scrape is compared with the previous one of the same process (pid, start time): the bucket
-increases between the two give `histogram_quantile` over exactly that interval (`agent.core.quantiles`).
+Each scrape is compared with the previous one of the same process (pid, start time). From a
+histogram, the bucket increases between the two give `histogram_quantile` over exactly that
+interval (`agent.core.quantiles`) and the mean; from a summary or a pair of counters (time spent,
+requests: `probes.latency_source`), the increases give the interval's mean, stored as
+`latency_mean_seconds` and never as a quantile, and a summary's own quantiles are stored as they are.
 The first scrape of a process, and one after a gap longer than `MAX_GAP`, only sets the baseline.
 An interval without requests stores a rate of 0 and no quantiles: "no traffic" is not an error.
 The rates are for the detectors; `/metrics` exports `requests_total` and `errors_total` instead,
@@ -10,9 +13,10 @@ counters of the increases medic saw, kept per instance so that a restart of the 
 counters back to zero) does not reset them.
 Instances without `latency.prometheus` in their config get an empty result.
 
-Config (`instances[].latency.prometheus`): `url`, `histogram` (family name), `labels` (only the
-series with these label values; summed over the others, like `sum by (le)`), `requests_counter`
-(default: the histogram's `_count`), `errors_counter`, `timeout`.
+Config (`instances[].latency.prometheus`): `url`, one of `histogram`, `summary` (family names) or
+`counters` (`total`, `count`), `unit` of their figures, `labels` (only the series with these label
+values; summed over the others, like `sum by (le)`), `requests_counter` (default: the source's own
+count), `errors_counter`, `timeout`.
 """
 
 from __future__ import annotations
@@ -21,15 +25,15 @@ import math
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from agent.core.errors import ProbeError
-from agent.core.quantiles import HistogramSeries, IntervalHistogram, LabelKey, Snapshot, interval_histogram
+from agent.core.quantiles import LabelKey, interval_histogram
 from agent.core.records import ProbeResult, ProbeTarget, Sample
 from probes.base import Schedule
+from probes.latency_source import Scrape, read_scrape
 
-if TYPE_CHECKING:
-    from probes.promtext import Exposition, PromSample
+__all__ = ["QUANTILE_METRICS", "LatencyProbe", "Scrape", "interval_result", "latency_settings", "read_scrape"]
 
 MAX_GAP = 600.0  # seconds; an older previous scrape is not compared with (re-baseline instead)
 QUANTILE_METRICS = {
@@ -49,16 +53,6 @@ def latency_settings(target: ProbeTarget, section: str) -> Mapping[str, Any] | N
         return None
     value = latency.get(section)
     return value if isinstance(value, Mapping) else None
-
-
-@dataclass(frozen=True, slots=True)
-class Scrape:
-    """What one scrape kept: the selected histogram series and the counters' series."""
-
-    ts: float
-    histogram: Snapshot
-    requests: dict[LabelKey, float] | None
-    errors: dict[LabelKey, float] | None
 
 
 @dataclass(slots=True)
@@ -127,102 +121,6 @@ class LatencyProbe:
         return read_scrape(reply.body, reply.headers.get("content-type"), spec, now, source=url)
 
 
-def read_scrape(
-    body: bytes | str,
-    content_type: str | None,
-    spec: Mapping[str, Any],
-    now: float,
-    source: str = "exposition",
-) -> Scrape:
-    """Parse one exposition and select what the probe keeps (pure: used by tests and the benchmark)."""
-    from probes.promtext import parse_exposition
-
-    histogram = spec["histogram"]
-    match = dict(spec.get("labels") or {})
-    requests_name, errors_name = spec.get("requests_counter"), spec.get("errors_counter")
-    wanted = {histogram, f"{histogram}_bucket", f"{histogram}_count", f"{histogram}_sum"}
-    for counter in (requests_name, errors_name):
-        if counter:
-            wanted |= {counter, counter.removesuffix("_total"), f"{counter}_total"}
-    exposition = parse_exposition(body, content_type, families=wanted, source=source)
-    snapshot = histogram_snapshot(exposition, histogram, match, source)
-    requests = counter_series(exposition, requests_name, match, source) if requests_name else None
-    errors = counter_series(exposition, errors_name, match, source) if errors_name else None
-    return Scrape(now, snapshot, requests, errors)
-
-
-def _samples(exposition: Exposition, names: set[str]) -> list[PromSample]:
-    """Samples with these names, whichever family they were filed under (text and OpenMetrics differ)."""
-    return [s for family in exposition.families.values() for s in family.samples if s.name in names]
-
-
-def _matches(labels: Mapping[str, str], match: Mapping[str, str], strict: bool) -> bool:
-    return all(labels.get(k) == v for k, v in match.items() if strict or k in labels)
-
-
-def histogram_snapshot(exposition: Exposition, name: str, match: Mapping[str, str], source: str) -> Snapshot:
-    """The series of histogram `name` whose labels include `match`, keyed by their labels except `le`."""
-    declared = exposition.declared.get(name)
-    if declared is not None and declared not in ("histogram", "untyped", "unknown"):
-        raise ProbeError(
-            f"{source}: {name} is a {declared}, not a histogram; check latency.prometheus.histogram"
-        )
-    samples = _samples(exposition, {f"{name}_bucket", f"{name}_count", f"{name}_sum"})
-    if not samples and declared == "histogram":
-        return {}  # declared, but no series yet: a labelled histogram before its first request
-    if not samples:
-        names = sorted(n for n, t in exposition.declared.items() if t == "histogram")
-        hint = f"histograms there: {', '.join(names[:8])}" if names else "it declares no histogram"
-        raise ProbeError(
-            f"{source}: no histogram {name!r} in the exposition ({hint}); check latency.prometheus.histogram"
-        )
-    buckets: dict[LabelKey, dict[float, float]] = {}
-    counts: dict[LabelKey, float] = {}
-    sums: dict[LabelKey, float] = {}
-    seen: list[dict[str, str]] = []
-    for sample in samples:
-        if not _matches(sample.labels, match, strict=True):
-            if len(seen) < 3:
-                seen.append(sample.labels)
-            continue
-        if sample.name.endswith("_bucket"):
-            le = sample.labels.get("le")
-            try:
-                bound = float(le) if le is not None else math.nan
-            except ValueError:
-                bound = math.nan
-            if math.isnan(bound):
-                raise ProbeError(f"{source}: a bucket of {name} has no valid 'le' label (got {le!r})")
-            key = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "le"))
-            buckets.setdefault(key, {})[bound] = sample.value
-        else:
-            key = tuple(sorted(sample.labels.items()))
-            (counts if sample.name.endswith("_count") else sums)[key] = sample.value
-    if not buckets:
-        raise ProbeError(
-            f"{source}: no series of {name} has the labels {match}; series there look like {seen}; "
-            "check latency.prometheus.labels"
-        )
-    return {key: HistogramSeries(b, counts.get(key), sums.get(key)) for key, b in buckets.items()}
-
-
-def counter_series(
-    exposition: Exposition, name: str, match: Mapping[str, str], source: str
-) -> dict[LabelKey, float]:
-    """The series of counter `name` (or `name_total`); the label filter applies to labels it has."""
-    samples = _samples(exposition, {name} if name.endswith("_total") else {name, f"{name}_total"})
-    declared = {exposition.declared.get(n) for n in (name, name.removesuffix("_total"), f"{name}_total")}
-    if not samples and "counter" in declared:
-        return {}  # declared, but no series yet
-    if not samples:
-        raise ProbeError(
-            f"{source}: no counter {name!r} in the exposition; check the latency.prometheus counters"
-        )
-    return {
-        tuple(sorted(s.labels.items())): s.value for s in samples if _matches(s.labels, match, strict=False)
-    }
-
-
 def counter_increase(earlier: Mapping[LabelKey, float], later: Mapping[LabelKey, float]) -> float:
     """Summed increase of counter series; a series that went down restarted from zero."""
     total = 0.0
@@ -239,19 +137,41 @@ def interval_result(
     interval's requests and errors are added to them and exported as `requests_total`/`errors_total`."""
     result = ProbeResult()
     seconds = current.ts - previous.ts
-    interval: IntervalHistogram = interval_histogram(previous.histogram, current.histogram)
+    scale = current.scale
 
     def add(metric: str, value: float) -> None:
         if math.isfinite(value):
             result.samples.append(Sample(instance, metric, now, value))
 
-    if interval.notes:
-        result.problems.append(ProbeError(f"histogram cannot give quantiles: {'; '.join(interval.notes)}"))
-    elif interval.count > 0:
-        for q, metric in QUANTILE_METRICS.items():
-            add(metric, interval.quantile(q))
-        add("latency_mean_seconds", interval.mean)
-    requests = interval.count
+    result.problems.extend(ProbeError(note) for note in current.notes)
+    if current.time_sum is None or current.time_count is None:  # a histogram
+        interval = interval_histogram(previous.histogram, current.histogram)
+        count = interval.count
+        if interval.notes:
+            result.problems.append(
+                ProbeError(f"histogram cannot give quantiles: {'; '.join(interval.notes)}")
+            )
+        elif count > 0:
+            for q, metric in QUANTILE_METRICS.items():
+                add(metric, interval.quantile(q) * scale)
+            add("latency_mean_seconds", interval.mean * scale)
+    else:  # a summary or a pair of counters: the mean, and a summary's own quantiles
+        count = counter_increase(previous.time_count or {}, current.time_count)
+        spent = counter_increase(previous.time_sum or {}, current.time_sum)
+        if count > 0:
+            mean = spent / count * scale
+            if math.isfinite(mean) and mean >= 0:
+                add("latency_mean_seconds", mean)
+            else:
+                result.problems.append(
+                    ProbeError(
+                        f"no mean latency: {spent:g} spent on {count:g} requests (NaN or a negative figure)"
+                    )
+                )
+            for q, value in (current.quantiles or {}).items():
+                if q in QUANTILE_METRICS:
+                    add(QUANTILE_METRICS[q], value * scale)
+    requests = count
     if current.requests is not None and previous.requests is not None:
         requests = counter_increase(previous.requests, current.requests)
     add("request_rate", requests / seconds)

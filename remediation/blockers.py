@@ -9,12 +9,12 @@ TimeWindowGate    outside the allowed restart windows (the engine's first stage)
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agent.core.bounded import bounded_request
+from agent.core.patterns import compile_pattern
 from remediation.model import Decision, FleetEntry, InstanceView, RestartRecord
 from remediation.text import at, span
 from remediation.windows import Windows
@@ -116,8 +116,8 @@ class PrometheusAlerts:
 
     def __init__(self, url: str, match: Sequence[str] = (), ignore: Sequence[str] = (), timeout: float = 5.0):
         self.url = url.rstrip("/") + "/api/v1/alerts"
-        self.match = [re.compile(p) for p in match]
-        self.ignore = [re.compile(p) for p in ignore]
+        self.match = [compile_pattern(p) for p in match]  # alert names are others' text: linear time
+        self.ignore = [compile_pattern(p) for p in ignore]
         self.timeout = timeout
 
     def _blocks(self, name: str) -> bool:

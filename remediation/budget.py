@@ -4,11 +4,13 @@ start, and if not, why and when it could.
 Four limits, all per fleet except the cooldown, which is per instance:
   max_concurrent  restarts in flight at once (a restart is in flight until verified or timed out)
   min_interval    between the starts of two restarts
-  max_per_hour    starts in any sliding hour
+  max_per_hour    starts in any sliding hour (`hour`: shorter on a compressed time axis)
   cooldown        after an instance's last restart ended, before it may be restarted again
 
 The state comes from the coordinator (every agent's restarts), so it survives an agent restart.
-Nothing here reads a clock: tests drive it with tables of times.
+Dry-run's would-be restarts (`WOULD_RESTART`) count like restarts for the fleet-wide limits, as
+enforce mode's real ones would, but never for the instance's own cooldown: its process was not
+restarted. Nothing here reads a clock: tests drive it with tables of times.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from remediation.model import Decision, RestartRecord
+from remediation.model import WOULD_RESTART, Decision, RestartRecord
 from remediation.text import at, span
 
 HOUR = 3600.0
@@ -31,18 +33,27 @@ class BudgetLimits:
     min_interval: float = 600.0
     max_per_hour: int | None = 6  # None: no hourly limit
     cooldown: float = 3600.0
+    hour: float = HOUR  # the window of max_per_hour: `agent.time_scale` compresses it as the rest
 
     def __post_init__(self) -> None:
         if self.max_concurrent < 1:
             raise ValueError("max_concurrent must be at least 1")
         if self.max_per_hour is not None and self.max_per_hour < 1:
             raise ValueError("max_per_hour must be at least 1 (or None for no hourly limit)")
-        if self.min_interval < 0 or self.cooldown < 0:
-            raise ValueError("min_interval and cooldown must not be negative")
+        if self.min_interval < 0 or self.cooldown < 0 or not self.hour > 0:
+            raise ValueError("min_interval and cooldown must not be negative, and the hour must be positive")
+
+    def describe(self) -> str:
+        """The budget in one line, the one text `medic plan`, the dashboard and the API show."""
+        at_once = f"{self.max_concurrent} restart{'s' if self.max_concurrent > 1 else ''} at a time"
+        apart = f"starts {span(self.min_interval)} apart" if self.min_interval > 0 else "no spacing"
+        hourly = f"at most {self.max_per_hour} an hour" if self.max_per_hour else "no hourly limit"
+        cooldown = f"cooldown {span(self.cooldown)} per instance" if self.cooldown > 0 else "no cooldown"
+        return f"{at_once}, {apart}, {hourly}, {cooldown}"
 
     def gap(self, restart_duration: float) -> float:
         """The even spacing between starts that keeps every fleet-wide limit on a long run."""
-        hourly = HOUR / self.max_per_hour if self.max_per_hour else 0.0
+        hourly = self.hour / self.max_per_hour if self.max_per_hour else 0.0
         return max(self.min_interval, restart_duration / self.max_concurrent, hourly)
 
 
@@ -94,6 +105,8 @@ class BudgetState:
         bisect.insort(fleet.intervals, (record.started_at, end, record.instance))
         fleet.longest = max(fleet.longest, end - record.started_at)
         fleet.starters[record.started_at] = record.instance
+        if record.outcome == WOULD_RESTART:
+            return  # nothing was restarted: no cooldown for the instance
         previous = self._last_end.get(record.instance)
         self._last_end[record.instance] = max(end, previous) if previous is not None else end
 
@@ -173,7 +186,7 @@ def admit(state: BudgetState, fleet: str, instance: str, t: float, limits: Budge
                 after + limits.min_interval,
             )
     if limits.max_per_hour is not None:
-        hourly = _hourly(state, fleet, t, limits.max_per_hour)
+        hourly = _hourly(state, fleet, t, limits.max_per_hour, limits.hour)
         if hourly is not None:
             return hourly
     last = state.last_end(instance)
@@ -187,22 +200,24 @@ def admit(state: BudgetState, fleet: str, instance: str, t: float, limits: Budge
     return Decision.allow(STAGE, "within the restart budget")
 
 
-def _hourly(state: BudgetState, fleet: str, t: float, limit: int) -> Decision | None:
+def _hourly(state: BudgetState, fleet: str, t: float, limit: int, hour: float) -> Decision | None:
     """Would a start at `t` put `limit` + 1 starts in some sliding hour, before or after `t`?"""
-    before = state.starts_between(fleet, t - HOUR, t)
+    the_hour = "the hour" if hour == HOUR else f"the hour (compressed to {span(hour)})"
+    before = state.starts_between(fleet, t - hour, t)
     if len(before) >= limit:
         return Decision.block(
             STAGE,
             "max-per-hour",
-            f"fleet {fleet} had {len(before)} restarts in the hour before {at(t)}; max_per_hour is {limit}",
-            before[len(before) - limit] + HOUR,
+            f"fleet {fleet} had {len(before)} restarts in {the_hour} before {at(t)}; max_per_hour is {limit}",
+            before[len(before) - limit] + hour,
         )
-    for later in state.starts_between(fleet, t, t + HOUR - 1e-6):  # planned starts whose hour holds t
-        if len(state.starts_between(fleet, later - HOUR, later)) >= limit:
+    for later in state.starts_between(fleet, t, t + hour - 1e-6):  # planned starts whose hour holds t
+        if len(state.starts_between(fleet, later - hour, later)) >= limit:
             return Decision.block(
                 STAGE,
                 "max-per-hour",
-                f"fleet {fleet} has {limit} restarts planned in the hour up to {at(later)}; max_per_hour is {limit}",
+                f"fleet {fleet} has {limit} restarts planned in {the_hour} up to {at(later)}; "
+                f"max_per_hour is {limit}",
                 later + 1e-6,
             )
     return None

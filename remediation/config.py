@@ -16,10 +16,12 @@ from __future__ import annotations
 import re
 import string
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from agent.core.patterns import compile_pattern
+from agent.core.timescale import EVIDENCE_SAMPLES, RECHECK_SAMPLES, TimeScale
 from agent.core.types import (
     DAY,
     HOUR,
@@ -38,6 +40,7 @@ from remediation.planner import PlanSettings
 from remediation.policy import LadderSettings
 from remediation.windows import TimeWindow, Windows, parse_days
 
+_Section = TypeVar("_Section", bound=Strict)
 TEMPLATE_FIELDS = frozenset({"instance", "pid", "fleet", "finding_id", "kind"})
 KUBERNETES_NOT_YET = (
     "the kubernetes backend (Lease objects + the Eviction API honouring PodDisruptionBudgets) is designed "
@@ -196,10 +199,7 @@ class PrometheusBlockerSection(Strict):
     @classmethod
     def _regexes(cls, value: list[str]) -> list[str]:
         for pattern in value:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+            compile_pattern(pattern)  # PatternError (a ValueError) says what RE2 cannot take
         return value
 
 
@@ -359,10 +359,48 @@ class RemediationSection(Strict):
     verify: VerifySection = Field(default_factory=VerifySection)
     instances: dict[str, InstanceRemediationSection] = Field(default_factory=dict)  # per-instance overrides
     retention: PositiveDuration = 30 * 86400.0  # ledger decisions and closed cases
+    _scale: TimeScale = PrivateAttr(default_factory=TimeScale)  # the axis of `scaled()`
+
+    def scaled(self, scale: TimeScale) -> RemediationSection:
+        """This section on the agent's time scale (`agent.time_scale`, docs/detection.md): what the
+        engine judges or waits by divided by it, a wait before a finding is judged again held at the
+        samples that judgement needs, `restart_duration` at `verify.stable_for` (the least a restart
+        takes); what runs in real time (a restart's own timeouts, leases, the schedule) as written."""
+        if not scale.compressed:
+            return self
+        span, b, p, lad = scale.span, self.budget, self.plan, self.ladder
+        settle = scale.samples(EVIDENCE_SAMPLES)
+        section = _with(
+            self,
+            budget=_with(b, min_interval=span(b.min_interval), cooldown=span(b.cooldown)),
+            plan=_with(
+                p,
+                safety_margin=span(p.safety_margin),
+                restart_duration=span(p.restart_duration, self.verify.stable_for),
+                deadline_granularity=span(p.deadline_granularity),
+            ),
+            ladder=_with(
+                lad,
+                purge_settle=span(lad.purge_settle, settle),
+                slow_confirm=span(lad.slow_confirm, settle),
+                clear_check=span(lad.clear_check, scale.samples(RECHECK_SAMPLES)),
+                escalation_expiry=scale.optional(lad.escalation_expiry),
+                crash_loop=_with(
+                    lad.crash_loop,
+                    window=span(lad.crash_loop.window),
+                    reset_after=span(lad.crash_loop.reset_after),
+                ),
+            ),
+            blockers=_with(self.blockers, min_uptime=span(self.blockers.min_uptime)),
+        )
+        section._scale = scale
+        return section
 
     def limits(self) -> BudgetLimits:
         b = self.budget
-        return BudgetLimits(b.max_concurrent, b.min_interval, b.max_per_hour, b.cooldown)
+        return BudgetLimits(
+            b.max_concurrent, b.min_interval, b.max_per_hour, b.cooldown, self._scale.span(HOUR)
+        )
 
     def plan_settings(self) -> PlanSettings:
         p = self.plan
@@ -387,3 +425,7 @@ class RemediationSection(Strict):
 
     def excluded(self, name: str) -> bool:
         return name in self.exclude or self.for_instance(name).exclude
+
+
+def _with(section: _Section, **changes: object) -> _Section:
+    return section.model_copy(update=changes)

@@ -14,8 +14,9 @@ Each step every agent publishes its own entries (written only when they change) 
 Budget, stagger by deadline, cooldowns and windows are the planner's and the budget's, unchanged;
 the budget is still checked atomically at `acquire`, so even two leaders at once (a partition
 healing) cannot put more restarts in flight than it allows. Dry-run keeps every agent planning for
-itself from the whole view (its would-be restarts are known only to itself). Without the
-coordinator, nothing is granted and the error says why.
+itself from the whole view (its would-be restarts are known only to itself, and count for the
+fleet-wide limits as enforce's restarts would). Without the coordinator, nothing is granted and
+the error says why.
 
 Each step also reads the namespace's controls, the fleet-wide pause and the leader (in etcd from
 the watched `control/` prefix: no request), and keeps them as `control` for the engine's gate and
@@ -35,7 +36,8 @@ from typing import Any
 from remediation import planner
 from remediation.budget import BudgetLimits
 from remediation.coordinator import Coordinator
-from remediation.coordinator.base import Leadership, PlannedGrant, read_pause
+from remediation.coordinator.base import Leadership, PlannedGrant, pause_over, read_pause, shown_pause
+from remediation.deadlines import Clocks, anchored
 from remediation.errors import CoordinatorError
 from remediation.fleet_view import shared_view
 from remediation.model import FleetEntry, Plan, PlanEntry, RestartRecord
@@ -67,13 +69,15 @@ class FleetControl:
     role: str = "alone"  # leader, follower, or alone (dry-run, or the coordinator failed)
     read_at: float | None = None  # when they were read; None: not yet
     error: str | None = None  # why they could not be read at the last step
+    clocks: Clocks = field(default_factory=Clocks)  # the pause's time (remediation.deadlines)
 
     def pause_at(self, now: float) -> dict[str, Any] | None:
-        """The fleet pause while it holds at `now` (a cached one ends at its own expiry too)."""
-        if self.paused is None:
+        """The fleet pause while it holds at `now` (a cached one ends at its own expiry too, on the
+        boot clock when it was set on this boot: moving the wall clock does not end it), with its
+        `until` on today's wall clock."""
+        if self.paused is None or pause_over(self.paused, now, self.clocks):
             return None
-        until = self.paused.get("until")
-        return None if until is not None and until <= now else dict(self.paused)
+        return shown_pause(self.paused, now, self.clocks)
 
 
 class ElectedPlanner:
@@ -96,7 +100,8 @@ class ElectedPlanner:
         self.fleet_ttl = fleet_ttl
         self.spread = spread
         self.leadership: Leadership | None = None
-        self.control = FleetControl()
+        # the coordinator's clocks: a fleet pause set on this host lasts on its boot clock
+        self.control = FleetControl(clocks=getattr(coordinator, "clocks", None) or Clocks())
         self._control_lock = threading.Lock()
         self._control_writes = 0  # pause writes by this agent: a step's older read must not undo one
 
@@ -109,12 +114,17 @@ class ElectedPlanner:
         *,
         dry_run: bool = False,
         extra_history: Sequence[RestartRecord] = (),
+        skip: frozenset[str] = frozenset(),
     ) -> Planned:
+        """One step's plan. In dry-run every agent plans alone, with its would-be restarts in
+        `extra_history`, leaving out the instances in `skip` (those a would-be restart already
+        answered: `remediation.dry_run`)."""
         writes = self._control_writes
         if dry_run:
             fleet, history, error = shared_view(self.coordinator, self.agent_id, mine, self.fleet_ttl, since)
             history = [*history, *extra_history]
-            plan = planner.plan(fleet, history, self.limits, settings, now, self.windows)
+            planned = [e for e in fleet if e.instance not in skip]
+            plan = planner.plan(planned, history, self.limits, settings, now, self.windows)
             try:
                 self._read_control(now, writes, "alone")
             except CoordinatorError as exc:
@@ -142,10 +152,12 @@ class ElectedPlanner:
             previous = self.coordinator.fleet_pause()
         except CoordinatorError:  # a watch that is down must not stop the switch: the write says
             previous = self.control.pause_at(now)
+        if pause is not None and pause.get("until") is not None:  # its end on this host's boot clock too
+            pause = anchored(pause, now, self.control.clocks)
         self.coordinator.set_fleet_pause(pause)
         with self._control_lock:
             self._control_writes += 1
-            recorded = read_pause(json.dumps(pause), now) if pause is not None else None
+            recorded = read_pause(json.dumps(pause), now, self.control.clocks) if pause is not None else None
             self.control = replace(self.control, paused=recorded)
         return previous
 

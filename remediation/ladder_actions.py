@@ -16,6 +16,7 @@ from collections.abc import Callable, Container
 from typing import Any
 
 from agent.core.ports import EventSink
+from remediation.deadlines import Clocks, anchored, settle
 from remediation.hooks import EngineHooks
 from remediation.ledger import Ledger
 from remediation.model import Decision, InstanceView, Intent, RemediationRequest
@@ -36,9 +37,14 @@ class LadderActions:
         mode: Callable[[], str],
         expiry: float | None = None,
         clock: Callable[[], float] = time.time,
+        clocks: Clocks | None = None,
     ) -> None:
         self.expiry = expiry
         self.clock = clock
+        self.clocks = clocks or Clocks.for_wall(clock)
+        # (instance, escalated at) -> its expiry anchored on the boot clock when first seen in this
+        # run: a wall clock moved while the agent runs does not end it (remediation.deadlines)
+        self._anchors: dict[tuple[str, float], dict[str, Any]] = {}
         self.ledger = ledger
         self.events = events
         self.hooks = hooks
@@ -122,6 +128,9 @@ class LadderActions:
             fleet=view.fleet,
         )
         self.ledger.escalate(view.name, intent.code, intent.reason, request.finding_id, action_id, now)
+        if self.expiry is not None:  # its expiry on the boot clock from the start
+            record = {"until": now + self.expiry, "since": now}
+            self._anchors[(view.name, now)] = anchored(record, now, self.clocks)
         self.events.emit(
             "remediation_escalated",
             f"needs a person: {intent.reason}",
@@ -157,7 +166,7 @@ class LadderActions:
         decisions and the events."""
         ends = [f"a person clears it (`medic clear {escalation['instance']}`)"]
         if self.expiry is not None:
-            ends.append(f"it expires at {at(escalation['at'] + self.expiry)}")
+            ends.append(f"it expires at {at(self.expires_at(escalation))}")
         if escalation["code"] == "crash-loop":
             ends.append(f"it stays up {span(self.reset_after)}")
         return (
@@ -166,12 +175,21 @@ class LadderActions:
         )
 
     def expires_at(self, escalation: dict[str, Any]) -> float | None:
-        return None if self.expiry is None else escalation["at"] + self.expiry
+        if self.expiry is None:
+            return None
+        anchor = self._anchors.get((escalation["instance"], escalation["at"]))
+        return anchor["until"] if anchor else escalation["at"] + self.expiry  # moved with the wall clock
 
     def _expired(self, escalation: dict[str, Any], now: float) -> bool:
         until = self.expires_at(escalation)
-        if until is None or now < until:
+        if until is None:
             return False
+        key = (escalation["instance"], escalation["at"])
+        record = self._anchors.get(key) or {"until": until, "since": escalation["at"]}
+        self._anchors[key], _ = settle(record, now, self.clocks)
+        if now < self._anchors[key]["until"]:
+            return False
+        del self._anchors[key]
         assert self.expiry is not None
         self._end(
             escalation["instance"],

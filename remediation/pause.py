@@ -4,6 +4,9 @@ It lives in memory first: `pause()` takes effect at once, for the next gate and 
 submitted after it, even when the ledger cannot be written (disk full); storing it is retried at
 the start of every step until it succeeds (`retry()`), and `storage()` says whether it is stored
 yet. `resume()` and an expiry work the same way.
+
+Its expiry is kept on the boot clock as well as the wall clock (`remediation.deadlines`): moving the
+wall clock, while the agent runs or while it is stopped, neither ends a pause nor stretches it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 from agent.core.errors import StoreError
 from agent.core.ports import EventSink
+from remediation.deadlines import Clocks, anchored, settle
 from remediation.ledger import Ledger
 from remediation.model import Decision
 from remediation.text import at
@@ -26,10 +30,13 @@ _STORE_ERRORS = (sqlite3.Error, StoreError, OSError)
 
 
 class KillSwitch:
-    def __init__(self, ledger: Ledger, events: EventSink, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, ledger: Ledger, events: EventSink, clock: Callable[[], float], clocks: Clocks | None = None
+    ) -> None:
         self.ledger = ledger
         self.events = events
         self.clock = clock
+        self.clocks = clocks or Clocks.for_wall(clock)
         self._lock = threading.Lock()  # never held while a step runs: a pause never waits
         self._pause: dict[str, Any] | None = ledger.pause()
         self._unsaved: str | None = None  # why the in-memory state is not in the ledger yet
@@ -44,7 +51,7 @@ class KillSwitch:
             raise ValueError("a pause needs an expiry in the future")
         value: dict[str, Any] = {"reason": reason.strip(), "until": until, "by": by, "since": now}
         with self._lock:
-            self._pause = value
+            self._pause = anchored(value, now, self.clocks)
             stored = self._save()
         self.events.emit(
             "remediation_paused",
@@ -61,6 +68,7 @@ class KillSwitch:
         with self._lock:
             previous, self._pause = self._pause, None
             stored = self._save() if previous is not None or self._unsaved else True
+            previous = self._public(previous)
         if previous is not None:
             self.events.emit(
                 "remediation_resumed",
@@ -72,15 +80,30 @@ class KillSwitch:
         return previous
 
     def paused(self, now: float) -> dict[str, Any] | None:
-        """The pause in force at `now` (from memory: no store read); an expired one is lifted."""
+        """The pause in force at `now` (from memory: no store read); an expired one is lifted. Its
+        time is told by the boot clock: a wall clock moved since it was set moves its `until` along
+        (stored again), instead of ending it or stretching it."""
         with self._lock:
-            pause = self._pause
-            if pause is None or pause["until"] > now:
-                return dict(pause) if pause else None
+            if self._pause is None:
+                return None
+            pause, moved = settle(self._pause, now, self.clocks)
+            if pause["until"] > now:
+                if moved:
+                    self._pause = pause
+                    self._save()
+                return self._public(pause)
             self._pause = None
             self._save()
-        self.events.emit("remediation_resumed", f"the pause ({pause['reason']}) expired", **pause)
+        public = self._public(pause)
+        self.events.emit("remediation_resumed", f"the pause ({pause['reason']}) expired", **public)
         return None
+
+    @staticmethod
+    def _public(pause: dict[str, Any] | None) -> dict[str, Any] | None:
+        """What people and the API see of a pause: its anchor on the boot clock is bookkeeping."""
+        if pause is None:
+            return None
+        return {k: v for k, v in pause.items() if k not in ("boot_id", "boot_until")}
 
     def storage(self) -> dict[str, Any]:
         """`{"persisted": True}`, or False with a warning that says what holds and what is retried."""
@@ -117,7 +140,8 @@ class KillSwitch:
                 self.ledger.clear_pause()
             else:
                 p = self._pause
-                self.ledger.set_pause(p["reason"], p["until"], p["by"], p["since"])
+                anchor = {"boot_id": p.get("boot_id"), "boot_until": p.get("boot_until")}
+                self.ledger.set_pause(p["reason"], p["until"], p["by"], p["since"], anchor)
         except _STORE_ERRORS as exc:
             if self._unsaved is None:
                 log.error("the pause state cannot be stored (%s); it holds in memory, retried each step", exc)

@@ -91,3 +91,31 @@ def hook_server() -> Iterator[Callable[..., HookServer]]:
     yield make
     for server in servers:
         server.stop()
+
+
+CPU_ROOT = Path("/sys/fs/cgroup/cpu")  # cgroup v1 cpu controller (REFERENCE §5.3)
+
+
+@pytest.fixture
+def cpu_quota() -> Iterator[Callable[[int, float], None]]:
+    """`cpu_quota(pid, cores)`: put a process in a fresh v1 cpu cgroup with that CFS quota; undone at teardown."""
+    if os.geteuid() != 0 or not (CPU_ROOT / "cpu.cfs_quota_us").exists():
+        pytest.skip("needs root and the cgroup v1 cpu controller")
+    made: list[Path] = []
+
+    def limit(pid: int, cores: float) -> None:
+        group = CPU_ROOT / f"medic-test-{os.getpid()}-{len(made)}"
+        group.mkdir()
+        made.append(group)
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text(str(int(cores * 100000)))
+        (group / "cgroup.procs").write_text(str(pid))
+
+    yield limit
+    for group in made:
+        for pid in (group / "cgroup.procs").read_text().split():
+            try:
+                (CPU_ROOT / "cgroup.procs").write_text(pid)  # back to the root cgroup
+            except OSError:
+                pass  # it exited meanwhile
+        group.rmdir()

@@ -80,7 +80,12 @@ def test_prometheus_alertmanager_and_medic_round_trip(agent, spawn, workload, ho
     worker = workload("stable", "--size", "4Mi")
     agent.start(
         {
-            "agent": {**FAST, "listen": f"127.0.0.1:{port}", "token_file": str(token_file)},
+            "agent": {
+                **FAST,
+                "listen": f"127.0.0.1:{port}",
+                "token_file": str(token_file),
+                "name": "e2e-agent",
+            },
             "instances": [
                 {
                     "name": "leaky",
@@ -150,6 +155,7 @@ def test_prometheus_alertmanager_and_medic_round_trip(agent, spawn, workload, ho
     # 3. medic's own rule fires too; medic's receiver ignores it (source=medic), people get it.
     [near] = wait_until(lambda: firing(capture, "MedicMemoryNearLimit")[:1], 60)
     assert near["labels"]["source"] == "medic" and near["labels"]["name"] == "leaky"
+    assert near["labels"]["agent"] == "e2e-agent"  # read from medic_build_info: the label of medic's own
     assert re.fullmatch(r"leaky uses \d+(\.\d+)?% of its memory limit", near["annotations"]["summary"])
     wait_until(lambda: 'medic_receiver_alerts_total{result="ignored"}' in get(agent, "/metrics"), 20)
     assert len(external_finding()) == 1  # duplicates from Alertmanager's re-sends open nothing new
@@ -157,22 +163,34 @@ def test_prometheus_alertmanager_and_medic_round_trip(agent, spawn, workload, ho
     # 4. medic posts its own alert: the attached worker dies.
     worker.kill()
     worker.wait()
-    # (Prometheus's MedicInstanceDown rule fires too, with instance=<agent address>, name="worker".)
-    [own] = wait_until(lambda: firing(capture, "MedicInstanceDown", instance="worker")[:1], 30)
+
+    # (Prometheus's MedicInstanceDown rule fires too, with the same name and agent, and the job and
+    # instance=<agent address> of the scrape: medic's own has neither.)
+    def pushed(alert: dict) -> bool:
+        return "job" not in alert["labels"]
+
+    [own] = wait_until(
+        lambda: [a for a in firing(capture, "MedicInstanceDown", name="worker") if pushed(a)][:1], 30
+    )
     own_payload = own.pop("_payload")
     assert own["labels"] == {
         "alertname": "MedicInstanceDown",
-        "instance": "worker",
+        "name": "worker",
+        "agent": "e2e-agent",
         "fleet": "ranker",
         "zone": "b",
         "severity": "warning",
         "source": "medic",
     }
     assert own["annotations"]["summary"] == f"worker: pid {worker.pid} is gone"
-    assert own["annotations"]["description"] == f"pid {worker.pid} is gone"
+    assert own["annotations"]["description"].startswith("medic finds no running process for worker.")
+    assert (
+        own["annotations"]["runbook_url"]
+        == "https://medic.example.internal/docs/runbooks.md#medicinstancedown"
+    )
     assert own["annotations"]["dashboard"] == "https://grafana.example/d/medic?var-name=worker"
     assert own["generatorURL"] == "https://grafana.example/d/medic?var-name=worker"
-    assert own_payload["groupLabels"] == {"alertname": "MedicInstanceDown", "instance": "worker"}
+    assert own_payload["groupLabels"] == {"alertname": "MedicInstanceDown"}
     assert own["endsAt"] == "0001-01-01T00:00:00Z"  # Alertmanager shows firing alerts without an end
 
     def am_alert(name):
@@ -180,7 +198,9 @@ def test_prometheus_alertmanager_and_medic_round_trip(agent, spawn, workload, ho
             (
                 a
                 for a in am.alerts()
-                if a["labels"]["alertname"] == name and a["labels"]["instance"] == "worker"
+                if a["labels"]["alertname"] == name
+                and a["labels"]["name"] == "worker"
+                and "job" not in a["labels"]
             ),
             None,
         )

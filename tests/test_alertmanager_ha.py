@@ -61,7 +61,7 @@ class Medic:
 
 
 def medic_alerts(am) -> set[str]:
-    return {a["labels"]["instance"] for a in am.alerts() if a["labels"].get("source") == "medic"}
+    return {a["labels"]["name"] for a in am.alerts() if a["labels"].get("source") == "medic"}
 
 
 def host(am) -> str:

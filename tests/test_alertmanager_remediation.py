@@ -31,7 +31,7 @@ def test_a_real_restart_is_silenced_then_unsilenced(agent, spawn, hook_server, t
     agent.start(cfg)
 
     def leaky_alerts() -> list[dict]:
-        return [a for a in am.alerts() if a["labels"].get("instance") == "leaky"]
+        return [a for a in am.alerts() if a["labels"].get("name") == "leaky"]
 
     wait_until(leaky_alerts, 90)
     seen: list[dict] = []
@@ -46,7 +46,7 @@ def test_a_real_restart_is_silenced_then_unsilenced(agent, spawn, hook_server, t
     assert started, "a silence without a restart"
     action = started[0]["data"]["action_id"]
     assert f"action {action}" in silence["comment"]
-    assert ("instance", "leaky") in {(m["name"], m["value"]) for m in silence["matchers"]}
+    assert ("name", "leaky") in {(m["name"], m["value"]) for m in silence["matchers"]}
 
     def expired() -> bool:
         return not [s for s in am.active_silences() if s["createdBy"] == "sidecar-medic"]

@@ -225,3 +225,20 @@ def test_no_samples_yet(tmp_path):
     result = attribute(Store(tmp_path))
     assert result.rss_bytes is None and result.layers == [] and "no RSS samples" in result.verdict
     assert result.to_dict()["rss_bytes_per_hour"] is None
+
+
+def test_the_text_names_no_layer_a_faster_one_outgrows():
+    """Free memory the allocator keeps grows +1 GiB/h in jumps (below the confidence to name it),
+    live allocations +21 MiB/h steadily: the sentence under the table must not say the growth is
+    in live allocations."""
+    from agent.detect.attribution import TITLES, Attribution, Layer, _verdict
+
+    result = Attribution("svc", 0.0, 3600.0, 4e9, 2**30 / 3600)
+    result.layers = [
+        Layer("allocator_live", 1e9, 21 * 2**20 / 3600, 0.999, TITLES["allocator_live"]),
+        Layer("allocator_free", 2e9, 2**30 / 3600, 0.5, TITLES["allocator_free"]),
+    ]
+    layer, text = _verdict(result, 0.5, {"allocator_allocated_bytes": [1.0]}, False)
+    assert layer is None
+    assert "live native allocations" not in text.split(";")[0]
+    assert text.startswith("free memory the allocator holds") and "1.0 GiB/h" in text

@@ -129,3 +129,58 @@ def test_medic_config_check_expands_in_a_real_process(tmp_path):
     )
     assert unset.returncode == 2 and "Traceback" not in unset.stderr
     assert "environment variable MEDIC_TEST_LIMIT is not set" in unset.stderr
+
+
+SECRET = "xoxb-2718281828-k3y0fth3w0rkspac3"
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("agent: {listen: '${SLACK_TOKEN}'}", "agent.listen"),  # a secret under the wrong key
+        (
+            "instances: [{name: a, match: {pid: 1}, memory_limit: '${SLACK_TOKEN}'}]",
+            "instances[0].memory_limit",
+        ),
+        ("agent: {interval: 'every ${SLACK_TOKEN}'}", "agent.interval"),
+        ("instances: [{name: a, match: {cmdline: '(${SLACK_TOKEN}'}}]", "instances[0].match.cmdline"),
+        ("notify: {sinks: [{type: slack, url: '${SLACK_TOKEN}'}]}", "notify.sinks[0]"),
+    ],
+)
+def test_a_config_error_names_the_key_and_the_reference_never_the_value(text, key):
+    with pytest.raises(ConfigError) as raised:
+        parse_config(text, source="medic.yaml", environ={"SLACK_TOKEN": SECRET})
+    message = str(raised.value)
+    assert message.startswith(f"medic.yaml: {key}") and "${SLACK_TOKEN}" in message
+    assert SECRET not in message and SECRET[:12] not in message and "k3y0f" not in message
+
+
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=4, max_size=80))
+def test_no_value_from_the_environment_is_ever_printed(secret):
+    """Whatever the value, the lines of a config error never quote it (nor a cut of it)."""
+    for text in (
+        "agent: {listen: '${S}'}",
+        "agent: {interval: '${S}'}",
+        "instances: [{name: '${S}', match: {pid: 1}}]",
+    ):
+        try:
+            parse_config(text, environ={"S": secret})
+        except ConfigError as exc:
+            assert secret not in str(exc) and secret[:12] not in str(exc), str(exc)
+
+
+def test_a_key_given_twice_is_refused_with_both_lines():
+    text = "agent:\n  interval: 5s\n  listen: 127.0.0.1:9464\n  interval: 1s\ninstances:\n  - {name: a, match: {pid: 1}, name: b}\n"
+    with pytest.raises(ConfigError) as raised:
+        parse_config(text, source="medic.yaml")
+    assert str(raised.value).splitlines() == [
+        "medic.yaml:4:3: key 'interval' is given twice in one mapping (first at line 2:3); YAML would "
+        "keep only the last: remove one",
+        "medic.yaml:6:32: key 'name' is given twice in one mapping (first at line 6:6); YAML would keep "
+        "only the last: remove one",
+    ]
+    merged = "base: &base {interval: 5s}\nagent:\n  <<: *base\n  interval: 1s\n"
+    with pytest.raises(
+        ConfigError, match="base: unknown key"
+    ):  # a merge may be overridden: only base is wrong
+        parse_config(merged)

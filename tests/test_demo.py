@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -19,8 +20,8 @@ from hypothesis import strategies as st
 
 from support.procs import PYTHON, REPO, wait_until
 
-pytest.importorskip("onnxruntime", reason="pip install 'sidecar-medic[demo]'")
-pytest.importorskip("onnx", reason="pip install 'sidecar-medic[demo]'")
+pytest.importorskip("onnxruntime", reason="pip install -e '.[demo]'")
+pytest.importorskip("onnx", reason="pip install -e '.[demo]'")
 
 from agent.config.loader import validate_config
 from agent.core.errors import MedicError, UsageError
@@ -85,7 +86,9 @@ def test_model_runs_in_onnxruntime_with_both_outputs(model):
 
 def test_missing_onnxruntime_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # makes `import onnxruntime` fail
-    with pytest.raises(MedicError, match=r"pip install 'sidecar-medic\[demo\]'"):
+    with pytest.raises(
+        MedicError, match=r"pip install onnxruntime onnx \(in medic's checkout: pip install -e '\.\[demo\]'"
+    ):
         require_runtime()
 
 
@@ -170,6 +173,10 @@ def test_narration_tells_leak_rate_plan_and_memory_back():
     assert (
         describe_finding(finding) == "serving-2 leaks 120.0 MiB/min, projected OOM in 2m30s (limit 384.0 MiB)"
     )
+    past = {**finding, "evidence": {**finding["evidence"], "time_to_oom_seconds": None, "above_limit": True}}
+    assert describe_finding(past) == "serving-2 leaks 120.0 MiB/min, already past its limit 384.0 MiB"
+    would = {"instance": "serving-2", "slot_at": 200.0, "kind": "leak", "dry_run": True}
+    assert describe_plan_entry(would).startswith("dry-run: would have restarted serving-2 at ")
     answers = {
         "/api/v1/events": [
             {"id": 1, "ts": 100.0, "kind": "probe_error", "instance": "serving-2", "message": "noise"},
@@ -183,6 +190,7 @@ def test_narration_tells_leak_rate_plan_and_memory_back():
         ],
         "/api/v1/plan": {"plan": {"entries": [{"instance": "serving-2", "slot_at": 200.0, "kind": "leak"}]}},
         "/api/v1/instances": [{"name": "serving-2", "pid": 10, "status": "up", "rss_bytes": 300 * 2**20}],
+        "/api/v1/findings": [{"id": "serving-2:leak:1", **finding}],  # no suspect yet
     }
 
     def get(path: str, **params) -> dict:
@@ -197,6 +205,13 @@ def test_narration_tells_leak_rate_plan_and_memory_back():
     answers["/api/v1/events"] = []
     answers["/api/v1/plan"] = {"plan": {"entries": [{"instance": "serving-2", "slot_at": 205.0}]}}
     assert narrator.poll(155.0) == []  # a slot that moved less than 10 s is not news
+    site = {"name": "server.py:90", "kind": "site", "bytes_per_hour": 2**30, "count_per_second": 10.0}
+    answers["/api/v1/findings"] = [
+        {"id": "serving-2:leak:1", **finding, "evidence": {**finding["evidence"], "suspects": [site]}}
+    ]
+    (named,) = narrator.poll(156.0)
+    assert named.text == "serving-2: what grows: server.py:90 (allocation site, +1.0 GiB/h, +36000 objects/h)"
+    assert narrator.poll(157.0) == [], "told once per finding"
     answers["/api/v1/events"] = [
         {
             "id": 3,
@@ -316,6 +331,13 @@ def test_demo_restarts_the_leaking_and_slow_servers_and_never_a_healthy_one(tmp_
             assert server["restarts_by_medic"] == 1
     memory_back = [line for line in report["timeline"] if line["kind"] == "memory_back"]
     assert any(line["instance"] == leaking[0]["name"] for line in memory_back)
+    # what grows is named from the leaking server's type histograms (its hook runs; the others are not
+    # walked): at this run's pace the restart may come first, at the defaults the suspect comes ~50 s in
+    with sqlite3.connect(state / "agent" / "medic.db") as db:
+        walked = db.execute("SELECT DISTINCT instance FROM histo_snapshots WHERE kind = 'type'").fetchall()
+    assert walked == [(leaking[0]["name"],)]
+    named = [line for line in report["timeline"] if line["kind"] == "suspect"]
+    assert {line["instance"] for line in named} <= {leaking[0]["name"]}
     assert "API and dashboard: http://127.0.0.1:" in done.stderr
 
     # nothing is left behind: no server process, the agent stopped

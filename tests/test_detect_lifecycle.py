@@ -125,3 +125,29 @@ def test_suspects_and_attribution_stay_with_the_finding_across_judgements():
     assert evidence["tick"] == 5.0
     assert evidence["suspects"] == [{"name": "com.app.Leak"}]
     assert evidence["attribution"] == {"growth_layer": "jvm_heap"}
+
+
+def test_an_open_findings_verdict_changes_only_after_the_challenger_holds_twice():
+    """oom-risk's verdict follows whichever explanation fires at each judgement; once shown it
+    changes only when another has been judged `open_after` times in a row, as one event, and a
+    judgement without a verdict keeps the one there is."""
+    from agent.detect import DetectParams
+    from agent.detect.lifecycle import update
+    from agent.detect.model import Observation
+
+    params = DetectParams()
+
+    def obs(tick: float, verdict):
+        return Observation("a", "oom-risk", "firing", tick, 0.0, f"{verdict}", "error", verdict, {})
+
+    active, changes = [], []
+    sequence = ["allocator-retention", "allocator-retention", "leak", None, "leak", "allocator-retention",
+                "leak", "leak", "leak"]  # fmt: skip
+    seen = []
+    for i, verdict in enumerate(sequence):
+        active, transitions = update(active, [obs(3600.0 * (i + 1), verdict)], params)
+        changes += transitions
+        seen.append(active[0].verdict)
+    assert seen == ["allocator-retention"] * 7 + ["leak", "leak"]
+    updates = [t for t in changes if t.change == "updated"]
+    assert len(updates) == 1 and "verdict allocator-retention -> leak" in updates[0].reason

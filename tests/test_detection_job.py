@@ -3,11 +3,13 @@ and attribution are refreshed on every memory judgement of an open leak, not onl
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 from agent.config.model import InstanceSpec
 from agent.core.histograms import HistogramRow, Snapshot
 from agent.core.records import Sample
+from agent.core.timescale import TimeScale
 from agent.detect import DetectParams, Finding, Transition
 from agent.detect.latency_rules import SlowParams
 from agent.jobs.detection import Detection
@@ -48,6 +50,26 @@ def test_an_event_says_the_summary_once(tmp_path):
         f"leak opened: {opened.summary}",
         f"leak updated: {opened.summary} (severity error -> critical, verdict leak -> leak)",
     ]
+
+
+def test_a_finding_is_a_warning_in_the_agent_log_and_the_agent_s_own_failures_are_errors(tmp_path, caplog):
+    """The severity ranks a finding for people; the log level says how the agent fares."""
+    detection = job(tmp_path)
+    opened = replace(finding(), severity="critical")
+    with caplog.at_level(logging.DEBUG, logger="medic.events"):
+        detection._record(Transition("opened", opened, T0, opened.summary))
+        detection._record(Transition("resolved", opened, T0 + 60, "no longer grows"))
+        detection.events.emit("remediation_escalated", "needs a person", instance="svc", severity="critical")
+        detection.events.emit("reconcile_error", "cannot update: boom", instance="svc", severity="error")
+    levels = {r.getMessage().split(":")[0].removeprefix("[svc] "): r.levelname for r in caplog.records}
+    assert levels == {
+        "finding_opened": "WARNING",
+        "finding_resolved": "INFO",
+        "remediation_escalated": "WARNING",
+        "reconcile_error": "ERROR",
+    }
+    stored = detection.store.events(kinds=["finding_opened"])
+    assert stored[0].severity == "critical", "the event keeps its severity for alerts"
 
 
 def test_an_open_leak_gets_fresh_suspects_at_each_judgement(tmp_path):
@@ -96,14 +118,14 @@ def test_an_open_leak_gets_fresh_suspects_at_each_judgement(tmp_path):
     assert "attribution" in active.evidence
 
 
-def test_the_slo_window_is_compressed_with_detect_time_scale(tmp_path):
-    """`latency.slo.for: 5m` at `detect.time_scale: 60` is 5 s, as every other detection window: 20 s
-    of a p99 three times its SLO opens a slow finding by its SLO rule. Unscaled, the same 20 s cover
-    too little of a 5-minute window to judge it."""
+def test_the_slo_window_is_compressed_with_the_agent_time_scale(tmp_path):
+    """`latency.slo.for: 5m` at `agent.time_scale: 60` is 5 s, as every other detection window (held
+    at 10 probe intervals of 0.25 s: 2.5 s, below it): 20 s of a p99 three times its SLO opens a slow
+    finding by its SLO rule. Unscaled, the same 20 s cover too little of a 5-minute window to judge it."""
     spec = InstanceSpec.model_validate(
         {"name": "svc", "match": {"pid": 1}, "latency": {"slo": {"threshold": "100ms", "for": "5m"}}}
     )
-    slow = SlowParams().scaled(60)
+    slow = SlowParams().scaled(TimeScale(60, 0.25))
     found = {}
     for scale in (60.0, 1.0):
         store = Store(tmp_path / f"scale-{scale:g}")
@@ -111,7 +133,7 @@ def test_the_slo_window_is_compressed_with_detect_time_scale(tmp_path):
         store.add_samples(Sample("svc", "latency_p99_seconds", T0 + k * 0.25, 0.3) for k in range(80))
         store.flush()
         detection = Detection(
-            Tracker([spec], store, events), store, events, DetectParams(), slow, time_scale=scale
+            Tracker([spec], store, events), store, events, DetectParams(), slow, scale=TimeScale(scale, 0.25)
         )
         for k in range(6):
             detection.run(T0 + 10 + k * slow.step)

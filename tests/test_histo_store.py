@@ -161,13 +161,19 @@ class Client:
 def test_histogram_routes(api):
     client, store = api
     assert client.get("/api/v1/instances/nope/histograms").status_code == 404
+    # no data yet is an answer, not an error: a kind the instance's process has (pid 1 is no JVM)
     missing = client.get("/api/v1/instances/svc/histograms/diff")
-    assert missing.status_code == 404 and "JVM targets" in missing.json()["detail"]
+    assert missing.status_code == 200 and missing.json()["kind"] == "type" and missing.json()["rows"] == []
+    assert missing.json()["pending"].startswith("no type histograms of svc yet: Python targets need")
+    assert "JVM" not in missing.json()["pending"]
+    classes = client.get("/api/v1/instances/svc/histograms/diff", params={"kind": "class"}).json()
+    assert "JVM targets" in classes["pending"]
     now = time.time()
     histos = HistogramStore(store)
     histos.add(snapshot(now - 300, {"app.Leak": (100, 4800), "[B": (10, 1000)}))
-    only_one = client.get("/api/v1/instances/svc/histograms/diff")
-    assert only_one.status_code == 409 and "only one" in only_one.json()["detail"]
+    only_one = client.get("/api/v1/instances/svc/histograms/diff")  # the kind of its newest snapshot
+    assert only_one.status_code == 200 and only_one.json()["kind"] == "class"
+    assert only_one.json()["pending"].startswith("only one class snapshot of svc so far: the next comes")
     for i in range(1, 6):
         histos.add(
             snapshot(now - 300 + 60 * i, {"app.Leak": (100 + 50 * i, 4800 + 2400 * i), "[B": (10, 1000)})
@@ -185,7 +191,7 @@ def test_histogram_routes(api):
     assert by_id["seconds"] == pytest.approx(60)
     assert client.get("/api/v1/instances/svc/histograms/diff", params={"from_id": 999}).status_code == 404
     assert client.get("/api/v1/instances/svc/histograms/diff", params={"kind": "bogus"}).status_code == 422
-    assert client.get("/api/v1/instances/svc/heap/diff").status_code == 404  # no site snapshots
+    assert "no site histograms" in client.get("/api/v1/instances/svc/heap/diff").json()["pending"]
 
     suspects = client.get("/api/v1/instances/svc/suspects", params={"since": "1h"}).json()["suspects"]
     assert [s["name"] for s in suspects] == ["app.Leak"]

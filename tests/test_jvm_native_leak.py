@@ -77,6 +77,15 @@ def test_a_jvm_native_leak_is_one_leak_outside_the_heap_with_the_leaking_class_f
     assert suspects[0]["correlation"] > 0.8
     assert "[F" not in [s["name"] for s in suspects[:1]]
 
+    # the memory above the heap grows from the start: never "heap the JVM keeps", before or after
+    kept = [
+        e["data"]["finding"]
+        for change in ("opened", "updated")
+        for e in agent.events(kind=f"finding_{change}")
+        if e["data"]["finding"]["instance"] == "leaky"
+        and e["data"]["finding"].get("verdict") == "allocator-retention"
+    ]
+    assert not kept, kept
     opened = [e for e in agent.events(kind="finding_opened") if e["data"]["finding"]["kind"] == "leak"]
     summary = opened[0]["data"]["finding"]["summary"]
     assert opened[0]["message"] == f"leak opened: {summary}"  # said once, not repeated in parentheses

@@ -41,7 +41,25 @@ def test_round_trip_through_plain_data_as_medic_run_does():
         ("{prometheus: {url: ftp://x/metrics, histogram: h}}", r"latency\.prometheus\.url: expected an http"),
         (
             "{prometheus: {url: 'http://x/metrics'}}",
-            r"latency\.prometheus\.histogram: required, and has no default",
+            r"latency\.prometheus: give exactly one of histogram, summary, counters \(got none\)",
+        ),
+        (
+            "{prometheus: {url: 'http://x/m', histogram: h, summary: s}}",
+            r"exactly one of histogram, summary, counters \(got histogram, summary\)",
+        ),
+        ("{prometheus: {url: 'http://x/m', summary: s_sum}}", r"without '_sum': s"),
+        ("{prometheus: {url: 'http://x/m', counters: {total: t}}}", r"counters\.count: required"),
+        (
+            "{prometheus: {url: 'http://x/m', counters: {total: t, count: 'c c'}}}",
+            r"counters\.count: expected",
+        ),
+        (
+            "{prometheus: {url: 'http://x/m', summary: s, unit: ns}}",
+            r"prometheus\.unit: Input should be 'seconds', 'milliseconds' or 'microseconds'",
+        ),
+        (
+            "{prometheus: {url: 'http://x/m', counters: {total: t, count: c}}, slo: {threshold: 1s}}",
+            r"latency: slo: latency\.prometheus\.counters give a mean latency, not a p99: an SLO on a quantile",
         ),
         ("{prometheus: {url: 'http://x/m', histogram: h_bucket}}", r"without '_bucket': h"),
         ("{prometheus: {url: 'http://x/m', histogram: 'a-b'}}", r"expected a Prometheus metric name"),
@@ -59,3 +77,31 @@ def test_round_trip_through_plain_data_as_medic_run_does():
 def test_mistakes_are_one_clear_line(section, message):
     with pytest.raises(ConfigError, match=message):
         parse_config(BASE % section)
+
+
+def test_summary_and_counters_sources():
+    summary = parse_config(BASE % "{prometheus: {url: 'http://x/m', summary: model_infer_request_duration}}")
+    spec = summary.instances[0].latency.prometheus
+    assert (spec.summary, spec.unit, spec.histogram, spec.counters) == (
+        "model_infer_request_duration",
+        "seconds",
+        None,
+        None,
+    )
+    counters = parse_config(
+        BASE
+        % (
+            "{prometheus: {url: 'http://x/m', unit: microseconds, labels: {model_name: ranker},"
+            " counters: {total: ts_inference_latency_microseconds, count: ts_inference_requests_total}}}"
+        )
+    )
+    spec = counters.instances[0].latency.prometheus
+    assert spec.summary is None and spec.counters.total == "ts_inference_latency_microseconds"
+    again = validate_config(counters.model_dump(mode="json", exclude_defaults=True))
+    assert again.instances[0].latency.prometheus.unit == "microseconds"
+    # a summary may have quantiles: its SLO is judged when it does (docs/latency.md)
+    assert (
+        parse_config(BASE % "{prometheus: {url: 'http://x/m', summary: s}, slo: {threshold: 1s}}")
+        .instances[0]
+        .latency.slo
+    )

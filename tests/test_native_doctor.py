@@ -127,7 +127,8 @@ def test_a_socket_served_by_another_process_is_not_believed(spawn, sock_dir: str
 
 def test_python_target_without_hook_is_told_about_the_autostart(spawn) -> None:
     report = diagnose(start_target(spawn, python_argv(), target_env("glibc")).pid)
-    assert any("medic hook install-pth" in item and "medic_hook" in item for item in report.advice)
+    assert any("MEDIC_HOOK_SOCKET is not in its environment" in item for item in report.missing)
+    assert any("medic hook install-pth" in item and "medic_hook" in item for item in report.missing)
 
 
 def test_a_variable_without_a_serving_hook_is_explained(spawn, bins, sock_dir: str) -> None:

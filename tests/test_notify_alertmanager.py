@@ -20,13 +20,15 @@ pytestmark = pytest.mark.slow
 class Medic:
     """A store, an event log and a notifier pointed at a real Alertmanager, stepped by the test."""
 
-    def __init__(self, state_dir, am_url, **sink):
+    def __init__(self, state_dir, am_url, agent="ranker-0", **sink):
         config = validate_config(
             {"notify": [{"type": "alertmanager", "url": am_url, "repost_interval": "1s", **sink}]}
         ).notify
         self.store = Store(state_dir)
         self.events = EventLog(self.store)
-        self.notifier = Notifier(config, self.store, self.events, labels_for=lambda name: {"fleet": "ranker"})
+        self.notifier = Notifier(
+            config, self.store, self.events, labels_for=lambda name: {"fleet": "ranker"}, agent=agent
+        )
 
     def step(self):
         self.notifier.run_once()
@@ -69,14 +71,16 @@ def test_alerts_fire_update_and_resolve(spawn, tmp_path, hook_server):
     [alert] = medic.until(lambda: medic_alerts(am))
     assert alert["labels"] == {
         "alertname": "MedicLeak",
-        "instance": "serving-7",
+        "name": "serving-7",
+        "agent": "ranker-0",
         "fleet": "ranker",
         "severity": "warning",
         "kind": "leak",
         "source": "medic",
     }
     assert alert["annotations"]["summary"] == "serving-7 leaks 41 MB/h"
-    assert alert["annotations"]["evidence"] == '{"slope_bytes_per_second":11400.0}'
+    assert set(alert["annotations"]) == {"summary", "description", "runbook_url", "finding_id"}
+    assert alert["annotations"]["runbook_url"].endswith("/docs/runbooks.md#medicleak")
     ends = parse_rfc3339(alert["endsAt"])
     assert 2 < ends - time.time() <= 4.5  # 4 re-post intervals of 1s
     medic.until(lambda: parse_rfc3339(medic_alerts(am)[0]["endsAt"]) > ends + 0.5)  # re-posted while active
@@ -112,17 +116,24 @@ def test_silence_for_and_unsilence_directly_idempotent_and_found_again_after_a_c
     medic.events.emit("instance_down", "pid 9 is gone", instance="serving-7", severity="warning")
     medic.finding("opened", instance="other")
     medic.until(lambda: len(medic_alerts(am)) == 3)
+    replica = Medic(tmp_path / "replica-state", am.url, agent="ranker-1")  # the same workload, another pod
+    replica.finding("opened")
+    replica.until(lambda: len(medic_alerts(am)) == 4)
 
     until = time.time() + 300
     medic.notifier.silence_for("serving-7", 501, until)
     medic.notifier.silence_for("serving-7", 501, until)  # twice: still one silence per alert
     silences = medic.until(lambda: len(am.active_silences()) == 2 and am.active_silences())
     assert {s["comment"].split("fingerprint=")[1] for s in silences} == {
-        a["fingerprint"] for a in medic_alerts(am) if a["labels"]["instance"] == "serving-7"
+        a["fingerprint"]
+        for a in medic_alerts(am)
+        if a["labels"]["name"] == "serving-7" and a["labels"]["agent"] == "ranker-0"
     }
     assert all(abs(parse_rfc3339(s["endsAt"]) - until) < 0.01 for s in silences)
-    other = next(a for a in medic_alerts(am) if a["labels"]["instance"] == "other")
+    other = next(a for a in medic_alerts(am) if a["labels"]["name"] == "other")
     assert other["status"]["state"] == "active"
+    mirror = next(a for a in medic_alerts(am) if a["labels"]["agent"] == "ranker-1")
+    assert mirror["labels"]["name"] == "serving-7" and mirror["status"]["state"] == "active"  # a replica's
 
     # A new agent with an empty state (its store lost) finds medic's silences again by their comment.
     crashed = Medic(tmp_path / "fresh-state", am.url, silence_refresh="200ms")
@@ -137,6 +148,7 @@ def test_silence_for_and_unsilence_directly_idempotent_and_found_again_after_a_c
     assert medic.notifier.silencer.silences() == []
     assert medic.notifier.collector.snapshot.silences == {}
     crashed.close()
+    replica.close()
     medic.close()
 
 

@@ -78,6 +78,14 @@ notify:
         ({"retry": {"base": "0s"}}, "must be between"),
         ({"receiver": {"instance_labels": ["bad-label"]}}, "not Prometheus label names: bad-label"),
         ({"sinks": [], "colour": "red"}, "notify.colour: unknown key"),
+        (
+            {"runbook_url": "docs/runbooks.md#{alertname}"},
+            "notify: runbook_url: expected an http:// or https:// URL",
+        ),
+        (
+            {"dashboard_url": "grafana/{instance}"},
+            "notify: dashboard_url: expected an http:// or https:// URL",
+        ),
     ],
 )
 def test_errors_name_the_key_and_the_fix(notify, expected):
@@ -154,3 +162,27 @@ def test_any_notify_value_either_validates_or_raises_config_error(value):
         validate_config({"notify": value})
     except ConfigError as exc:
         assert str(exc).startswith("<config>: ")
+
+
+def test_the_agent_label_and_the_link_of_alerts():
+    """`agent.name` names the agent in alerts; by default the pod (the Downward API's POD_NAME), then
+    HOSTNAME; `agent.external_url` is where alerts link to, unset by default (no loopback links)."""
+    agent = validate_config({}).agent
+    assert agent.name is None and agent.external_url is None
+    assert agent.agent_name({"POD_NAME": "ranker-7f9c", "HOSTNAME": "x"}) == "ranker-7f9c"
+    assert agent.agent_name({"HOSTNAME": "ranker-7f9c"}) == "ranker-7f9c"
+    assert agent.agent_name({}) == __import__("socket").gethostname()
+    named = validate_config(
+        {"agent": {"name": "pod-a", "external_url": "https://medic.example/ranker/"}}
+    ).agent
+    assert named.agent_name({"POD_NAME": "other"}) == "pod-a"
+    assert named.external_url == "https://medic.example/ranker/"
+    assert validate_config({"agent": {"external_url": "https://medic.example/"}}).agent.external_url == (
+        "https://medic.example"
+    )
+    for bad, message in (
+        ({"name": " a"}, "agent.name: expected a printable name"),
+        ({"external_url": "x"}, "agent.external_url"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            validate_config({"agent": bad})

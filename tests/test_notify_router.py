@@ -42,7 +42,8 @@ class World:
             self.outbox,
             self.sinks,
             labels_for=lambda name: {"fleet": "ranker", "zone": "b"} if name == "serving-7" else {},
-            base_url=lambda: "http://127.0.0.1:9464",
+            agent="ranker-7f9c",
+            external_url="https://medic-ranker.example",
             silences=self.silencer,
             silence_for=600.0,
             repost_interval=60.0,
@@ -88,7 +89,10 @@ def test_finding_opened_goes_to_every_sink_with_its_alert(world):
     assert note["summary"] == "serving-7 leaks 41 MB/h"
     assert note["evidence"]["time_to_oom_seconds"] == 20400.0
     assert note["finding_id"] == "serving-7:leak:1"
-    assert note["link"] == "http://127.0.0.1:9464/api/v1/instances/serving-7"
+    assert note["link"] == "https://medic-ranker.example/dashboard#instance=serving-7"
+    assert note["agent"] == "ranker-7f9c"
+    assert note["runbook"] == "https://medic.example.internal/docs/runbooks.md#medicleak"
+    assert "`medic leaks serving-7`" in note["description"]
     assert w.router.active_alerts()[0]["sinks"] == ["alertmanager", "webhook"]
     w.close()
 
@@ -325,3 +329,21 @@ def test_labels_are_never_asked_for_while_the_store_is_locked(world):
     assert sorted(asked) == ["serving-3", "serving-4"]
     assert {i.payload["fleet"] for i in w.items()} == {"ranker"}
     w.close()
+
+
+def test_the_link_is_one_on_call_can_open_or_none(world):
+    """Never the agent's listen address: `notify.dashboard_url`, else `agent.external_url`'s dashboard."""
+    w = world()
+    assert (
+        w.router.link("serving 7", "ranker") == "https://medic-ranker.example/dashboard#instance=serving%207"
+    )
+    assert w.router.link(None, None) == "https://medic-ranker.example/dashboard"
+    w.router.external_url = None
+    assert w.router.link("serving-7", "ranker") is None
+    w.close()
+    templated = world(dashboard_url="https://grafana.example/d/m?var-agent={agent}&var-name={instance}")
+    assert (
+        templated.router.link("serving-7", None)
+        == "https://grafana.example/d/m?var-agent=ranker-7f9c&var-name=serving-7"
+    )
+    templated.close()

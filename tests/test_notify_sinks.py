@@ -31,6 +31,7 @@ NOTE = Notification(
     message="finding opened",
     alertname="MedicLeak",
     instance="serving-7",
+    agent="ranker-7f9c",
     fleet="ranker",
     kind="leak",
     evidence={"slope_bytes_per_second": 11400.0},
@@ -38,6 +39,8 @@ NOTE = Notification(
     finding_id="serving-7:leak:1",
     starts_at=T0 - 60,
     link="https://grafana.example/d/medic?var-name=serving-7",
+    runbook="https://docs.example/medic/runbooks.md#medicleak",
+    description="medic found serving-7's memory growing steadily.",
 )
 
 
@@ -47,9 +50,10 @@ def sinks_for(*specs):
 
 def test_alertmanager_alert_fields():
     alert = postable_alert(NOTE, now=T0, repost_interval=60.0)
-    assert alert["labels"] == {
+    assert alert["labels"] == {  # the label model of the shipped rules (docs/alerts.md)
         "alertname": "MedicLeak",
-        "instance": "serving-7",
+        "name": "serving-7",
+        "agent": "ranker-7f9c",
         "fleet": "ranker",
         "severity": "warning",  # medic's, not the instance label of the same name
         "kind": "leak",
@@ -57,10 +61,10 @@ def test_alertmanager_alert_fields():
         "zone": "b",
         "app_kubernetes_io_name": "ranker",
     }
-    assert alert["annotations"] == {
+    assert alert["annotations"] == {  # for a person to read: the evidence stays in medic
         "summary": NOTE.summary,
-        "description": "finding opened",
-        "evidence": '{"slope_bytes_per_second":11400.0}',
+        "description": "medic found serving-7's memory growing steadily.",
+        "runbook_url": "https://docs.example/medic/runbooks.md#medicleak",
         "dashboard": NOTE.link,
         "finding_id": "serving-7:leak:1",
     }
@@ -106,7 +110,8 @@ def test_webhook_document_and_signature(hook_server):
     }
     assert doc["finding_id"] == "serving-7:leak:1" and doc["action_id"] is None
     assert doc["evidence"] == {"slope_bytes_per_second": 11400.0} and doc["link"] == NOTE.link
-    assert set(doc["agent"]) == {"host", "version"}
+    assert set(doc["agent"]) == {"name", "host", "version"} and doc["agent"]["name"] == "ranker-7f9c"
+    assert doc["runbook_url"] == NOTE.runbook
     assert got.headers["content-type"] == "application/json"
     assert got.headers["x-medic-event"] == "finding_opened" and got.headers["x-medic-delivery"] == "7"
     timestamp = got.headers["x-medic-timestamp"]
@@ -121,10 +126,12 @@ def test_slack_message_escapes_and_links(hook_server):
     note = Notification(**{**NOTE.to_dict(), "summary": "a <b> & c"})
     message = slack_message(note)
     assert message["text"].startswith(
-        ":rotating_light: *[FIRING] MedicLeak* · serving-7 (fleet ranker) · warning\n"
+        ":rotating_light: *[FIRING] MedicLeak* · serving-7 on ranker-7f9c (fleet ranker) · warning\n"
     )
     assert "a &lt;b&gt; &amp; c" in message["text"]
-    assert message["blocks"][1]["elements"][0]["text"].endswith(f"<{NOTE.link}|dashboard>")
+    assert message["blocks"][1]["elements"][0]["text"].endswith(
+        f"<{NOTE.link}|dashboard> · <{NOTE.runbook}|runbook>"
+    )
     [sink] = sinks_for({"type": "slack", "url": f"{server.url}/services/T/B/x"})
     sink.send(note, 1, T0)
     assert server.received[0].json() == message and server.received[0].path == "/services/T/B/x"

@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.cli.hook import INSTALLED_SHIM, find_library, install_hook
+from agent.cli.hook import INSTALLED_SHIM, PYTHON_DIR, find_library, install_hook
 from agent.config.loader import load_config, parse_config
 from agent.core.errors import UsageError
 from agent.core.units import parse_size
 from support.procs import REPO, wait_until
 
 MANIFEST = REPO / "deploy/kubernetes/sidecar.yaml"
+MANIFESTS = [MANIFEST, REPO / "deploy/kubernetes/sidecar-python.yaml"]  # a native server, a Python one
 UNIT = REPO / "deploy/systemd/medic@.service"
 
 
@@ -168,9 +169,9 @@ def test_the_image_runs_medic_as_a_non_root_user_in_exec_form(docker) -> None:
 
 
 # ----------------------------------------------------------------------------- Kubernetes manifests
-@pytest.fixture(scope="module")
-def manifests() -> dict[str, dict]:
-    docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+@pytest.fixture(scope="module", params=MANIFESTS, ids=lambda path: path.name)
+def manifests(request: pytest.FixtureRequest) -> dict[str, dict]:
+    docs = [d for d in yaml.safe_load_all(request.param.read_text()) if d]
     kinds = [d["kind"] for d in docs]
     assert len(kinds) == len(set(kinds)), kinds
     return {d["kind"]: d for d in docs}
@@ -302,7 +303,11 @@ def test_the_config_matches_the_server_container(manifests) -> None:
     installer = containers["medic-hook-install"]
     hook_dir = installer["args"][2]
     preload = server_env["LD_PRELOAD"].split(":")
-    assert preload == [f"{hook_dir}/libjemalloc.so.2", f"{hook_dir}/{INSTALLED_SHIM}"]
+    if "PYTHONPATH" in server_env:  # the in-process hook, from the copy `--python` makes; no shim beside it
+        assert "--python" in installer["args"] and server_env["PYTHONPATH"] == f"{hook_dir}/{PYTHON_DIR}"
+        assert preload == [f"{hook_dir}/libjemalloc.so.2"]
+    else:
+        assert preload == [f"{hook_dir}/libjemalloc.so.2", f"{hook_dir}/{INSTALLED_SHIM}"]
     assert {"name": "medic-hook", "mountPath": hook_dir, "readOnly": True} in server["volumeMounts"]
     server_port = {p["containerPort"] for p in server["ports"]}
     assert int(re.search(r":(\d+)/", instance.latency.prometheus.url).group(1)) in server_port
@@ -729,5 +734,25 @@ def test_the_constraints_pin_every_dependency_within_its_bounds_and_are_used() -
             assert requirement.specifier.contains(pins[name]), f"{name}=={pins[name]} outside {requirement}"
     makefile = (REPO / "Makefile").read_text()
     assert "pip install -q -c constraints.txt -e '.[test,lint]'" in makefile
+    assert "$(RUN_BIN)/pip install -q -c constraints.txt -e .\n" in makefile
     assert "PIP_CONSTRAINT=/src/constraints.txt" in (REPO / "Dockerfile").read_text()
     assert ("constraints.txt", "./") in copy_sources()
+
+
+def test_make_run_installs_the_agent_alone_in_a_venv_of_its_own(tmp_path: Path) -> None:
+    """`make run` needs medic's runtime dependencies only (about 55 MiB with pip), not the test and
+    lint tools of `make test` (about 470 MiB); `make demo` adds only the demo extra to it."""
+    done = subprocess.run(
+        ["make", "-n", "run", "demo", f"RUN_VENV={tmp_path}/run"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    installs = [line for line in done.stdout.splitlines() if "pip install" in line]
+    assert installs == [
+        f"{tmp_path}/run/bin/pip install -q -c constraints.txt -e .",
+        f"{tmp_path}/run/bin/pip install -q -c constraints.txt -e '.[demo]'",
+    ], done.stdout
+    assert f"{tmp_path}/run/bin/medic run" in done.stdout and f"{tmp_path}/run/bin/medic demo" in done.stdout

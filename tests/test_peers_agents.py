@@ -28,8 +28,8 @@ PARAMS = DetectParams().scaled(SCALE)
 
 def _config(name: str, coordinator: dict) -> dict:
     return {
-        "agent": {"interval": "1s", "slow_interval": "1s", "flush_interval": "1s"},
-        "detect": {"interval": "1s", "time_scale": SCALE},
+        "agent": {"interval": "1s", "slow_interval": "1s", "flush_interval": "1s", "time_scale": SCALE},
+        "detect": {"interval": "1s"},
         "remediation": {"mode": "dry-run", "coordinator": coordinator},
         "instances": [
             {

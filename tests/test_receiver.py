@@ -62,7 +62,7 @@ PAYLOAD = {
 
 
 class Receiver:
-    def __init__(self, tmp_path, **receiver):
+    def __init__(self, tmp_path, agent_name=None, **receiver):
         config = validate_config(
             {
                 "instances": [
@@ -81,7 +81,14 @@ class Receiver:
         )
         self.tracker, self.detection = tracker, detection
         ctx = ApiContext(
-            tracker, self.store, self.telemetry, self.events, TOKEN, detection=detection, notify=config.notify
+            tracker,
+            self.store,
+            self.telemetry,
+            self.events,
+            TOKEN,
+            detection=detection,
+            notify=config.notify,
+            agent_name=agent_name,
         )
         self.served = ServedApp(create_app(ctx))
         self.client = self.served.client
@@ -207,6 +214,20 @@ def test_unknown_instances_are_refused_with_what_was_tried(receiver):
     answer = r.post(mixed)
     assert answer.status_code == 200
     assert [x["result"] for x in answer.json()["results"]] == ["opened", "unknown-instance"]
+
+
+def test_an_alert_about_another_agents_replica_is_not_this_agents(receiver):
+    """Replicas of a workload name their instance alike: the `agent` label says whose it is."""
+    r = receiver(agent_name="ranker-a")
+    body = copy.deepcopy(PAYLOAD)
+    body["alerts"][0]["labels"]["agent"] = "ranker-b"
+    answer = r.post(body)
+    assert answer.status_code == 200
+    [result] = answer.json()["results"]
+    assert result["result"] == "other-agent" and result["reason"] == "about agent ranker-b, not ranker-a"
+    assert r.findings() == []
+    body["alerts"][0]["labels"]["agent"] = "ranker-a"
+    assert r.post(body).json()["results"][0]["result"] == "opened"
 
 
 def test_medics_own_alerts_are_ignored(receiver):

@@ -6,30 +6,18 @@ from __future__ import annotations
 
 import socket
 import time
-from datetime import datetime
 
 import httpx
 import pytest
 import yaml
 
-from support.notify import start_prometheus
+from support.notify import fast_rules, firing, rules_evaluated_after, start_prometheus
 from support.procs import REPO, wait_until
 
 pytestmark = pytest.mark.slow
 RULES = REPO / "dashboards" / "prometheus" / "medic-rules.yml"
 SIDECAR = REPO / "deploy" / "kubernetes" / "sidecar.yaml"
 FAST = {"interval": "0.5s", "slow_interval": "2s", "discovery_interval": "1s", "flush_interval": "0.5s"}
-
-
-def fast_rules(tmp_path) -> tuple[list, object]:
-    """The shipped rules with every `for:` at 1 s; the expressions are the shipped ones."""
-    rules = yaml.safe_load(RULES.read_text())
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            rule["for"] = "1s"
-    path = tmp_path / "medic-rules.fast.yml"
-    path.write_text(yaml.safe_dump(rules))
-    return rules, path
 
 
 def scrape_jobs(address: str, closed: str) -> dict[str, list[str]]:
@@ -57,27 +45,17 @@ def closed_port() -> str:
         return f"127.0.0.1:{sock.getsockname()[1]}"
 
 
-def firing(prom, name: str) -> list[dict]:
-    return [a for a in prom.alerts() if a["labels"]["alertname"] == name and a["state"] == "firing"]
-
-
-def rules_evaluated_after(prom, when: float) -> bool:
-    """Whether every rule group was last evaluated after `when` (unix seconds)."""
-    groups = httpx.get(f"{prom.url}/api/v1/rules", timeout=5).json()["data"]["groups"]
-    return bool(groups) and all(_unix(g["lastEvaluation"]) > when for g in groups)
-
-
-def _unix(stamp: str) -> float:
-    """An RFC 3339 time of Prometheus's API (`2026-12-02T04:05:06.123456789Z`), its fraction dropped."""
-    return datetime.fromisoformat(stamp.split(".")[0].removesuffix("Z") + "+00:00").timestamp()
-
-
 def test_medic_agent_down_fires_under_every_scrape_setup(agent, workload, spawn, tmp_path):
     shipped, rules = fast_rules(tmp_path)
     exprs = [r["expr"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
     assert [r["expr"] for g in shipped["groups"] for r in g["rules"]] == exprs, "the shipped expressions"
     stable = workload("stable", "--size", "8Mi")
-    agent.start({"agent": FAST, "instances": [{"name": "stable", "match": {"pid": stable.pid}}]})
+    agent.start(
+        {
+            "agent": {**FAST, "name": "ranker-0"},
+            "instances": [{"name": "stable", "match": {"pid": stable.pid}}],
+        }
+    )
     address = agent.url.removeprefix("http://")
     annotations = next(d for d in yaml.safe_load_all(SIDECAR.read_text()) if d and d["kind"] == "Deployment")[
         "spec"
@@ -100,6 +78,10 @@ def test_medic_agent_down_fires_under_every_scrape_setup(agent, workload, spawn,
     )
     assert httpx.get(f"{prom.url}/api/v1/rules", timeout=5).json()["status"] == "success"
 
+    # MedicAgentDown's `agent` label reads the name the address last served, on 10-second steps of
+    # the day: wait until one step has seen this agent under every job
+    served = 'max_over_time(timestamp(medic_build_info{agent="ranker-0"})[1d:10s])'
+    wait_until(lambda: len(prom.query(served)) == len(jobs), 30, interval=0.5)
     agent.stop()
     fired = wait_until(
         lambda: len(firing(prom, "MedicAgentDown")) == len(jobs) and firing(prom, "MedicAgentDown"),
@@ -110,6 +92,7 @@ def test_medic_agent_down_fires_under_every_scrape_setup(agent, workload, spawn,
     assert {a["labels"]["instance"] for a in fired} == {address}
     for alert in fired:
         assert alert["labels"]["severity"] == "critical" and alert["labels"]["source"] == "medic"
+        assert alert["labels"]["agent"] == "ranker-0"  # the name it last served, read after it stopped
         assert alert["annotations"]["runbook_url"].endswith("/docs/runbooks.md#medicagentdown")
         assert address in alert["annotations"]["summary"]
     wait_until(lambda: firing(prom, "MedicAgentsAbsent"), 30, interval=0.5)

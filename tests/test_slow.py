@@ -148,6 +148,43 @@ def test_peer_rule_needs_enough_peers_and_takes_remote_ones():
     assert remote.state == "firing" and "remote:host-b/p7" in remote.evidence["rules"]["peer"]["peer_levels"]
 
 
+MEAN = "latency_mean_seconds"
+
+
+def test_a_mean_latency_finds_the_slow_instance_among_its_peers():
+    """A summary without quantiles or a pair of counters gives only a mean: the peer rule judges it."""
+    fleet = [series(f"m{i}", noisy(0.02, seed=i), metric=MEAN) for i in range(4)]
+    fleet.append(series("slow", noisy(0.09, seed=7), metric=MEAN))
+    got = judge(fleet, slos={})
+    assert got["slow"].state == "firing" and got["slow"].evidence["fired"] == ["peer"]
+    assert got["slow"].evidence["metric"] == MEAN
+    assert (
+        "slow is slow: mean latency 8" in got["slow"].summary
+        and "the median of 4 peers" in got["slow"].summary
+    )
+    assert all(got[f"m{i}"].state == "clear" for i in range(4))
+
+
+def test_an_slo_on_a_quantile_is_not_judged_from_a_mean():
+    obs = judge([series("a", noisy(0.5), metric=MEAN)])["a"]
+    slo = obs.evidence["rules"]["slo"]
+    assert slo["state"] == "unknown" and "gives only a mean" in slo["summary"]
+    assert obs.state != "firing"
+
+
+def test_peers_are_compared_on_the_same_figure():
+    """Two instances read from histograms (p99) and three from counters (means, lower by nature):
+    each is compared with the peers of its own figure, so no p99 looks slow beside the means."""
+    fleet = [series(f"h{i}", noisy(0.1, seed=i)) for i in range(2)]
+    fleet += [series(f"c{i}", noisy(0.02, seed=10 + i), metric=MEAN) for i in range(3)]
+    got = judge(fleet, slos={})
+    for name in ("h0", "h1"):
+        peer = got[name].evidence["rules"]["peer"]
+        assert peer["state"] == "unknown" and "1 peer(s) with p99 data" in peer["summary"]
+    assert "2 peer(s) with mean latency data" in got["c0"].evidence["rules"]["peer"]["summary"]
+    assert not any(o.state == "firing" for o in got.values())
+
+
 @pytest.mark.parametrize(
     ("peers", "level", "state"),
     [

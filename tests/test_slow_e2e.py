@@ -6,7 +6,7 @@ import os
 import re
 import subprocess
 import time
-from pathlib import Path
+from dataclasses import replace
 
 import pytest
 
@@ -50,6 +50,13 @@ def fetch_series(agent, name: str, metrics: tuple[str, ...] = METRICS) -> Instan
         points = agent.get(f"/api/v1/instances/{name}/series", metric=metric, since="60s")["points"]
         found[metric] = [(ts, value) for ts, value in points]
     return InstanceSeries(name, found)
+
+
+def newest(fleet: list[InstanceSeries]) -> float:
+    """The time of the newest sample fetched: the instant to judge at. The store lags the wall clock
+    by a flush or more on a loaded host, and a window of seconds ending at `time.time()` would hold
+    too few samples of the counters the causes are read from."""
+    return max(points[-1][0] for series in fleet for points in series.series.values() if points)
 
 
 def replay(fleet: list[InstanceSeries], slos: dict, since: float, until: float):
@@ -131,7 +138,7 @@ def test_degrading_instance_gets_a_slow_finding_and_the_healthy_one_never(agent,
 
 def test_peer_outlier_among_five_real_instances(agent, spawn):
     apps = {
-        f"svc-{i}": start_app(spawn, "--base", "0.06" if i == 3 else "0.01", "--load", "15") for i in range(5)
+        f"svc-{i}": start_app(spawn, "--base", "0.15" if i == 3 else "0.01", "--load", "15") for i in range(5)
     }
     agent.start(
         {
@@ -153,7 +160,7 @@ def test_peer_outlier_among_five_real_instances(agent, spawn):
     )
     time.sleep(PARAMS.peer_window + 0.5)  # a full peer window of data
     fleet = [fetch_series(agent, name) for name in apps]
-    observations = {o.instance: o for o in evaluate_slow(fleet, time.time(), PARAMS)}
+    observations = {o.instance: o for o in evaluate_slow(fleet, newest(fleet), PARAMS)}
     slowed = observations["svc-3"]
     assert slowed.state == "firing" and slowed.evidence["fired"] == ["peer"], slowed.summary
     peer = slowed.evidence["rules"]["peer"]
@@ -161,34 +168,6 @@ def test_peer_outlier_among_five_real_instances(agent, spawn):
     assert "svc-3 is slow" in slowed.summary and "the median of 4 peers" in slowed.summary
     for name in ("svc-0", "svc-1", "svc-2", "svc-4"):  # may hold on a busy host, never fire
         assert observations[name].state != "firing", observations[name].summary
-
-
-CPU_ROOT = Path("/sys/fs/cgroup/cpu")  # cgroup v1 cpu controller (REFERENCE §5.3)
-
-
-@pytest.fixture
-def cpu_quota():
-    """`cpu_quota(pid, cores)`: put a process in a fresh v1 cpu cgroup with that CFS quota; undone at teardown."""
-    if os.geteuid() != 0 or not (CPU_ROOT / "cpu.cfs_quota_us").exists():
-        pytest.skip("needs root and the cgroup v1 cpu controller")
-    made: list[Path] = []
-
-    def limit(pid: int, cores: float) -> None:
-        group = CPU_ROOT / f"medic-test-{os.getpid()}-{len(made)}"
-        group.mkdir()
-        made.append(group)
-        (group / "cpu.cfs_period_us").write_text("100000")
-        (group / "cpu.cfs_quota_us").write_text(str(int(cores * 100000)))
-        (group / "cgroup.procs").write_text(str(pid))
-
-    yield limit
-    for group in made:
-        for pid in (group / "cgroup.procs").read_text().split():
-            try:
-                (CPU_ROOT / "cgroup.procs").write_text(pid)  # back to the root cgroup
-            except OSError:
-                pass  # it exited meanwhile
-        group.rmdir()
 
 
 @pytest.mark.root
@@ -213,10 +192,14 @@ def test_cpu_throttled_instance_is_a_peer_outlier_with_throttling_as_cause(agent
     wait_until(
         lambda: all("latency_p99_seconds" in agent.instance(n)["latest"] for n in apps), 15, interval=0.2
     )
-    time.sleep(PARAMS.peer_window + 0.5)
+    # the throttled one answers in ~200 ms; a healthy one starved of CPU for a moment by a busy host
+    # (the five burn CPU on two cores) may reach tens of ms: 50 ms above its peers tells them apart;
+    # and the causes are read over a window of 16 samples, which a loaded host still fills
+    params = replace(PARAMS, peer_floor=0.05, peer_window=4.0)
+    time.sleep(params.peer_window + 1.0)
     metrics = (*METRICS, "cgroup_cpu_periods_total", "cgroup_cpu_throttled_periods_total")
     fleet = [fetch_series(agent, name, metrics) for name in apps]
-    observations = {o.instance: o for o in evaluate_slow(fleet, time.time(), PARAMS)}
+    observations = {o.instance: o for o in evaluate_slow(fleet, newest(fleet), params)}
     slowed = observations["svc-2"]
     assert slowed.state == "firing" and "peer" in slowed.evidence["fired"], slowed.summary
     causes = {c["cause"]: c for c in slowed.evidence["likely_causes"]}
@@ -261,3 +244,53 @@ def test_broken_targets_give_probe_errors_and_no_finding(agent, spawn):
         series = fetch_series(agent, name)
         assert series.series["latency_p99_seconds"] == []
         assert evaluate_slow([series], time.time(), PARAMS, slos={name: Slo()})[0].state == "unknown"
+
+
+def test_a_slow_instance_is_found_from_means_of_summaries_and_counters(agent, spawn):
+    """Servers that keep a summary without quantiles (MLServer) or two counters (TorchServe): the
+    agent's own detection job finds the slow one among its peers from the mean latency."""
+    apps = {
+        f"svc-{i}": start_app(spawn, "--base", "0.08" if i == 2 else "0.01", "--load", "15") for i in range(4)
+    }
+    sources = {
+        "svc-0": {"summary": "request_duration_seconds", "labels": {"route": "/work"}},
+        "svc-1": {"summary": "request_duration_seconds"},
+        "svc-2": {
+            "counters": {"total": "inference_latency_microseconds", "count": "inference_requests"},
+            "unit": "microseconds",
+        },
+        "svc-3": {
+            "counters": {"total": "inference_latency_microseconds", "count": "inference_requests_total"},
+            "unit": "microseconds",
+        },
+    }
+    slow = {"step": "0.5s", "stale": "60s", "peer_window": "3s", "trend_window": "10s"}
+    agent.start(
+        {
+            "agent": FAST,
+            "detect": {"interval": "0.25s", "slow": slow},
+            "instances": [
+                {
+                    "name": name,
+                    "match": {"pid": app.proc.pid},
+                    "labels": {"fleet": "ranker"},
+                    "latency": {"prometheus": {"url": app.url(), **sources[name]}},
+                }
+                for name, app in apps.items()
+            ],
+        }
+    )
+
+    def opened() -> list[dict]:
+        found = [e["data"]["finding"] for e in agent.events(kind="finding_opened")]
+        return [f for f in found if f.get("kind") == "slow"]
+
+    [finding] = wait_until(opened, 60, interval=0.5)
+    assert finding["instance"] == "svc-2", finding
+    assert finding["evidence"]["metric"] == "latency_mean_seconds"
+    assert finding["evidence"]["fired"] == ["peer"] and "mean latency" in finding["summary"]
+    for name in ("svc-0", "svc-1", "svc-3"):
+        latest = agent.instance(name)["latest"]
+        assert 0.005 < latest["latency_mean_seconds"] < 0.05 and "latency_p99_seconds" not in latest
+    metrics = agent.get("/metrics")
+    assert 'medic_latency_mean_seconds{name="svc-2"}' in metrics

@@ -20,6 +20,7 @@ from agent.detect.trend import _kernels
 
 T0 = 1_767_571_200.0
 P99 = "latency_p99_seconds"
+MEAN = "latency_mean_seconds"
 
 pytestmark = pytest.mark.skipif(_kernels is None, reason="the C screen is not built")
 
@@ -48,11 +49,15 @@ def fleet(draw_seed: int, shapes: list[dict], every: float, hours: float, decima
     rng = random.Random(draw_seed)
     members = []
     for n, shape in enumerate(shapes):
-        points, starts = [], []
+        points, means, starts = [], [], []
         start = T0
         ts = T0 + rng.uniform(0, every)
         while ts < T0 + hours * 3600:
-            if not (shape["gap"][0] <= ts - T0 < shape["gap"][0] + shape["gap"][1]):
+            in_gap = shape["gap"][0] <= ts - T0 < shape["gap"][0] + shape["gap"][1]
+            source = shape.get("source", "p99")
+            if source == "both" and in_gap:  # a histogram's quantiles gone, its mean kept
+                means.append((ts, shape["base"] * 0.5))
+            elif not in_gap:
                 value = shape["base"] * math.exp(rng.gauss(0, shape["noise"]))
                 at = ts - T0 - shape["event"]
                 if shape["kind"] == "slow" and 0 <= at < shape["length"]:
@@ -63,13 +68,16 @@ def fleet(draw_seed: int, shapes: list[dict], every: float, hours: float, decima
                     value *= shape["size"]
                 if decimals is not None:
                     value = round(value, decimals)
-                points.append((ts, value))
+                if source != "mean":
+                    points.append((ts, value))
+                if source != "p99":
+                    means.append((ts, value * 0.5))
             if shape["restart"] and ts - T0 >= shape["event"] and start == T0:
                 start = ts
             if shape["starts"]:
                 starts.append((ts, start))
             ts += every * rng.choice((1, 1, 1, 2)) if shape["jitter"] else every
-        series = {P99: points}
+        series = {P99: points, MEAN: means}
         if starts:
             series[START_TIME] = starts
         members.append(InstanceSeries(f"i{n}", series))
@@ -88,8 +96,14 @@ shape = st.fixed_dictionaries(
         "restart": st.booleans(),
         "starts": st.booleans(),
         "jitter": st.booleans(),
+        # a histogram (p99, and its mean beside it), a summary or counters (a mean only)
+        "source": st.sampled_from(["p99", "p99", "both", "mean"]),
     }
 )
+
+
+def judged(members: list) -> list:
+    return [m for m in members if m.series[P99] or m.series[MEAN]]
 
 
 @settings(max_examples=40, deadline=None)
@@ -103,8 +117,7 @@ shape = st.fixed_dictionaries(
 )
 def test_the_screened_replay_finds_what_judging_every_tick_finds(seed, shapes, every, decimals, slo, scale):
     params = DEFAULT_SLOW if scale == 1.0 else DEFAULT_SLOW.scaled(scale)
-    members = fleet(seed, shapes, every / scale, 4.5 / scale, decimals)
-    members = [m for m in members if m.series[P99]]
+    members = judged(fleet(seed, shapes, every / scale, 4.5 / scale, decimals))
     if not members:
         return
     slos = {m.instance: slo for m in members}
@@ -126,7 +139,7 @@ def test_the_screened_replay_finds_what_judging_every_tick_finds(seed, shapes, e
     slo=st.sampled_from([None, Slo(0.99, 0.1, 300.0)]),
 )
 def test_the_screen_gives_each_tick_the_python_level_and_marks_every_firing_rule(seed, shapes, every, slo):
-    members = [m for m in fleet(seed, shapes, every, 3.0, None) if m.series[P99]]
+    members = judged(fleet(seed, shapes, every, 3.0, None))
     if not members:
         return
     params, slos = DEFAULT_SLOW, {m.instance: slo for m in members}
@@ -183,3 +196,35 @@ def test_a_gap_in_every_member_skips_its_ticks_and_changes_no_finding(seed, slo)
     assert (
         ticks < len(grid(T0, T0 + 6 * 3600, DEFAULT_SLOW)) - 3600 / DEFAULT_SLOW.step
     )  # an hour of ticks skipped
+
+
+def test_a_fleet_wide_swing_is_no_slow_instance_and_a_creeping_one_is_found():
+    """Eight pods whose p99 rises 2.5x over the morning together (traffic), one of them creeping
+    +40 %/h on top from the third hour: the trend rule holds for the ones that rise with their
+    peers, and the relative rule finds the creeping one within two hours."""
+
+    rng = random.Random(5)
+    onset = T0 + 3 * 3600
+    members = []
+    for i in range(8):
+        base = rng.uniform(0.03, 0.06)
+        points = []
+        for k in range(int(8 * 3600 / 30)):
+            ts = T0 + 30.0 * k
+            swing = 1 + 1.5 * (0.5 - 0.5 * math.cos(math.pi * min(ts - T0, 6 * 3600) / (6 * 3600)))
+            value = base * swing * math.exp(rng.gauss(0, 0.05))
+            if i == 0 and ts >= onset:
+                value *= 1 + 0.4 * (ts - onset) / 3600
+            points.append((ts, value))
+        members.append(InstanceSeries(f"p{i}", {P99: points}))
+    analyses = {m.instance: InstanceAnalysis(m.instance, [], [], [], None, None) for m in members}
+    analyze_slow(
+        [members], analyses, DEFAULT_SLOW, slos={m.instance: Slo(0.99, 0.25, 300.0) for m in members}
+    )
+    found = {
+        name: [f.opened_at for f in a.findings if f.opened_at is not None] for name, a in analyses.items()
+    }
+    assert not any(found[f"p{i}"] for i in range(1, 8)), found
+    assert found["p0"] and onset <= min(found["p0"]) <= onset + 2 * 3600
+    first = next(f for f in analyses["p0"].findings if f.opened_at == min(found["p0"]))
+    assert "relative" in analyses["p0"].at_open[first.id].evidence["fired"]

@@ -244,3 +244,40 @@ def test_readers_are_as_many_as_read_at_once_not_one_per_thread(tmp_path):
     assert store.reader_count() == 0
     with pytest.raises(StoreError, match="closed"):
         store.query("SELECT 1")
+
+
+def test_a_corrupt_database_is_called_corrupt_with_what_to_do(tmp_path):
+    """Not a permission problem: the file is damaged, and the fix is to move it aside."""
+    state = tmp_path / "state"
+    Store(state).close()
+    db = state / "medic.db"
+    db.write_bytes(b"\x93garbage, not SQLite" * 500)  # what a disk error or a stray copy leaves
+    with pytest.raises(StoreError) as raised:
+        Store(state)
+    message = str(raised.value)
+    assert f"the state database {db} is corrupt" in message and f"mv {db} {db}.corrupt" in message
+    assert "writable" not in message and "medic.db-wal" in message
+
+    damaged = tmp_path / "damaged"
+    store = Store(damaged)
+    store.add_samples(
+        Sample("svc", f"m{i}", 1_700_000_000.0 + k, float(k)) for i in range(40) for k in range(50)
+    )
+    store.flush()
+    store.close()
+    path = damaged / "medic.db"
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    data[2 * page : len(data) - page] = b"\xff" * (
+        len(data) - 3 * page
+    )  # the header holds, the tree does not
+    path.write_bytes(bytes(data))
+    try:
+        reopened = Store(damaged)
+    except StoreError as exc:  # SQLite may notice at once
+        assert "is corrupt" in str(exc) and "writable" not in str(exc)
+        return
+    reopened.add_samples([Sample("svc", "m0", 1_700_000_100.0, 1.0)])
+    with pytest.raises(StoreError, match="is corrupt: stop medic, move it aside"):
+        reopened.flush()
+    reopened.close()

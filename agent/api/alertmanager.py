@@ -112,6 +112,12 @@ def apply_alerts(
                 {**entry, "result": "ignored", "reason": f"carries {spec.ignore_labels} (medic's own alert)"}
             )
             continue
+        other = alert.labels.get("agent")
+        if ctx.agent_name and other and other != ctx.agent_name:  # a replica's: never this one's to repair
+            results.append(
+                {**entry, "result": "other-agent", "reason": f"about agent {other}, not {ctx.agent_name}"}
+            )
+            continue
         instance = map_instance(alert.labels, known, spec.instance_labels)
         if instance is None:
             results.append(

@@ -75,7 +75,8 @@ class ApiContext:
     notify: NotifySection = field(default_factory=NotifySection)
     allowed_hosts: frozenset[str] | None = None  # Host names answered; None: loopback only
     max_body: int = DEFAULT_MAX_BODY  # request bodies, except the Alertmanager receiver's
-    time_scale: float = 1.0  # detect.time_scale: above 1, windows and deadlines are compressed (a demo)
+    time_scale: float = 1.0  # agent.time_scale: above 1, windows and deadlines are compressed (a demo)
+    agent_name: str | None = None  # the `agent` label of this agent's alerts (agent.name)
 
 
 class PurgeRequest(BaseModel):

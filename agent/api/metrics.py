@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from agent import __version__
 from agent.config.model import InstanceSpec
 from agent.core.catalog import CATALOG, ExportedFamily, exported_families, exported_sample
+from agent.detect.lifecycle import earlier_process
 from agent.watch.tracker import Tracker
 
 # the page's gzip stream: gzip.compress's level, with a 4 KiB window and a small hash table (72 KiB of
@@ -53,8 +54,9 @@ class InstanceCollector(Collector):
     time: a page of 50 instances holds ~2800 samples, and building them all before any is encoded
     was the scrape's peak (0.9 MiB of objects)."""
 
-    def __init__(self, tracker: Tracker) -> None:
+    def __init__(self, tracker: Tracker, fleet_label: str = "fleet") -> None:
         self.tracker = tracker
+        self.fleet_label = fleet_label
 
     def collect(self) -> Iterator[Metric]:
         with self.tracker.lock:
@@ -74,7 +76,7 @@ class InstanceCollector(Collector):
             ]
         # each family is built when the encoder asks for it, and dropped once encoded
         yield _instance_up(seen)
-        yield _instance_info(seen)
+        yield _instance_info(seen, self.fleet_label)
         yield _by_instance(
             CounterMetricFamily,
             "medic_instance_restarts",
@@ -118,9 +120,12 @@ def _instance_up(seen: list[_Seen]) -> Metric:
     return up
 
 
-def _instance_info(seen: list[_Seen]) -> Metric:
+def _instance_info(seen: list[_Seen], fleet_label: str) -> Metric:
     info = InfoMetricFamily("medic_instance", "The process an instance follows.", labels=["name"])
     for s in seen:
+        labels = {k: v for k, v in s.spec.labels.items() if k != "name"}
+        if fleet_label in s.spec.labels:  # `fleet`, whatever label names it: the rules' alerts read it here
+            labels["fleet"] = s.spec.labels[fleet_label]
         # no pid: a label that changes on every restart makes a new series each time
         info.add_metric(
             [s.name],
@@ -128,7 +133,7 @@ def _instance_info(seen: list[_Seen]) -> Metric:
                 "status": s.status,
                 "mode": "managed" if s.spec.match.managed else "attached",
                 "limit_source": s.limit_source or "",
-                **{k: v for k, v in s.spec.labels.items() if k != "name"},
+                **labels,
             },
         )
     return info
@@ -187,10 +192,25 @@ def _catalog_family(
 
 
 class FindingCollector(Collector):
-    """Open findings, and the slope and time-to-OOM of memory findings, for alert rules."""
+    """Open findings, and the slope and time-to-OOM of memory findings, for alert rules.
 
-    def __init__(self, detection) -> None:
+    A time to OOM is exported only while its instance runs the process it was measured on, and only
+    when it is known: after a restart (or while the instance is down) it is unknown until the new
+    process is measured, and the series is absent, so `medic_time_to_oom_seconds < X` cannot fire
+    on it; past a limit set only in medic's config it is unknown too (`agent.detect.oom`)."""
+
+    def __init__(self, detection, tracker: Tracker) -> None:
         self.detection = detection
+        self.tracker = tracker
+
+    def _running(self) -> dict[str, float]:
+        """The start time of the process each instance that is up runs now."""
+        with self.tracker.lock:
+            return {
+                s.name: s.start_time
+                for s in self.tracker.states.values()
+                if s.status == "up" and s.start_time is not None
+            }
 
     def collect(self) -> Iterator[Metric]:
         findings = GaugeMetricFamily(
@@ -210,6 +230,7 @@ class FindingCollector(Collector):
         )
         counts: dict[tuple[str, str, str], int] = {}
         soonest: dict[str, float] = {}
+        running = self._running()
         for finding in self.detection.open_findings():
             key = (finding.instance, finding.kind, finding.severity)
             counts[key] = counts.get(key, 0) + 1
@@ -217,7 +238,15 @@ class FindingCollector(Collector):
             if finding.kind == "leak" and isinstance(evidence.get("slope_bytes_per_second"), (int, float)):
                 slope.add_metric([finding.instance], evidence["slope_bytes_per_second"])
             value = evidence.get("time_to_oom_seconds")
-            if finding.kind in ("leak", "oom-risk") and isinstance(value, (int, float)) and value == value:
+            measured = finding.instance in running and not earlier_process(
+                finding.instance, finding.lifetime_start, running
+            )
+            if (
+                finding.kind in ("leak", "oom-risk")
+                and measured
+                and isinstance(value, (int, float))
+                and value == value
+            ):
                 soonest[finding.instance] = min(value, soonest.get(finding.instance, float("inf")))
         for key, count in sorted(counts.items()):
             findings.add_metric(list(key), count)
@@ -230,9 +259,10 @@ class Telemetry:
     """The agent's registry: instance snapshot, probe timings and the agent's own process
     (`process_*`, the names every client library's process collector exports)."""
 
-    def __init__(self, tracker: Tracker) -> None:
+    def __init__(self, tracker: Tracker, *, agent: str | None = None, fleet_label: str = "fleet") -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(InstanceCollector(tracker))
+        self.tracker = tracker
+        self.registry.register(InstanceCollector(tracker, fleet_label))
         ProcessCollector(registry=self.registry)
         self.probe_duration = Histogram(
             "medic_probe_duration_seconds",
@@ -247,13 +277,14 @@ class Telemetry:
             labelnames=["job"],
             registry=self.registry,
         )
-        build = InfoMetricFamily("medic_build", "medic's version.")
-        build.add_metric([], {"version": __version__})
+        # `agent`: the name alerts give this agent; the shipped rules read it here for theirs
+        build = InfoMetricFamily("medic_build", "medic's version, and the agent's name in alerts.")
+        build.add_metric([], {"version": __version__, **({"agent": agent} if agent else {})})
         self.registry.register(_Static([build]))
 
     def watch_findings(self, detection) -> None:
         """Export the open findings of `detection` (an `agent.jobs.detection.Detection`)."""
-        self.registry.register(FindingCollector(detection))
+        self.registry.register(FindingCollector(detection, self.tracker))
 
     def count_skipped_run(self, job: str) -> None:
         self.job_skipped_runs.labels(job).inc()

@@ -21,23 +21,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _warnings(config) -> list[str]:
     """Valid, but probably not what was meant."""
+    from agent.config.timescale import time_axis
     from agent.watch.supervisor import relaunch_warnings
 
-    loop = config.remediation.ladder.crash_loop
-    return relaunch_warnings(config.instances, loop.window, loop.reset_after, loop.max_restarts)
+    axis = time_axis(config)
+    loop = axis.remediation.ladder.crash_loop  # as judged, on agent.time_scale
+    return relaunch_warnings(
+        config.instances, loop.window, loop.reset_after, loop.max_restarts, axis.scale.compressed
+    )
+
+
+def _time_axis(config) -> list[str]:
+    """With agent.time_scale: every duration it changed, as comment lines of the printed config."""
+    from agent.config.timescale import scaled
+    from agent.core.units import format_fine_duration as shown
+
+    factor = config.agent.time_scale
+    if factor == 1:
+        return []
+    lines = [f"# agent.time_scale {factor:g}: durations below are production's; medic judges and waits by"]
+    for item in scaled(config):
+        held = " (held at its floor)" if item.held(factor) else ""
+        lines.append(f"#   {item.key}: {shown(item.written)} -> {shown(item.used)}{held}")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
     from agent.config.loader import dump_config, load_config
+    from agent.config.timescale import notes
 
     config = load_config(args.file)
     for warning in _warnings(config):
         echo(f"{args.file}: warning: {warning}", file=sys.stderr)
     if args.quiet:
         return 0
+    for note in notes(config):
+        echo(f"{args.file}: note: {note}", file=sys.stderr)
     if args.json:
         echo(json.dumps(config.model_dump(mode="json", by_alias=True), indent=2))
     else:
         echo(f"# {args.file}: valid; effective configuration (durations in seconds, sizes in bytes)")
+        for line in _time_axis(config):
+            echo(line)
         echo(dump_config(config), end="")
     return 0

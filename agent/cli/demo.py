@@ -6,7 +6,7 @@ medic demo --until-restarted --json stop once medic restarted every sick server;
 
 The servers listen on loopback; the agent runs in enforce mode with compressed detection windows
 (docs/demo.md), with its API and dashboard on --listen. Everything it starts is stopped on exit,
-Ctrl-C or SIGTERM. Needs `pip install 'sidecar-medic[demo]'` (onnxruntime and onnx).
+Ctrl-C or SIGTERM. Needs onnxruntime and onnx: `pip install -e '.[demo]'` in the checkout (or `make demo`).
 """
 
 from __future__ import annotations

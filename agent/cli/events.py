@@ -9,7 +9,7 @@ import time
 from datetime import datetime
 
 from agent.cli.client import admin_token, agent_url, get_json, post_json
-from agent.cli.options import when
+from agent.cli.options import free_text, when
 from agent.core.text import echo, printable, render
 
 HELP = "show the event log: discoveries, restarts, probe errors, agent starts and stops"
@@ -33,7 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="queue these dead notifications again, once their target is fixed (admin token)",
     )
     parser.add_argument(
-        "--reason", default="requeued with medic events", help="with --requeue: recorded in the event log"
+        "--reason",
+        default="requeued with medic events",
+        type=free_text,
+        help="with --requeue: recorded in the event log",
     )
 
 

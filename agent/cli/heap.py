@@ -69,7 +69,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         echo(json.dumps({**body, "attribution": attribution, "suspects": suspects["suspects"]}, indent=2))
         return 0
-    echo(render_diff(body) if "rows" in body else f"{args.name}: no heap diff: {printable(body['error'])}")
+    if body.get("pending") or "rows" not in body:
+        echo(f"{args.name}: no heap diff: {printable(body.get('pending') or body.get('error'))}")
+    else:
+        echo(render_diff(body))
     echo()
     echo(render_suspects(suspects["suspects"]))
     echo()

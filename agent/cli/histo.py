@@ -8,7 +8,7 @@ import json
 
 from agent.cli.client import agent_url, get_json
 from agent.cli.options import when
-from agent.core.text import echo, render
+from agent.core.text import echo, held_by_text, printable, render
 from agent.core.units import format_bytes, format_duration
 
 HELP = "show an instance's object histogram (JVM classes, Python types) and what grows"
@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--diff", type=when, metavar="AGO", help="compare the latest histogram with the one AGO (e.g. 1h)"
     )
     parser.add_argument(
-        "--kind", choices=["class", "type", "nmt"], help="histogram kind (default: the newest)"
+        "--kind", choices=["class", "type", "container", "nmt"], help="histogram kind (default: the newest)"
     )
     parser.add_argument("--since", type=when, default="6h", help="window for suspects (default 6h)")
     parser.add_argument("--top", type=int, default=20, help="rows to show (default 20)")
@@ -29,11 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     url = agent_url(args.url, args.state_dir)
     base = f"/api/v1/instances/{args.name}"
-    if args.diff:
-        kind = args.kind or _newest_kind(url, base)
-        body = get_json(url, f"{base}/histograms/diff", {"kind": kind, "from": args.diff, "top": args.top})
+    if args.diff:  # without --kind, the agent compares the kind the instance has
+        params = {"from": args.diff, "top": args.top, **({"kind": args.kind} if args.kind else {})}
+        body = get_json(url, f"{base}/histograms/diff", params)
         if args.json:
             echo(json.dumps(body, indent=2))
+        elif body.get("pending"):  # no data yet is an answer, not an error
+            echo(f"{args.name}: no {body.get('kind')} histogram diff yet: {printable(body['pending'])}")
         else:
             echo(render_diff(body))
         return 0
@@ -55,12 +57,6 @@ def run(args: argparse.Namespace) -> int:
             echo()
     echo(render_suspects(suspects["suspects"]))
     return 0
-
-
-def _newest_kind(url: str, base: str) -> str:
-    body = get_json(url, f"{base}/histograms", {"top": 1})
-    infos = [s for s in body.get("snapshots", []) if s["kind"] in ("class", "type")]
-    return infos[-1]["kind"] if infos else "class"
 
 
 def render_snapshot(snapshot: dict) -> str:
@@ -119,13 +115,18 @@ def render_suspects(suspects: list[dict]) -> str:
             f"{s['count_per_second'] * 3600:+.0f}/h",
             "-" if s["share"] is None else f"{100 * s['share']:.0f}%",
             f"{s['confidence']:.3f}",
-            s["name"],
+            " ".join(filter(None, (s["name"], held_by_text(s.get("held_by")) or _filled_at(s)))),
         ]
         for i, s in enumerate(suspects)
     ]
     return "suspects:\n" + render(
         ["#", "KIND", "GROWTH", "OBJECTS", "SHARE", "CONF", "NAME"], rows, numeric={0, 2, 3, 4, 5}
     )
+
+
+def _filled_at(suspect: dict) -> str:
+    """Where a Python container suspect is filled (`filled at app.py:41`)."""
+    return f"filled at {suspect['added_at']}" if suspect.get("added_at") else ""
 
 
 def _signed(value: float) -> str:

@@ -1,8 +1,10 @@
 """`medic hook`: the allocator hooks on the target side.
 
 medic hook path                       the LD_PRELOAD shim's path, for native targets
-medic hook install DIR [--allocator jemalloc]   copy the shim (and allocator) into DIR, e.g. a volume
-                                      shared with a target container; prints the target's LD_PRELOAD
+medic hook install DIR [--allocator jemalloc] [--python]   copy the shim (and allocator) into DIR, e.g.
+                                      a volume shared with a target container, and with --python the
+                                      stdlib-only Python hook into DIR/python; prints the target's
+                                      LD_PRELOAD (native) and PYTHONPATH (Python)
 medic hook env [--python] [--allocator jemalloc]   the environment a target needs
 medic hook install-pth [--dir DIR]    autostart the in-process hook (`medic_hook`) in every Python of
                                       this environment (only acts when MEDIC_HOOK_SOCKET is set)
@@ -63,6 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     install.add_argument("dir", help="directory the target can read, e.g. a shared volume")
     install.add_argument("--allocator", choices=["glibc", "jemalloc", "tcmalloc"], default="glibc")
+    install.add_argument(
+        "--python",
+        action="store_true",
+        help="also the in-process hook for Python targets of another image or virtualenv (PYTHONPATH=DIR/python)",
+    )
     env = sub.add_parser("env", help="print the environment variables a target needs for a hook")
     env.add_argument("--python", action="store_true", help="a Python target (in-process hook, no shim)")
     env.add_argument("--allocator", choices=["glibc", "jemalloc", "tcmalloc"], default="glibc")
@@ -111,10 +118,19 @@ def _path(args: argparse.Namespace) -> int:
 
 def _install(args: argparse.Namespace) -> int:
     installed = install_hook(args.dir, args.allocator)
+    if args.python:
+        installed["pythonpath"] = install_python_hook(args.dir)
     if args.json:
         echo(json.dumps(installed))
-    else:
-        echo(f"LD_PRELOAD={':'.join(installed['preload'])}")
+        return 0
+    echo(f"LD_PRELOAD={':'.join(installed['preload'])}")
+    if args.python:
+        allocator = [p for p in installed["preload"] if not p.endswith(INSTALLED_SHIM)]
+        echo(
+            f"# a Python target instead: PYTHONPATH={installed['pythonpath']}"
+            + (f" LD_PRELOAD={':'.join(allocator)}" if allocator else "")
+            + " (the shim and the in-process hook would both claim MEDIC_HOOK_SOCKET)"
+        )
     return 0
 
 
@@ -176,6 +192,68 @@ def install_hook(directory: str, allocator: str = "glibc") -> dict[str, Any]:
     return {"dir": os.path.abspath(directory), "preload": installed}
 
 
+PYTHON_DIR = "python"  # DIR/python: what a Python target of another image puts on PYTHONPATH
+
+
+def install_python_hook(directory: str) -> str:
+    """Copy the stdlib-only `medic_hook` package and its `sitecustomize` autostart into
+    `directory/python`, for a Python target that has no medic installed; returns that path.
+
+    The copy is made beside it and swapped in by renames, so a target that starts meanwhile finds
+    the old copy, the new one or none, never a mix. Directories 0755 and files 0644, whatever the
+    umask: the target may run as another user, and nobody but the installer may change them (the
+    autostart refuses code that others could have changed).
+    """
+    import secrets
+    import shutil
+    import tempfile
+
+    import medic_hook
+
+    source = os.path.dirname(os.path.abspath(medic_hook.__file__))
+    final = os.path.join(os.path.abspath(directory), PYTHON_DIR)
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=".python.", dir=directory)
+        try:
+            package = os.path.join(staging, "medic_hook")
+            os.mkdir(package)
+            for name in sorted(os.listdir(source)):
+                if name.endswith(".py") and name != "sitecustomize.py":
+                    _copy_file(os.path.join(source, name), os.path.join(package, name))
+            _copy_file(os.path.join(source, "sitecustomize.py"), os.path.join(staging, "sitecustomize.py"))
+            for path in (package, staging):
+                os.chmod(path, 0o755)
+            old = None
+            if os.path.lexists(final):
+                old = os.path.join(directory, f".python-old.{secrets.token_hex(6)}")
+                os.rename(final, old)  # a planted symlink is moved aside, never followed
+            os.rename(staging, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        if old is not None:
+            if os.path.islink(old) or not os.path.isdir(old):
+                os.unlink(old)
+            else:
+                shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot install the Python hook into {directory}: {exc.strerror or exc}; "
+            "give a writable directory (e.g. a volume shared with the target)"
+        ) from None
+    return final
+
+
+def _copy_file(source: str, target: str) -> None:
+    """A new file (never written through a symlink), 0644 whatever the umask."""
+    from probes.linux.fstrust import atomic_write
+
+    with open(source, "rb") as src:
+        atomic_write(target, src.read(), mode=0o644, fsync=False)
+    os.chmod(target, 0o644)
+
+
 def target_environment(python: bool, allocator: str, socket: str) -> dict[str, str]:
     """The variables that give a target a hook (and heap profiles where the allocator has them)."""
     from native_hooks.preloads import PRELOADS
@@ -202,7 +280,10 @@ def _env(args: argparse.Namespace) -> int:
     for key, value in env.items():
         echo(f"{key}={value}")
     if args.python:
-        echo(f"# and once per Python environment: medic hook install-pth (writes {PTH_NAME})")
+        echo(
+            f"# and once per Python environment: medic hook install-pth (writes {PTH_NAME}); for a target of "
+            f"another image or virtualenv: medic hook install DIR --python, then PYTHONPATH=DIR/{PYTHON_DIR}"
+        )
     return 0
 
 

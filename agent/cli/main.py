@@ -15,8 +15,8 @@ import sys
 from agent import __version__
 from agent.cli import client
 from agent.cli.options import GLOBAL_OPTIONS, add_global_options, share_global_options
-from agent.core.errors import ApiError, MedicError
-from agent.core.text import echo
+from agent.core.errors import ApiError, MedicError, UsageError
+from agent.core.text import echo, printable
 
 # subcommand -> module; the order is the order of `medic --help`
 COMMANDS: dict[str, str] = {
@@ -95,6 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     except MedicError as exc:
         echo(f"medic: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except UnicodeEncodeError as exc:
+        if not _from_argv(exc):
+            raise
+        # a byte of the command line that is not UTF-8 (kept by Python as a lone surrogate) where
+        # text must travel, e.g. in an instance name; reasons are mended by `options.free_text`
+        echo(
+            f"medic: error: an argument holds bytes that are not UTF-8 ({printable(exc.object)!s:.80}); "
+            "retype it in UTF-8",
+            file=sys.stderr,
+        )
+        return UsageError.exit_code
     except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
         if not client.replies_received:
             raise
@@ -111,6 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+
+
+def _from_argv(exc: UnicodeEncodeError) -> bool:
+    """Whether the text that failed holds a surrogate that Python made of a byte of argv."""
+    text = exc.object if isinstance(exc.object, str) else ""
+    return any("\udc80" <= char <= "\udcff" for char in text[exc.start : exc.end])
 
 
 if __name__ == "__main__":

@@ -74,6 +74,17 @@ def duration(text: str) -> str:
     return text
 
 
+def free_text(value: str) -> str:
+    """An argparse type for text sent to the agent (a reason): bytes of the command line that are
+    not UTF-8 (Python keeps them as lone surrogates, which no JSON body can carry) become U+FFFD,
+    so that the pause or restart is made, with its reason as readable as it can be."""
+    try:
+        raw = value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that no byte of argv made
+        raw = value.encode("utf-8", "replace")
+    return raw.decode("utf-8", "replace")
+
+
 def when(text: str) -> str:
     """An argparse type: a span ago with a unit (`1h`), or a unix time; returned as given."""
     if _BARE_NUMBER.match(text) and float(text) < _UNIX_TIME_MIN:

@@ -9,7 +9,7 @@ import json
 import sys
 
 from agent.cli.client import admin_token, agent_url, post_json
-from agent.cli.options import duration
+from agent.cli.options import duration, free_text
 from agent.core.text import echo, printable
 
 HELP = "pause all remediation (purges and restarts) for a while, with a reason; it expires by itself"
@@ -19,7 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--for", type=duration, dest="duration", default="1h", help="how long, e.g. 30m, 2h (default 1h)"
     )
-    parser.add_argument("--reason", required=True, help="why: shown in `medic plan` and the event log")
+    parser.add_argument(
+        "--reason", required=True, type=free_text, help="why: shown in `medic plan` and the event log"
+    )
     parser.add_argument(
         "--fleet",
         action="store_true",

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from agent.cli.client import admin_token, agent_url, post_json
+from agent.cli.options import free_text
 from agent.core.text import echo, printable
 from agent.core.units import format_bytes
 
@@ -14,7 +15,9 @@ HELP = "purge an instance's allocator through its hook (jemalloc purge, tcmalloc
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="the instance")
-    parser.add_argument("--reason", default="requested with medic purge", help="recorded in the event log")
+    parser.add_argument(
+        "--reason", default="requested with medic purge", type=free_text, help="recorded in the event log"
+    )
     parser.add_argument("--gc", action="store_true", help="Python hook only: run the garbage collector first")
 
 

@@ -6,9 +6,11 @@ medic run -- python serve.py --port 80   launch a command as instance `main` and
 medic run --pid 1234 --match 'NAME=model_server'   watch processes named on the command line
 medic run --port 9500 --json             listen on 127.0.0.1:9500; print {"url", "state_dir", "pid", "version"}
                                          as one JSON line once listening
-medic run                                 no config: the built-in demo (a leaking and a stable
-                                         sample workload, relaunched if they exit), on a
-                                         compressed time axis: a leak finding within 2 minutes
+medic run                                 no config: the built-in demo (sample workloads: one
+                                         leaking, one slow among three fast peers), on a
+                                         compressed time axis, in enforce mode: a slow and a
+                                         leak finding within 2 minutes, the leak restarted
+                                         before its limit
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_config(args: argparse.Namespace) -> tuple[object, str | None, bool]:
     """The validated config from file + flags; returns (config, main instance name, is_demo)."""
     from agent.config.loader import load_config, validate_config
+    from agent.core.errors import UsageError
+    from agent.watch.discovery import by_pid
 
     data: dict = {}
     if args.config:
@@ -66,6 +70,11 @@ def build_config(args: argparse.Namespace) -> tuple[object, str | None, bool]:
     instances = data.setdefault("instances", [])
     extra: dict = {"memory_limit": args.memory_limit} if args.memory_limit else {}
     for pid in args.pid:
+        if by_pid(pid) is None:  # a pid names one process: none now means none ever (pids are reused)
+            raise UsageError(
+                f"--pid {pid}: no process {pid} is running; give the pid of a running process "
+                "(`pgrep -f NAME`), or --match REGEX to wait for one"
+            )
         instances.append({"name": f"pid-{pid}", "match": {"pid": pid}, **extra})
     for index, item in enumerate(args.match):
         name, sep, regex = item.partition("=")
@@ -97,45 +106,67 @@ def build_config(args: argparse.Namespace) -> tuple[object, str | None, bool]:
     return validate_config(data, source=args.config or "command line"), main, demo
 
 
-# The built-in demo shows a finding within two minutes: the leaking workload is judged against a small
-# limit, and detection runs on a compressed time axis (a day of production windows in 4 minutes).
+# The built-in demo shows its findings within two minutes and restarts the leak before its limit: the
+# leaking workload is judged against a small limit, one of four workloads answering HTTP is slow, and
+# every duration medic judges or waits by runs on a compressed time axis (a day in 4 minutes). medic
+# acts only on the workloads it launched itself, so the demo runs in enforce mode.
 DEMO_LIMIT = "160Mi"
-DEMO_LEAK_RATE = "512Ki"
+DEMO_LEAK_RATE = "2Mi"
+# the leak stops growing here, past the limit, so that a forgotten demo cannot take the host down; in
+# dry-run it ends there, above a limit only its config sets (the kernel does not enforce it), its
+# oom-risk finding open and saying so, and the would-be restart in the plan and the actions
+DEMO_LEAK_CAP = "192Mi"
+DEMO_SLOW_DELAY = "150ms"
 DEMO_TIME_SCALE = 360
-# production's shape (a 3 h trend window, 6 h for slow leaks, a daily cycle learnt over 36 min of
-# history) divided by the time scale: judged over 30 s, 60 s and 6 s
-DEMO_DETECT = {
+DEMO_AGENT = {
     "interval": "1s",
     "time_scale": DEMO_TIME_SCALE,
+    "slow_interval": "2s",  # the type histograms and allocation sites that name the suspects
+    "flush_interval": "1s",
+    "discovery_interval": "2s",
+}
+# production's shape for memory (a 3 h trend window, 6 h for slow leaks, a daily cycle learnt over
+# 36 min of history): judged over 30 s, 60 s and 6 s; a fast server starved of CPU for a moment by a
+# busy host is not the slow one: 20 ms above its peers at least (production: 5 ms)
+DEMO_DETECT = {
+    "interval": "1s",
     "memory": {"window": "3h", "long_window": "6h", "season": "36m"},
+    "slow": {"peer_floor": "20ms"},
 }
-DEMO_AGENT = {"interval": "1s", "flush_interval": "1s", "discovery_interval": "2s"}
-# the planner on the same short axis (dry-run: it plans and records, restarts nothing)
-DEMO_REMEDIATION = {
-    "interval": "2s",
-    "budget": {"min_interval": "15s", "cooldown": "60s"},
-    "plan": {"safety_margin": "30s", "restart_duration": "10s", "deadline_granularity": "1s"},
-    "blockers": {"min_uptime": "10s"},
-}
+# the workloads run medic's in-process hook: a type histogram every 2 s, and allocation sites every 2 s
+# once the leak's finding opens, so that the finding names what grows (`bytes`, and the line)
+DEMO_HISTOGRAMS = {"python": {"interval": "2s", "sites": {"interval": "2s", "frames": 2}}}
+DEMO_REMEDIATION = {"mode": "enforce", "interval": "1s"}  # production's budget, plan and ladder, compressed
 
 
-def demo_instances() -> list[dict]:
+def demo_instances(rate: str = DEMO_LEAK_RATE, cap: str = DEMO_LEAK_CAP) -> list[dict]:
+    """demo-leaky and demo-stable (memory), demo-fast and demo-slow: four peers whose latency a canary
+    times, one of them 150 ms slow; `rate` and `cap` of the leak (a test runs the demo faster)."""
+    from agent.demo.fleet import free_ports
+
     py = sys.executable
-    leak = [py, "-m", "agent.demo.workload", "leak", "--rate", DEMO_LEAK_RATE, "--cap", "192Mi"]
-    return [
-        {
-            "name": "demo-leaky",
-            "labels": {"fleet": "demo"},
-            "match": {"command": leak},
-            "memory_limit": DEMO_LIMIT,
-        },
-        {
-            "name": "demo-stable",
-            "labels": {"fleet": "demo"},
-            "match": {"command": [py, "-m", "agent.demo.workload", "stable", "--size", "48Mi"]},
-            "memory_limit": DEMO_LIMIT,
-        },
-    ]
+    serving = {"labels": {"fleet": "demo"}, "memory_limit": DEMO_LIMIT}
+    # the memory workloads run medic's in-process hook, so that the leak's finding names what grows
+    hooked = {"histograms": DEMO_HISTOGRAMS}
+    workloads = {
+        "demo-leaky": (["leak", "--rate", rate, "--cap", cap, "--hook"], hooked),
+        "demo-stable": (["stable", "--size", "48Mi", "--hook"], hooked),
+        "demo-fast": (["stable", "--size", "16Mi"], {}),
+        "demo-slow": (["stable", "--size", "16Mi", "--delay", DEMO_SLOW_DELAY], {}),
+    }
+    instances = []
+    for (name, (args, extra)), port in zip(workloads.items(), free_ports(len(workloads)), strict=True):
+        canary = {"url": f"http://127.0.0.1:{port}/", "interval": "1s", "timeout": "2s"}
+        instances.append(
+            {
+                "name": name,
+                "match": {"command": [py, "-m", "agent.demo.workload", *args, "--port", str(port)]},
+                "latency": {"canary": canary},
+                **serving,
+                **extra,
+            }
+        )
+    return instances
 
 
 class PrintableFormatter(logging.Formatter):
@@ -181,14 +212,16 @@ def demo_banner(listen: str) -> str:
     """What the built-in demo is, said plainly: its windows are not production's."""
     return (
         "medic: no config given: running the built-in demo.\n"
-        f"  demo-leaky grows {DEMO_LEAK_RATE}B/s, demo-stable holds 48 MiB, both judged against a "
-        f"{DEMO_LIMIT} memory limit.\n"
-        f"  DEMO TIME: detection windows are compressed {DEMO_TIME_SCALE}x (detect.time_scale: a 3 h "
-        "trend window takes 30 s), so a leak\n"
-        "  finding with its time to OOM and a planned restart (dry-run) appear within 2 minutes; "
-        "a real config keeps production windows.\n"
+        f"  demo-leaky grows {DEMO_LEAK_RATE}B/s against a {DEMO_LIMIT} memory limit; demo-slow answers "
+        f"{DEMO_SLOW_DELAY} slower than its three peers.\n"
+        f"  DEMO TIME: compressed {DEMO_TIME_SCALE}x (agent.time_scale: a 3 h trend window takes 30 s, a 1 h "
+        "safety margin 10 s), so a slow and a leak\n"
+        "  finding (with its suspect: what grows, and the line that allocates it) appear within 2 minutes, "
+        "and medic restarts\n"
+        "  demo-leaky before its limit (enforce mode: it acts only on the demo's own workloads); a real "
+        "config keeps production windows.\n"
         f"  Dashboard: http://{listen}/   API and /metrics on the same address; "
-        "in another shell: `medic leaks`, `medic plan`. Ctrl-C stops."
+        "in another shell: `medic status`, `medic leaks`, `medic plan`, `medic actions`. Ctrl-C stops."
     )
 
 

@@ -2,7 +2,6 @@
 
     detect:
       interval: 15s
-      time_scale: 1                                                       # 180: a day passes in 8 minutes
       memory: {window: 6h, long_window: 48h, horizon: 24h, warmup: 30m}   # leak, oom-risk, fragmentation
       slow: {peer_window: 5m, trend_window: 30m}                          # latency
 
@@ -12,11 +11,9 @@ explain them). Each key is typed and bounded here, so a bad value is refused on 
 names it (`detect.memory.window: ...`); the rules that relate two keys (`long_window` at least
 `window`) are the parameters' own and are reported on the section (`detect.memory: ...`).
 
-`time_scale` compresses time for a lab, a test or a demo in one setting: every duration of `memory`
-and `slow` (given or default), and each instance's SLO window (`latency.slo.for`, scaled where the
-detection job reads it: `agent.detect.slow.slo_from_settings`), is divided by it, so the detectors
-keep their production shape on a shorter axis. `history_problems` says when the store would not keep the history the memory detectors
-need at the resolution they read it at; the config refuses such a pair with the fix.
+Durations are production's: `agent.time_scale` compresses them, with the remediation's, in one place
+(`agent.config.timescale`). `history_problems` says when the store would not keep the history the
+memory detectors need at the resolution they read it at; the config refuses such a pair with the fix.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, model_validator
 
 from agent.core.types import MAX_COUNT, MAX_DURATION, Duration, Interval, PositiveDuration, Size, Strict
-from agent.core.units import format_duration
+from agent.core.units import format_duration, format_fine_duration
 from agent.detect.latency_rules import SlowParams
 from agent.detect.params import MAX_COUNT as MEMORY_MAX_COUNT
 from agent.detect.params import DetectParams
@@ -136,39 +133,43 @@ def slow_params(section: SlowDetection) -> SlowParams:
     return SlowParams(**section.model_dump())
 
 
+MOVED_TIME_SCALE = (
+    "detect.time_scale is now agent.time_scale: it compresses every duration medic judges or waits by, "
+    "remediation's included; write `agent: {time_scale: N}` instead"
+)
+
+
 class DetectSection(Strict):
-    """`detect`: the detection job's schedule and each detector's tunables, turned into its parameters."""
+    """`detect`: the detection job's schedule and each detector's tunables, turned into its parameters
+    (as written: `agent.config.timescale` puts them on the agent's time scale)."""
 
     interval: Interval = 15.0  # how often the job looks for a judgement instant it has not judged
-    time_scale: Number = Field(1.0, ge=1, le=100_000)  # divides every detection duration, SLO `for` too
     workload_label: Annotated[str, Field(min_length=1, max_length=63)] = "fleet"  # instances sharing priors
     memory: MemoryDetection = Field(default_factory=MemoryDetection)
     slow: SlowDetection = Field(default_factory=SlowDetection)
 
-    @model_validator(mode="after")
-    def _scaled_consistent(self) -> DetectSection:
-        self.memory_params()
-        self.slow_params()
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _time_scale_moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "time_scale" in data:
+            raise ValueError(MOVED_TIME_SCALE)
+        return data
 
     def memory_params(self) -> DetectParams:
-        params = memory_params(self.memory)
-        return params if self.time_scale == 1 else params.scaled(self.time_scale)
+        return memory_params(self.memory)
 
     def slow_params(self) -> SlowParams:
-        params = slow_params(self.slow)
-        return params if self.time_scale == 1 else params.scaled(self.time_scale)
+        return slow_params(self.slow)
 
 
-def history_problems(section: DetectSection, raw_retention: float, sample_interval: float) -> list[str]:
-    """Why the store could not feed the memory detectors, each with its fix (empty: it can).
+def history_problems(params: DetectParams, raw_retention: float, sample_interval: float) -> list[str]:
+    """Why the store could not feed the memory detectors `params`, each with its fix (empty: it can).
 
     The detection job reads each bucket's minimum and maximum; buckets under a minute need raw samples,
     so the whole history then has to be within `agent.raw_retention` (older ranges come back as 1-minute
     rollups, which leave such buckets mostly empty and the detectors blind). Buckets shorter than the
     sampling interval are empty too.
     """
-    params = section.memory_params()
     problems = []
     bucket, history = params.bucket, params.history
     if bucket < ROLLUP_SECONDS and history > raw_retention:
@@ -176,14 +177,14 @@ def history_problems(section: DetectSection, raw_retention: float, sample_interv
             f"detect.memory needs {format_duration(history)} of history (the longer of long_window and "
             f"(season_days + 1) x season) at {format_duration(bucket)} buckets, but agent.raw_retention keeps "
             f"raw samples for {format_duration(raw_retention)}; set agent.raw_retention to at least "
-            f"{_rounded_up(history)}, or compress every duration at once with detect.time_scale "
+            f"{_rounded_up(history)}, or compress every duration at once with agent.time_scale "
             "instead of setting the windows alone (season and long_window shrink with it)"
         )
-    if bucket < sample_interval:
+    if bucket < sample_interval * (1 - 1e-9):
         problems.append(
-            f"detect.memory buckets (window / 24 = {format_duration(bucket)}) are shorter than agent.interval "
-            f"({format_duration(sample_interval)}), so most of them hold no sample; lower agent.interval to "
-            f"{format_duration(bucket)} or less, or lengthen detect.memory.window (or lower detect.time_scale)"
+            f"detect.memory buckets (window / 24 = {format_fine_duration(bucket)}) are shorter than agent.interval "
+            f"({format_fine_duration(sample_interval)}), so most of them hold no sample; lower agent.interval to "
+            f"{format_fine_duration(bucket)} or less, or lengthen detect.memory.window"
         )
     return problems
 

@@ -8,13 +8,17 @@ a default used when NAME is unset or empty (as in a shell). Only that form is re
 else (a regex's `$`, `$NAME`) stays as written, `$${` is a literal `${`, keys are never expanded, and
 an expanded value is not expanded again. An unset variable without a default is an error naming the
 key and the variable. Expansion runs on the parsed YAML, so a value cannot inject YAML structure.
+A problem with a value that came from the environment names the key and the `${NAME}` reference as
+the file writes it, never the expanded value: a secret given under the wrong key is not printed.
+
+A key given twice in one mapping is refused with both lines: YAML would keep the last one silently.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +57,28 @@ def load_config(path: str | Path) -> Config:
 # `$${` (a literal `${`) or `${NAME}` / `${NAME:-default}`; NAME as a POSIX shell names variables
 _REFERENCE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 MAX_EXPANDED = 65536  # characters of one value after expansion: a config value, not a payload
+# an expanded value this long is masked wherever an error message would quote it (shorter ones are
+# figures and words that messages use for themselves: "1", "on")
+MIN_MASKED = 4
+# the head of an expanded value that, still seen in a message about its key, means the message
+# quotes it (cut short, or escaped): the message is then not shown
+SECRET_HEAD = 12
+
+# key path -> (the value as the file writes it, with its ${NAME}; the value once expanded)
+Expanded = dict[str, tuple[str, str]]
 
 
 def expand_env(data: Any, environ: Mapping[str, str] | None = None, source: str = "<config>") -> Any:
     """`data` (parsed YAML) with `${NAME}` / `${NAME:-default}` in its string values replaced from
     `environ` (default `os.environ`); `ConfigError` lists every unset variable, one line each."""
+    return _expand(data, environ, source)[0]
+
+
+def _expand(data: Any, environ: Mapping[str, str] | None, source: str) -> tuple[Any, Expanded]:
+    """`expand_env`, and which values took something from the environment (by key path)."""
     env = os.environ if environ is None else environ
     problems: list[str] = []
+    expanded: Expanded = {}
 
     def expand(value: str, path: str) -> str:
         if "$" not in value:
@@ -81,10 +100,12 @@ def expand_env(data: Any, environ: Mapping[str, str] | None = None, source: str 
             )
             return ""
 
-        expanded = _REFERENCE.sub(replace, value)
-        if len(expanded) > MAX_EXPANDED:
+        result = _REFERENCE.sub(replace, value)
+        if result != value:
+            expanded[path] = (value, result)
+        if len(result) > MAX_EXPANDED:
             problems.append(f"{source}: {path}: over {MAX_EXPANDED} characters after expanding ${{…}}")
-        return expanded
+        return result
 
     def walk(node: Any, path: str) -> Any:
         if isinstance(node, str):
@@ -98,7 +119,7 @@ def expand_env(data: Any, environ: Mapping[str, str] | None = None, source: str 
     result = walk(data, "")
     if problems:
         raise ConfigError("\n".join(problems))
-    return result
+    return result, expanded
 
 
 def parse_config(text: str, source: str = "<config>", environ: Mapping[str, str] | None = None) -> Config:
@@ -117,7 +138,8 @@ def parse_config(text: str, source: str = "<config>", environ: Mapping[str, str]
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
     try:
-        return validate_config(expand_env(data, environ, source), source)
+        expanded, from_env = _expand(data, environ, source)
+        return validate_config(expanded, source, from_env)
     except RecursionError:
         raise ConfigError(f"{source}: the YAML nests too deep to be a config") from None
 
@@ -130,6 +152,13 @@ def _load_yaml(text: str, source: str) -> Any:
         node = loader.get_single_node()
         if node is None:
             return None
+        duplicates = [
+            f"{source}:{_at(again)}: key {again.value!r} is given twice in one mapping (first at "
+            f"line {_at(first)}); YAML would keep only the last: remove one"
+            for first, again in sorted(_duplicate_keys(node), key=lambda pair: _position(pair[1]))
+        ]
+        if duplicates:
+            raise ConfigError("\n".join(duplicates))
         if _expanded_size(node) > MAX_CONFIG_NODES:
             raise ConfigError(
                 f"{source}: the YAML's anchors and aliases expand to more than {MAX_CONFIG_NODES} values "
@@ -163,6 +192,36 @@ def _expanded_size(root: yaml.Node) -> int:
     return sizes[id(root)]
 
 
+def _duplicate_keys(root: yaml.Node) -> Iterator[tuple[yaml.Node, yaml.Node]]:
+    """(first, repeated) key nodes of every mapping that gives a plain key twice; a merge (`<<`) is
+    not a key of its own, and a key it brings in may be overridden, as YAML means it."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys: dict[str, yaml.Node] = {}
+            for key, _ in node.value:
+                if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                    continue
+                if key.value in keys:
+                    yield keys[key.value], key
+                else:
+                    keys[key.value] = key
+        stack.extend(_children(node))
+
+
+def _position(node: yaml.Node) -> tuple[int, int]:
+    return node.start_mark.line, node.start_mark.column
+
+
+def _at(node: yaml.Node) -> str:
+    return f"{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+
+
 def _children(node: yaml.Node) -> list[yaml.Node]:
     if isinstance(node, yaml.MappingNode):
         return [part for pair in node.value for part in pair]
@@ -171,15 +230,49 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
-def validate_config(data: dict[str, Any], source: str = "<config>") -> Config:
+def validate_config(
+    data: dict[str, Any], source: str = "<config>", from_env: Expanded | None = None
+) -> Config:
+    """`data` as a `Config`; `ConfigError` lists every problem. `from_env`: the values that took
+    something from the environment, which no message may quote."""
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError("\n".join(_describe(err, source) for err in exc.errors())) from None
+        hidden = from_env or {}
+        raise ConfigError("\n".join(_describe(err, source, hidden) for err in exc.errors())) from None
 
 
-def _describe(err: Any, source: str) -> str:
+def _describe(err: Any, source: str, hidden: Expanded) -> str:
     path = _key_path(err.get("loc", ()))
+    secret = hidden.get(path)
+    if secret is not None and err.get("type") not in _QUIET_KINDS:
+        return _mask(_describe_secret(err, source, path, *secret), hidden)
+    return _mask(_describe_plain(err, source, path), hidden)
+
+
+def _describe_secret(err: Any, source: str, path: str, written: str, value: str) -> str:
+    """The problem with a value from the environment: the key, what was expected and the reference
+    as written (`${TOKEN}`), never the value."""
+    message = err.get("msg", "invalid value").removeprefix("Value error, ")
+    message = message.replace(value, written)
+    if len(value) >= MIN_MASKED and value[:SECRET_HEAD] in message:  # quoted cut short or escaped
+        message = "invalid value"
+    said = "its value" if written in message else f"the value of {written!r}"
+    return f"{source}: {path}: {message} ({said} comes from the environment and is not shown)"
+
+
+def _mask(line: str, hidden: Expanded) -> str:
+    """`line` with every expanded value long enough to be a secret replaced by its reference."""
+    for written, value in hidden.values():
+        if len(value) >= MIN_MASKED:
+            line = line.replace(value, written)
+    return line
+
+
+_QUIET_KINDS = ("extra_forbidden", "missing")  # their lines never quote the value
+
+
+def _describe_plain(err: Any, source: str, path: str) -> str:
     kind = err.get("type", "")
     if kind == "extra_forbidden":
         return f"{source}: {path}: unknown key (check the spelling; see examples/medic.yaml)"

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from agent.config.detect import DetectSection, history_problems
+from agent.config.detect import DetectSection, Number
 from agent.config.history import HistorySection
+from agent.config.timescale import problems as time_problems
+from agent.core.patterns import compile_pattern
 from agent.core.types import DAY, HOUR, Duration, Interval, Strict, within
 from agent.core.units import parse_size
+from agent.notify.config import HttpUrl as BaseUrl
 from agent.notify.config import NotifySection
 from probes.settings import HeapProfiles, JvmHistograms, PythonHistograms
 from remediation.config import RemediationSection
@@ -54,6 +58,9 @@ class AgentSection(Strict):
     http: HttpSection = Field(default_factory=HttpSection)
     state_dir: Path = Path("./medic-state")  # one agent per state dir (state_dir/lock)
     interval: Interval = 5.0
+    # production seconds per real second, for a lab, a test or a demo: divides every duration medic
+    # judges or waits by, detection's and remediation's (agent/config/timescale.py, docs/detection.md)
+    time_scale: Annotated[Number, Field(ge=1, le=100_000)] = 1.0
     slow_interval: Annotated[Duration, within(0.05, DAY)] = 60.0
     discovery_interval: Interval = 10.0
     flush_interval: Interval = 2.0
@@ -61,6 +68,20 @@ class AgentSection(Strict):
     rollup_retention: Duration = 30 * 86400.0
     probes: dict[str, bool] = Field(default_factory=dict)
     token_file: Path | None = None  # admin token for mutating endpoints; default: state_dir/admin.token
+    # the `agent` label of alerts and of /metrics' medic_build_info (docs/alerts.md); default: agent_name()
+    name: str | None = Field(None, min_length=1, max_length=253)
+    # where people reach this agent (an ingress, a port-forward): alerts link to its dashboard there;
+    # unset, alerts carry no link to the agent (its listen address is seldom one on-call can open)
+    external_url: BaseUrl | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and (not value.isprintable() or value.strip() != value):
+            raise ValueError(
+                f"expected a printable name without surrounding spaces, such as ranker-7f9c, got {value!r}"
+            )
+        return value
 
     @field_validator("listen")
     @classmethod
@@ -77,6 +98,20 @@ class AgentSection(Strict):
     @property
     def port(self) -> int:
         return int(self.listen.rpartition(":")[2])
+
+    def agent_name(self, environ: Mapping[str, str] | None = None) -> str:
+        """How this agent is named in alerts and metrics: `name`, else the pod's name (`POD_NAME`,
+        from the Downward API), else `HOSTNAME` (a container's is its pod's or its id), else the host's."""
+        import os
+        import socket
+
+        env = os.environ if environ is None else environ
+        return (
+            self.name
+            or env.get("POD_NAME", "").strip()
+            or env.get("HOSTNAME", "").strip()
+            or socket.gethostname()
+        )
 
 
 class MatchSpec(Strict):
@@ -107,10 +142,7 @@ class MatchSpec(Strict):
     @classmethod
     def _regex(cls, value: str | None) -> str | None:
         if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"invalid regular expression {value!r}: {exc}") from None
+            compile_pattern(value)  # PatternError (a ValueError) says what RE2 cannot take
         return value
 
     @model_validator(mode="after")
@@ -150,34 +182,68 @@ _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 SLO_QUANTILES = (0.5, 0.9, 0.99, 0.999)  # the quantiles the latency probe stores
 
 
+class LatencyCounters(Strict):
+    """Two counters that a server keeps instead of a histogram (TorchServe, Triton): the time spent
+    on requests and the requests counted; their increases give the mean latency of each interval."""
+
+    total: str  # the running total of request time, e.g. ts_inference_latency_microseconds
+    count: str  # the requests that time was spent on, e.g. ts_inference_requests_total
+
+    @field_validator("total", "count")
+    @classmethod
+    def _names(cls, value: str) -> str:
+        return _metric_name(value)
+
+
 class PrometheusLatency(Strict):
-    """The instance's own `/metrics`: a latency histogram and optional request/error counters."""
+    """The instance's own `/metrics`: a latency histogram, summary or pair of counters, and optional
+    request/error counters."""
 
     url: HttpUrl
-    histogram: str  # the family name, without `_bucket`
+    histogram: str | None = None  # the family name, without `_bucket`
+    summary: str | None = None  # the family name, without `_sum`/`_count`
+    counters: LatencyCounters | None = None
+    unit: Literal["seconds", "milliseconds", "microseconds"] = "seconds"  # of the source's figures
     labels: dict[str, str] = Field(default_factory=dict)  # only series with these label values
     errors_counter: str | None = None
-    requests_counter: str | None = None  # default: the histogram's `_count`
+    requests_counter: str | None = None  # default: the source's own count
     timeout: Annotated[Duration, within(0.01, 60)] = 2.0
 
-    @field_validator("histogram", "errors_counter", "requests_counter")
+    @field_validator("errors_counter", "requests_counter")
     @classmethod
     def _names(cls, value: str | None) -> str | None:
-        if value is not None and not _METRIC_NAME.match(value):
-            raise ValueError(
-                f"expected a Prometheus metric name such as request_latency_seconds, got {value!r}"
-            )
-        return value
+        return None if value is None else _metric_name(value)
 
-    @field_validator("histogram")
+    @field_validator("histogram", "summary")
     @classmethod
-    def _family(cls, value: str) -> str:
+    def _family(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        _metric_name(value)
         for suffix in ("_bucket", "_count", "_sum"):
             if value.endswith(suffix):
-                raise ValueError(
-                    f"give the histogram's family name without {suffix!r}: {value[: -len(suffix)]}"
-                )
+                raise ValueError(f"give the family name without {suffix!r}: {value[: -len(suffix)]}")
         return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PrometheusLatency:
+        given = [key for key in SOURCES if getattr(self, key) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"give exactly one of {', '.join(SOURCES)} (got {', '.join(given) or 'none'}): "
+                "histogram: request_latency_seconds, summary: model_infer_request_duration, or "
+                "counters: {total: ts_inference_latency_microseconds, count: ts_inference_requests_total}"
+            )
+        return self
+
+
+SOURCES = ("histogram", "summary", "counters")
+
+
+def _metric_name(value: str) -> str:
+    if not _METRIC_NAME.match(value):
+        raise ValueError(f"expected a Prometheus metric name such as request_latency_seconds, got {value!r}")
+    return value
 
 
 class CanarySpec(Strict):
@@ -221,6 +287,16 @@ class LatencySpec(Strict):
     prometheus: PrometheusLatency | None = None
     canary: CanarySpec | None = None
     slo: SloSpec | None = None
+
+    @model_validator(mode="after")
+    def _slo_needs_quantiles(self) -> LatencySpec:
+        if self.slo is not None and self.prometheus is not None and self.prometheus.counters is not None:
+            raise ValueError(
+                f"slo: latency.prometheus.counters give a mean latency, not a p{self.slo.quantile * 100:g}: "
+                "an SLO on a quantile cannot be judged from a mean; remove slo (the peer and trend rules "
+                "judge the mean), or read a histogram or a summary with quantiles instead"
+            )
+        return self
 
 
 class HookSpec(Strict):
@@ -302,9 +378,10 @@ class Config(Strict):
         return self
 
     @model_validator(mode="after")
-    def _history_kept(self) -> Config:
-        """The store must keep the history the memory detectors read, at their resolution."""
-        problems = history_problems(self.detect, self.agent.raw_retention, self.agent.interval)
+    def _judges(self) -> Config:
+        """Every window medic judges holds samples, and the store keeps the history the memory
+        detectors read at their resolution (`agent.config.timescale.problems`)."""
+        problems = time_problems(self)
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -33,12 +33,21 @@ DETECT: dict[str, Any] = {
 }  # fmt: skip
 AGENT: dict[str, Any] = {
     "interval": "0.5s",
-    "slow_interval": "5s",
+    "slow_interval": "2s",
     "discovery_interval": "1s",
     "flush_interval": "0.5s",
-    # the servers run without the allocator hook, and are neither JVMs nor heap-profiled
-    "probes": {"allocator": False, "pyhist": False, "jvm": False, "heapprof": False},
+    # the servers run medic's in-process hook for allocation sites (pyhist), not for allocator
+    # figures; they are neither JVMs nor heap-profiled
+    "probes": {"allocator": False, "pyhist": True, "jvm": False, "heapprof": False},
 }
+# what names the leak's suspect: the type histogram (every type kept), whose count of onnxruntime
+# OrtValue objects grows with the outputs the leaking server keeps. Its walk of a server's objects
+# holds the GIL for 35 to 150 ms on a busy 2-core host, which the peer comparison of latencies sees:
+# so it is taken of the leaking server alone (a demo knows which one that is), every 5 s.
+# Allocation sites stay off: tracemalloc makes a request eight times slower here, and its snapshot
+# holds the GIL for a quarter of a second or more.
+HOOK_ENV = {"leak": {"MEDIC_HOOK_SOCKET": "auto"}}  # agent.demo.server starts the hook when it is set
+HISTOGRAMS: dict[str, Any] = {"python": {"interval": "5s", "top": 1000, "sites": {"on_leak": False}}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +126,12 @@ def demo_config(settings: DemoSettings, servers: list[ServerSpec], model: Path, 
             {
                 "name": server.name,
                 "labels": {"fleet": FLEET, "behaviour": server.behaviour},
-                "match": {"command": server_argv(server, model, settings)},
+                "match": {
+                    "command": server_argv(server, model, settings),
+                    "env": HOOK_ENV.get(server.behaviour, {}),
+                },
                 "memory_limit": settings.memory_limit,
+                **({"histograms": HISTOGRAMS} if server.behaviour == "leak" else {}),
                 "stop_timeout": "5s",
                 "latency": {
                     "prometheus": {

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from agent.core.errors import MedicError
 
-INSTALL_HINT = "pip install 'sidecar-medic[demo]' (or: pip install onnxruntime onnx)"
+INSTALL_HINT = "pip install onnxruntime onnx (in medic's checkout: pip install -e '.[demo]', or make demo)"
 OPSET = 17
 IR_VERSION = 8  # what onnxruntime 1.16+ reads; newer onnx packages default to a higher one
 

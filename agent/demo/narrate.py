@@ -31,6 +31,7 @@ TOLD = {
     "instance_launch_failed",
 }
 PLAN_MOVED = 10.0  # a planned slot that moves more than this is told again
+SUSPECT_KINDS = {"site": "allocation site", "type": "Python type", "class": "class"}
 MAX_LINE = 220
 
 
@@ -83,13 +84,40 @@ def describe_finding(finding: Any) -> str | None:
         line = f"{name} leaks {format_bytes(slope * 60)}/min"
         tto = _number(evidence.get("time_to_oom_seconds"))
         limit = _number(evidence.get("limit_bytes"))
-        if tto is not None:
+        if evidence.get("above_limit"):
+            line += ", already past its limit" + (f" {format_bytes(limit)}" if limit is not None else "")
+        elif tto is not None:
             line += f", projected OOM in {format_duration(tto)}"
             if limit is not None:
                 line += f" (limit {format_bytes(limit)})"
         return _short(line)
     summary = _text(finding.get("summary"))
     return _short(summary) if summary else f"{name}: {kind} finding opened"
+
+
+def top_suspect(finding: Any) -> dict[str, Any] | None:
+    """The first suspect a memory finding names, or None."""
+    evidence = finding.get("evidence") if isinstance(finding, dict) else None
+    suspects = evidence.get("suspects") if isinstance(evidence, dict) else None
+    first = suspects[0] if isinstance(suspects, list) and suspects else None
+    return first if isinstance(first, dict) and isinstance(first.get("name"), str) else None
+
+
+def describe_suspect(finding: Any) -> str | None:
+    """`serving-2: what grows: FILE:LINE (allocation site, +1.2 MiB/h)`: the finding's first suspect."""
+    suspect = top_suspect(finding)
+    if suspect is None:
+        return None
+    name = _text(finding.get("instance"), "?")
+    kind = SUSPECT_KINDS.get(_text(suspect.get("kind")), _text(suspect.get("kind"), "suspect"))
+    rate = _number(suspect.get("bytes_per_hour"))
+    count = _number(suspect.get("count_per_second"))
+    said = [kind]
+    if rate is not None:
+        said.append(f"+{format_bytes(rate)}/h")
+    if count is not None:
+        said.append(f"+{count * 3600:.0f} objects/h")
+    return _short(f"{name}: what grows: {suspect['name']} ({', '.join(said)})")
 
 
 def describe_event(event: Any) -> str | None:
@@ -125,6 +153,8 @@ def describe_plan_entry(entry: Any) -> str | None:
     slot = _number(entry.get("slot_at"))
     if slot is None or slot in (float("inf"), float("-inf")):
         return _short(f"restart of {name} cannot be scheduled: {_text(entry.get('reason'))}")
+    if entry.get("dry_run"):
+        return _short(f"dry-run: would have restarted {name} at {clock(slot)} (nothing was restarted)")
     line = f"restart of {name} planned at {clock(slot)}"
     why = [_text(entry.get("kind"))] if entry.get("kind") else []
     deadline = _number(entry.get("deadline"))
@@ -172,6 +202,7 @@ class Narrator:
     _rss: dict[str, float] = field(default_factory=dict)  # last RSS seen per instance
     _before: dict[str, tuple[int | None, float | None]] = field(default_factory=dict)  # pid, RSS at restart
     _succeeded: set[str] = field(default_factory=set)  # restarted, "memory back to" not told yet
+    _suspected: set[str] = field(default_factory=set)  # findings whose suspect was told
     _last_status: float = 0.0
 
     @property
@@ -182,6 +213,7 @@ class Narrator:
     def poll(self, now: float) -> list[Line]:
         new: list[Line] = []
         self._events(new)
+        self._suspects(new, now)
         self._plan(new, now)
         self._instances(new, now)
         self.lines.extend(new)
@@ -202,6 +234,18 @@ class Narrator:
             if text:
                 ts = _number(event.get("ts")) or time.time()
                 new.append(Line(ts, kind, text, name))
+
+    def _suspects(self, new: list[Line], now: float) -> None:
+        """Once per memory finding, what grows: suspects come a little after the finding opens
+        (the allocation sites are traced from then on)."""
+        for kind in ("leak", "oom-risk"):
+            findings = self.get("/api/v1/findings", kind=kind).get("findings")
+            for finding in findings if isinstance(findings, list) else []:
+                key = _text(finding.get("id")) if isinstance(finding, dict) else ""
+                text = describe_suspect(finding) if key and key not in self._suspected else None
+                if text:
+                    self._suspected.add(key)
+                    new.append(Line(now, "suspect", text, _text(finding.get("instance")) or None))
 
     def _track_restart(self, kind: str, name: str | None) -> None:
         if name is None:

@@ -9,7 +9,7 @@ from typing import Any
 from agent.core.text import render as render_table
 from agent.core.units import format_bytes
 from agent.demo.config import DemoSettings, ServerSpec
-from agent.demo.narrate import Line
+from agent.demo.narrate import Line, top_suspect
 
 
 def collect(
@@ -55,7 +55,13 @@ def collect(
         },
         "servers": rows,
         "findings": [
-            {k: f.get(k) for k in ("id", "instance", "kind", "state", "severity", "opened_at", "summary")}
+            {
+                **{
+                    k: f.get(k)
+                    for k in ("id", "instance", "kind", "state", "severity", "opened_at", "summary")
+                },
+                "suspect": (top_suspect(f) or {}).get("name"),
+            }
             for f in findings
         ],
         "actions": [

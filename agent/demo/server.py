@@ -10,7 +10,8 @@
 
 It binds loopback only, prints `ready <port>` once the session is loaded, stops on SIGTERM/SIGINT,
 and exits by itself when its parent (the agent that launched it) goes away, so that a demo killed
-with SIGKILL leaves no server behind.
+with SIGKILL leaves no server behind. With `MEDIC_HOOK_SOCKET` set it starts medic's in-process
+hook first, as a Python service does, so that medic can trace its allocation sites.
 """
 
 from __future__ import annotations
@@ -211,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo server: {exc}", file=sys.stderr)
         return 2
     parent = os.getppid()
+    if os.environ.get("MEDIC_HOOK_SOCKET"):
+        import medic_hook
+
+        medic_hook.start()
     server = Server(args.port, Model(args.model, behaviour))
 
     def stop(signum: int, frame: object) -> None:

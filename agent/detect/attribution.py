@@ -3,7 +3,8 @@
 Layers, each from the probes that see it, stacked without double counting:
 
 - `file_mapped`: `rss_file_bytes + rss_shmem_bytes` (code, mapped model files, shared memory);
-- `jvm_heap`: the resident part of the Java heap: committed (NMT "Java Heap", else `GC.heap_info`),
+- `jvm_heap`: the resident part of the Java heap: its pages resident in smaps (`jvm_heap_resident_bytes`);
+  without that figure, committed (NMT "Java Heap", else `GC.heap_info`),
   but no more than the most the heap has used in this lifetime (committed pages never touched are not
   resident, and would otherwise absorb growth that is elsewhere). Pages touched are the young
   generation's (every allocation burst fills it before a collection empties it: the widest span seen
@@ -31,6 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.core.units import format_bytes
+from agent.detect.retainers import with_held_by
 from agent.detect.suspects import MIN_CONFIDENCE, growth, suspects_for
 from agent.state.histograms import HistogramStore
 from agent.state.store import Aggregate, Store
@@ -43,6 +46,7 @@ INPUTS = (
     "jvm_heap_committed_bytes",
     "jvm_heap_used_bytes",
     "jvm_heap_after_gc_bytes",
+    "jvm_heap_resident_bytes",
     "jvm_nmt_committed_bytes",
     "jvm_nmt_heap_committed_bytes",
     "jvm_nmt_malloc_bytes",
@@ -150,7 +154,9 @@ def explain(store: Store, instance: str, since: float, now: float, limit: int = 
     where the growth is (outside the Java heap: the classes whose counts rise with the native bytes)."""
     attribution = attribution_for(store, instance, since, now)
     native = attribution.growth_layer in ("unexplained", "jvm_native") and _is_jvm(attribution)
-    suspects = suspects_for(store, instance, since, now, limit=limit, native=native)
+    suspects = with_held_by(
+        store, instance, since, now, suspects_for(store, instance, since, now, limit=limit, native=native)
+    )
     return {"attribution": attribution.to_dict(), "suspects": [s.to_dict() for s in suspects]}
 
 
@@ -191,7 +197,9 @@ def split(
         take("file_mapped", (value["rss_file_bytes"] or 0.0) + (value["rss_shmem_bytes"] or 0.0))
         heap = value["jvm_nmt_heap_committed_bytes"] or value["jvm_heap_committed_bytes"]
         used = value.get("jvm_heap_used_peak") or value["jvm_heap_used_bytes"]
-        if heap is not None and used is not None:
+        if value["jvm_heap_resident_bytes"] is not None:
+            heap = value["jvm_heap_resident_bytes"]  # read from smaps: no estimate needed
+        elif heap is not None and used is not None:
             heap_touched = max(heap_touched, used)
             floor = value["jvm_heap_after_gc_bytes"]
             if floor is not None:
@@ -219,7 +227,7 @@ def split(
             rss - sum(figures[name][-1] for name in TITLES if name != "unexplained")
         )
     wanted = {"file_mapped", "unexplained"}
-    if present & {"jvm_heap_committed_bytes", "jvm_nmt_heap_committed_bytes"}:
+    if present & {"jvm_heap_committed_bytes", "jvm_nmt_heap_committed_bytes", "jvm_heap_resident_bytes"}:
         wanted.add("jvm_heap")
     if "jvm_nmt_committed_bytes" in present:
         wanted.add("jvm_native")
@@ -276,6 +284,14 @@ def _verdict(result: Attribution, rss_confidence: float, grid: dict, sites: bool
             return None, "RSS grows, but no single layer grows steadily enough to name"
         return None, "no layer grows steadily in this window"
     top = max(growing, key=lambda layer: layer.bytes_per_second)
+    fastest = max(result.layers, key=lambda layer: layer.bytes_per_second)
+    if fastest is not top and fastest.bytes_per_second > top.bytes_per_second:
+        # the text must agree with the table beside it: a layer that grows faster, in jumps, is
+        # not outweighed by a slower one that grows steadily
+        return None, (
+            f"{fastest.title} grows fastest ({format_bytes(fastest.bytes_per_second * 3600)}/h) but not "
+            f"steadily enough to name; {top.title} grows steadily at {format_bytes(top.bytes_per_second * 3600)}/h"
+        )
     rss_grows = rss_slope > 0 and rss_confidence >= MIN_CONFIDENCE
     if rss_grows and top.bytes_per_second < 0.5 * rss_slope:
         return None, "RSS grows across several layers; none explains half of it"

@@ -18,8 +18,10 @@ from agent.detect.context import Context
 from agent.detect.coverage import Interval, seen_from, steps_seen
 from agent.detect.fragmentation import judge_fragmentation, note_both
 from agent.detect.growth import time_to_limit
+from agent.detect.jvm import oom_series
 from agent.detect.leak import judge_leak, leak_series
 from agent.detect.lifecycle import update
+from agent.detect.lifetimes import ended_growing
 from agent.detect.model import (
     ALLOCATED,
     JVM_HEAP_AFTER_GC,
@@ -80,7 +82,8 @@ def _quiet(ctx: Context) -> bool:
     processes. Every condition is one that firing needs (leak or oom-risk): a fragmentation
     input is absent, and no fit grows with the confidence firing needs (the raw Mann-Kendall
     test first, the corrected one only if that passes) towards a limit it would reach within
-    the horizon, unless the fit is a wider scale and the lifetime has run a whole period.
+    the horizon, unless the fit is a wider scale and the lifetime has run a whole period, or the
+    previous lifetime ended growing (`lifetimes`).
     With no limit known nothing reaches it: only the wider scales of a settled lifetime can fire
     (the fits are still made, as every judgement makes them: the long scale's cache fills at the
     same ticks)."""
@@ -88,17 +91,20 @@ def _quiet(ctx: Context) -> bool:
         return False
     p = ctx.params
     settled = ctx.tick - ctx.lifetime_start >= ctx.prep.settle(ctx.life)
-    unlimited = ctx.limit is None
-    for metric in {RSS, *leak_series(ctx)}:
+    for metric in {RSS, *leak_series(ctx), *oom_series(ctx)}:
+        limit = ctx.projection(metric).limit
+        unlimited = limit is None
         for fit in ctx.fits(metric):
-            if unlimited and (not settled or fit.scale == "window"):
-                continue  # no time to a limit, and no settled wider scale
             if fit.confidence < p.confidence or fit.trend.slope <= 0:
                 continue
             strong = fit.trend.confidence >= p.confidence
+            if fit.trend.confidence >= p.confidence_clear and ended_growing(ctx, metric) is not None:
+                return False  # the previous lifetime's evidence may speak (`lifetimes.carried`)
+            if unlimited and (not settled or fit.scale == "window"):
+                continue  # no time to a limit, and no settled wider scale
             if strong and fit.scale != "window" and settled:
                 return False
-            ttoom = time_to_limit(ctx.limit, oom_peak(ctx, fit), fit.trend.slope)
+            ttoom = time_to_limit(limit, oom_peak(ctx, fit), fit.trend.slope)
             if ttoom is not None and ttoom < (p.horizon if strong else p.horizon / 4):
                 return False
     return True

@@ -66,6 +66,11 @@ def bucketize(points: Points, width: float) -> Bucketed:
     return Bucketed(times, values, idx, firsts, ends, lo, hi)
 
 
+RESTART_DROP = 0.25  # a floor this fraction below the last hour's floors...
+RESTART_UNDO = 0.75  # ...that gives back at least this much of the lifetime's rise is a restart
+HELD_BUCKETS = 4  # the memory given back was held this many buckets (a burst's was not)
+
+
 def infer_restarts(
     series: InstanceSeries, params: DetectParams, memory: Bucketed | None = None
 ) -> list[float]:
@@ -73,34 +78,56 @@ def infer_restarts(
 
     Explicit `series.restarts` win. Otherwise a restart is a change of
     `process_start_time_seconds`, a gap longer than `params.gap` in the memory samples, or a
-    bucket whose floor falls below `params.reset_drop` of the previous bucket's (the restart is
-    the first sample below that). Every rule looks only at earlier samples, so the online path
+    bucket whose floor falls below `params.reset_drop` of the previous bucket's, or falls by
+    `RESTART_DROP` below every floor of the last `HELD_BUCKETS` buckets while giving back at
+    least `RESTART_UNDO` of what the lifetime's floor rose since its lowest (an orchestrator's
+    restart returns to the cold level; a burst that ends gives back memory it held for minutes,
+    a reload that shrinks the model a part of the level); the restart is the first sample below
+    the cut. A start-time change that follows a restart the memory already showed, since the
+    new start time, is that restart. Every rule looks only at earlier samples, so the online path
     finds the same restarts as a replay. `memory` is the RSS already bucketed, if at hand.
     """
     if series.restarts is not None:
         return sorted(series.restarts)
-    found: set[float] = set()
+    changes: list[tuple[float, float]] = []  # (sample that shows it, the new start time)
     starts = series.series.get(START_TIME) or []
     for (_, before), (ts, after) in pairwise(starts):
         if abs(after - before) > 1.0:
-            found.add(ts)
+            changes.append((ts, after))
     if memory is None:
         points = series.series.get(RSS) or next((p for p in series.series.values() if p), [])
         memory = bucketize(points, params.bucket)
     times, values = memory.times, memory.values
     if not times:
-        return sorted(found)
+        return sorted(ts for ts, _ in changes)
     gaps = list(compress(range(1, len(times)), map(gt, map(sub, times[1:], times[:-1]), repeat(params.gap))))
     gap_times = {times[i] for i in gaps}
-    found |= gap_times
-    prev_floor = None
+    found = set(gap_times)
+    recent: list[float] = []  # the floors of the current lifetime's last buckets
+    lowest = None  # the lifetime's lowest floor so far
     for i, j, floor in zip(memory.first, memory.end, memory.lo, strict=True):
         if times[i] in gap_times:
-            prev_floor = None
-        if prev_floor is not None and floor < params.reset_drop * prev_floor:
-            cut = params.reset_drop * prev_floor
+            recent, lowest = [], None
+        cut = None
+        if recent and floor < params.reset_drop * recent[-1]:
+            cut = params.reset_drop * recent[-1]
+        elif len(recent) >= HELD_BUCKETS and lowest is not None:
+            held = min(recent[-HELD_BUCKETS:])
+            if floor < (1 - RESTART_DROP) * held and recent[-1] - floor >= RESTART_UNDO * (
+                recent[-1] - lowest
+            ):
+                cut = (1 - RESTART_DROP) * held
+        if cut is not None:
             found.add(next(times[k] for k in range(i, j) if values[k] < cut))
-        prev_floor = floor
+            recent, lowest = [], None
+        recent.append(floor)
+        lowest = floor if lowest is None else min(lowest, floor)
+    shown = sorted(found)
+    for ts, after in changes:
+        k = bisect_left(shown, after - params.bucket)
+        if k < len(shown) and shown[k] <= ts:
+            continue  # the memory showed this restart already
+        found.add(ts)
     return sorted(found)
 
 

@@ -22,6 +22,7 @@ import math
 
 from agent.core.units import format_bytes
 from agent.detect.context import Context
+from agent.detect.jvm import HEAP_COMMITTED, HEAP_MAX
 from agent.detect.model import ACTIVE, ALLOCATED, JVM_HEAP_AFTER_GC, RESIDENT, RSS, Observation
 from agent.detect.trend import median
 
@@ -39,6 +40,8 @@ def judge_fragmentation(ctx: Context, leak: Observation | None = None) -> Observ
             p.frag_ratio,
             False,
         )
+    elif ctx.present(JVM_HEAP_AFTER_GC) and ctx.present(HEAP_COMMITTED):
+        return _jvm_sizes_its_heap(ctx)
     elif ctx.present(JVM_HEAP_AFTER_GC):
         live, resident, ratio_needed, jvm = JVM_HEAP_AFTER_GC, RSS, p.frag_ratio_jvm, True
     else:
@@ -84,8 +87,12 @@ def judge_fragmentation(ctx: Context, leak: Observation | None = None) -> Observ
         )
 
     firing = fires(pairs)
-    growing = jvm and _grows(ctx)
-    firing = firing and not growing  # a JVM's excess that keeps growing is native growth, not unused heap
+    # memory that keeps growing is not memory kept: a JVM's excess over its heap that rises is native
+    # growth (direct buffers, Deflaters: live native allocations), not unused heap; resident memory
+    # that rises with the live bytes is live allocations, not free pages
+    # (once the leak fires, what was there before its growth is judged below)
+    growing = (not leaking and _live_growth(pairs, jvm)) or (jvm and _grows(ctx))
+    firing = firing and not growing
     both = None
     if leaking and firing:
         # the leak explains the excess unless it was there before the leak's growth in this window
@@ -107,6 +114,13 @@ def judge_fragmentation(ctx: Context, leak: Observation | None = None) -> Observ
         "clear" if leaking or ratio < clear_ratio or excess < CLEAR_FRACTION * p.frag_min_bytes else "holding"
     )
     summary = f"resident {format_bytes(resident_bytes)} for {format_bytes(live_bytes)} live ({ratio:.2f}x)"
+    if growing and not leaking:
+        summary += (
+            ": the memory above the heap grows (native allocations), not heap the JVM keeps"
+            if jvm
+            else ": the live bytes grow with it (live allocations), not free memory the allocator keeps"
+        )
+        return ctx.observation("fragmentation", "holding", summary, evidence=evidence)
     if leaking:
         summary = (
             "the memory above the heap is the leak's growth, not heap the JVM keeps"
@@ -116,6 +130,42 @@ def judge_fragmentation(ctx: Context, leak: Observation | None = None) -> Observ
     return ctx.observation(
         "fragmentation", state, summary, verdict=verdict if state == "holding" else None, evidence=evidence
     )
+
+
+LIVE_SHARE = 0.5  # the live bytes rising by this share of the resident rise: the growth is live
+
+
+def _live_growth(pairs: list[tuple[float, float]], jvm: bool) -> bool:
+    """Whether the resident memory rises over the window (its last third's median above its first
+    third's) by live allocations: for a JVM, the excess over the heap rises by more than a tenth
+    (native memory the heap does not show); with allocator figures, the live bytes rise by at least
+    `LIVE_SHARE` of the resident rise."""
+    third = len(pairs) // 3
+    if third < 2:
+        return False
+    early, late = pairs[:third], pairs[-third:]
+    resident_rise = median([r for r, _ in late]) - median([r for r, _ in early])
+    live_rise = median([lv for _, lv in late]) - median([lv for _, lv in early])
+    if jvm:
+        excess = median([r - lv for r, lv in early])
+        return resident_rise - live_rise > 0.1 * max(excess, 0.0)
+    return resident_rise > 0 and live_rise >= LIVE_SHARE * resident_rise
+
+
+def _jvm_sizes_its_heap(ctx: Context) -> Observation:
+    """A JVM whose committed heap is known: heap committed above the live floor is the JVM's own sizing
+    within `-Xmx` (it grows the heap as the GC sawtooth widens, and keeps it), and what lies outside the
+    heap is the native layer the leak detector judges: neither is memory a purge or a restart returns."""
+    committed = ctx.peak_of(HEAP_COMMITTED)
+    live = ctx.floor_of(JVM_HEAP_AFTER_GC)
+    ceiling = ctx.ceiling(HEAP_MAX)
+    within = f" within -Xmx {format_bytes(ceiling)}" if ceiling is not None else ""
+    summary = (
+        f"the JVM sizes its heap itself: {format_bytes(committed)} committed for {format_bytes(live)} live "
+        f"after GC{within}; not fragmentation"
+    )
+    evidence = {"heap_committed_bytes": committed, "live_bytes": live, "heap_max_bytes": ceiling}
+    return ctx.observation("fragmentation", "clear", summary, evidence=evidence)
 
 
 def _grows(ctx: Context) -> bool:

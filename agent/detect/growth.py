@@ -21,6 +21,7 @@ from typing import Any
 
 from agent.detect.params import DetectParams
 from agent.detect.prepared import Prepared
+from agent.detect.saturation import MIN_POINTS, Levelling, least_squares, levelling
 from agent.detect.trend import (
     MAX_RHO,
     STEP_HOLD,
@@ -62,6 +63,47 @@ class Fit:
     wave: float = 0.0  # the cycle scale: half the swing of the fitted daily sine (0 elsewhere)
     floors: list[float] | None = None  # the lower envelope before any profile was removed
     _make_trend: Callable[[], Trend] | None = None  # a scale's own trend, made on first use
+    _levelling: Levelling | bool | None = False  # False: not computed yet
+    basis: list[list[float]] | None = None  # the cycle scale: its sine and cosine, fitted with a curve too
+
+    @property
+    def curve(self) -> Levelling | None:
+        """The rising concave curve the step-free floor follows best (a cache filling to its TTL,
+        a warm-up, fragmentation like log(t)), compared with a line. The daily scale's
+        day-over-day differences have no curve of their own: its deceleration tells."""
+        if self._levelling is False:
+            self._levelling = self._curve(len(self.idx))
+        return self._levelling  # type: ignore[return-value]
+
+    def _curve(self, n: int) -> Levelling | None:
+        """`curve` over the first `n` buckets of the fit."""
+        if self.scale == "daily":
+            return None
+        if self.basis is not None and self.floors is not None:  # the daily wave fitted with it
+            return levelling(self.xs[:n], self.floors[:n], [col[:n] for col in self.basis])
+        return levelling(self.xs[:n], self.steps.clean[:n])
+
+    @property
+    def levelling(self) -> Levelling | None:
+        """The curve, when it shows the growth levelling off (None: steady growth, or cannot tell)."""
+        curve = self.curve
+        return curve if curve is not None and curve.levelled else None
+
+    @property
+    def saturation_ruled_out(self) -> bool:
+        """Enough buckets to tell a curve from a line, and no levelling curve fits better than the
+        line: what a critical severity (one that remediation acts on) needs."""
+        if self.scale == "daily":
+            return True
+        n = len(self.idx)
+        if n < MIN_POINTS:
+            return False
+        # the newest bucket alone (a burst that filled it) must not hide the bend of the others;
+        # on the cycle scale a sine bends to fit a cache filling up: the floor's own curve counts too
+        curves = [self.curve, self._curve(n - 1)]
+        if self.basis is not None and self.floors is not None:
+            curves.append(levelling(self.xs, self.floors))
+        return not any(c is not None and c.possible for c in curves)
 
     @property
     def rising(self) -> bool:
@@ -489,7 +531,7 @@ def _cycle_fit(prep: Prepared, metric: str, life: int, tick: float) -> Fit | Non
     sines = [math.sin(omega * b) for b in idx]
     cosines = [math.cos(omega * b) for b in idx]
     columns = [[1.0] * len(idx), [b - centre for b in idx], sines, cosines]
-    coef = _least_squares(columns, clean)
+    coef = least_squares(columns, clean)
     if coef is None:
         return None
     wave = list(map(add, map(mul, repeat(coef[2]), sines), map(mul, repeat(coef[3]), cosines)))
@@ -501,6 +543,7 @@ def _cycle_fit(prep: Prepared, metric: str, life: int, tick: float) -> Fit | Non
     offset = wave[-1]
     fit = Fit(metric, "cycle", width, idx, ys, offset, True, True, floor)
     fit.wave = swing
+    fit.floors, fit.basis = clean, [sines, cosines]
     return fit
 
 
@@ -517,23 +560,3 @@ def _level_jump(values: list[float], floor: float) -> int | None:
     size = max(offsets)
     at = offsets.index(size)  # the first of the largest, as max with a key picks
     return at + 1 if size > floor and size > STEP_SIGMAS * spread else None
-
-
-def _least_squares(columns: list[list[float]], ys: list[float]) -> list[float] | None:
-    """Ordinary least squares by the normal equations (four columns: Gaussian elimination with
-    partial pivoting); None when the columns are (nearly) dependent."""
-    k = len(columns)
-    a = [[0.0] * k + [sum(map(mul, columns[i], ys))] for i in range(k)]
-    for i in range(k):
-        for j in range(i, k):  # the products commute exactly: the matrix is symmetric
-            a[i][j] = a[j][i] = sum(map(mul, columns[i], columns[j]))
-    for col in range(k):
-        pivot = max(range(col, k), key=lambda r: abs(a[r][col]))
-        if abs(a[pivot][col]) < 1e-9 * max(1.0, abs(a[col][col])):
-            return None
-        a[col], a[pivot] = a[pivot], a[col]
-        for r in range(k):
-            if r != col:
-                f = a[r][col] / a[col][col]
-                a[r] = [x - f * y for x, y in zip(a[r], a[col], strict=True)]
-    return [a[i][k] / a[i][i] for i in range(k)]

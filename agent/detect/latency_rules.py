@@ -8,11 +8,13 @@ figures behind it.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
-from collections.abc import Mapping
+from bisect import bisect_left, bisect_right
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from operator import itemgetter
 from typing import Any
 
+from agent.core.timescale import EVIDENCE_SAMPLES, STALE_SAMPLES, WINDOW_SAMPLES, TimeScale
 from agent.core.units import format_duration
 from agent.detect.model import START_TIME, InstanceSeries, Points, State
 from agent.detect.trend import Trend, mann_kendall, median, remove_steps, trend
@@ -23,6 +25,7 @@ QUANTILE_METRICS = {
     0.99: "latency_p99_seconds",
     0.999: "latency_p999_seconds",
 }
+MEAN = "latency_mean_seconds"  # from a histogram, a summary or a pair of counters: never a quantile
 CANARY = "canary_latency_seconds"
 
 
@@ -31,6 +34,18 @@ class Slo:
     quantile: float = 0.99
     threshold: float = 0.25  # seconds
     window: float = 300.0  # `for`: seconds over the threshold that make an instance slow
+
+
+def judged_metrics(slo: Slo | None) -> tuple[str, str, str]:
+    """The series the slow detector judges, in order of preference: the quantile the SLO names
+    (p99 without one), else the mean (what a summary without quantiles or a pair of counters gives),
+    else the canary's latency. The first one an instance has is the one judged."""
+    return QUANTILE_METRICS.get(slo.quantile if slo else 0.99, QUANTILE_METRICS[0.99]), MEAN, CANARY
+
+
+RELATIVE_SPAN = 3  # the relative rule looks back this many trend windows...
+RELATIVE_POINTS = 12  # ...at this many instants, each the instance's level over its peers' median
+RELATIVE_GROWTH = 0.3  # it fires when that ratio grew by 30 % and is 30 % above the peers now
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +86,28 @@ class SlowParams:
                 "invalid slow detection parameters: peer_min, open_after, resolve_after >= 1, trend_buckets >= 6"
             )
 
-    def scaled(self, factor: float) -> SlowParams:
-        """The same detector on a time axis `factor` times shorter (for tests)."""
-        names = ("step", "stale", "peer_window", "trend_window", "horizon")
-        return replace(self, **{name: getattr(self, name) / factor for name in names})
+    def scaled(self, scale: TimeScale | float) -> SlowParams:
+        """The same detector on a shorter time axis (`agent.core.timescale`), each window held at the
+        samples it judges: a value holds `STALE_SAMPLES` probe intervals, the peer window spans
+        `WINDOW_SAMPLES`, each trend bucket one, and the judgements that open a finding
+        (`open_after` x `step`) `EVIDENCE_SAMPLES`."""
+        axis = TimeScale.of(scale)
+        return replace(
+            self,
+            step=axis.span(self.step, axis.samples(max(1.0, EVIDENCE_SAMPLES / self.open_after))),
+            stale=axis.span(self.stale, axis.samples(STALE_SAMPLES)),
+            peer_window=axis.span(self.peer_window, axis.samples(WINDOW_SAMPLES)),
+            trend_window=axis.span(self.trend_window, axis.samples(self.trend_buckets)),
+            horizon=axis.span(self.horizon),
+        )
+
+    @property
+    def relative_window(self) -> float:
+        """The span over which an instance's latency is compared with its peers' as it changes
+        (`judge_relative`): three trend windows, each of its points one judgement step apart
+        multiplied by a whole number, so a replay reads the levels it judged at earlier ticks."""
+        spacing = max(1, round(RELATIVE_SPAN * self.trend_window / (RELATIVE_POINTS - 1) / self.step))
+        return spacing * self.step * (RELATIVE_POINTS - 1)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -98,12 +131,17 @@ class LatencyView:
     lifetime_start: float
 
     @classmethod
-    def at(cls, series: InstanceSeries, tick: float, slo: Slo | None) -> LatencyView:
+    def at(
+        cls, series: InstanceSeries, tick: float, slo: Slo | None, since: float = -math.inf
+    ) -> LatencyView:
+        """The view at `tick`; with `since`, only its points from then on (a level over a window
+        that starts `stale` after `since` reads the same)."""
         start = lifetime_start(series, tick)
-        wanted = QUANTILE_METRICS.get(slo.quantile if slo else 0.99, QUANTILE_METRICS[0.99])
-        metric = next((m for m in (wanted, CANARY) if series.series.get(m)), None)
+        metric = next((m for m in judged_metrics(slo) if series.series.get(m)), None)
         raw = (series.series.get(metric) or []) if metric else []
-        points = [(ts, v) for ts, v in raw if start <= ts <= tick and math.isfinite(v)]
+        first = bisect_left(raw, max(start, since), key=itemgetter(0))  # sorted by time
+        end = bisect_right(raw, tick, key=itemgetter(0))
+        points = [(ts, v) for ts, v in raw[first:end] if math.isfinite(v)]
         return cls(series, slo, metric, points, start)
 
     @property
@@ -112,9 +150,11 @@ class LatencyView:
 
     @property
     def name(self) -> str:
-        """How people call the figure: `p99`, `p99.9`, `canary latency`."""
+        """How people call the figure: `p99`, `p99.9`, `mean latency`, `canary latency`."""
         if self.metric == CANARY:
             return "canary latency"
+        if self.metric == MEAN:
+            return "mean latency"
         return f"p{(self.slo.quantile if self.slo else 0.99) * 100:g}"
 
     def value_at(self, when: float, stale: float) -> float | None:
@@ -144,9 +184,9 @@ def lifetime_start(series: InstanceSeries, tick: float) -> float:
     if before:
         return max(before)
     starts = series.series.get(START_TIME) or []
-    current = [value for ts, value in starts if ts <= tick and math.isfinite(value)]
-    if current:  # the process's own start: steady as the window slides, and what remediation compares
-        return current[-1]
+    for i in range(bisect_right(starts, tick, key=itemgetter(0)) - 1, -1, -1):
+        if math.isfinite(starts[i][1]):  # the process's own start: steady as the window slides
+            return starts[i][1]
     first = series.first_ts()
     return first if first is not None else tick
 
@@ -172,6 +212,12 @@ def judge_slo(view: LatencyView, tick: float, params: SlowParams) -> Rule:
         return Rule("unknown", "no SLO configured (latency.slo)")
     if view.metric is None:
         return Rule("unknown", "no latency data")
+    if view.metric == MEAN:
+        return Rule(
+            "unknown",
+            f"the SLO is on p{slo.quantile * 100:g}, and the latency source gives only a mean: a mean "
+            "cannot tell whether a quantile is over its threshold",
+        )
     window, since = slo.window, tick - slo.window
     covered, over = time_over(view.points, since, tick, slo.threshold, params.stale)
     _, near = time_over(view.points, since, tick, slo.threshold * params.clear_margin, params.stale)
@@ -210,7 +256,7 @@ def judge_peer(
         return Rule("unknown", "too few latency samples in the peer window")
     if len(peers) < params.peer_min:
         return Rule(
-            "unknown", f"{len(peers)} peer(s) with latency data; the peer rule needs {params.peer_min}"
+            "unknown", f"{len(peers)} peer(s) with {view.name} data; the peer rule needs {params.peer_min}"
         )
     values = list(peers.values())
     centre = median(values)
@@ -291,6 +337,86 @@ def judge_trend(view: LatencyView, tick: float, params: SlowParams) -> Rule:
         fit.confidence < params.trend_confidence_clear
         or fit.slope <= 0
         or growth < params.trend_min_growth / 2
+    ):
+        return Rule("clear", text, figures)
+    return Rule("holding", text, figures)
+
+
+def relative_instants(tick: float, params: SlowParams) -> list[float]:
+    """The instants whose levels `judge_relative` compares, oldest first (multiples of the step)."""
+    spacing = params.relative_window / (RELATIVE_POINTS - 1)
+    return [tick - spacing * (RELATIVE_POINTS - 1 - k) for k in range(RELATIVE_POINTS)]
+
+
+def relative_ratios(
+    instance: str,
+    levels: Sequence[Mapping[str, tuple[float, str | None]]],
+    since: float,
+    instants: Sequence[float],
+    peer_min: int,
+) -> list[tuple[float, float]]:
+    """(instant, the instance's level over its peers' median level) at each of `instants` from its
+    lifetime start `since` on, where it and at least `peer_min` peers have a level; each level is
+    (seconds, the series it was read from), and only peers read from the instance's own series
+    count (a mean is never set against a p99)."""
+    out = []
+    for at, known in zip(instants, levels, strict=True):
+        own = known.get(instance)
+        if at < since or own is None:
+            continue
+        peers = [value for name, (value, metric) in known.items() if name != instance and metric == own[1]]
+        if len(peers) < peer_min:
+            continue
+        centre = median(peers)
+        ratio = own[0] / centre if centre > 0 else math.nan
+        if 0 < ratio < math.inf:
+            out.append((at, ratio))
+    return out
+
+
+def relative_rise(ratios: Sequence[tuple[float, float]]) -> tuple[float, float, float]:
+    """(the ratio at first: median of the first three; now: of the last three; the rise between)."""
+    first = median([r for _, r in ratios[:3]])
+    now = median([r for _, r in ratios[-3:]])
+    return first, now, (now / first - 1 if first > 0 else 0.0)
+
+
+def judge_relative(view: LatencyView, ratios: Sequence[tuple[float, float]], params: SlowParams) -> Rule:
+    """The instance's latency over its peers' median grows steadily and is now well above it: one
+    instance creeping while the fleet's traffic swings all of them alike (a daily 2-3x cycle moves
+    every instance; the ratio cancels it)."""
+    window = params.relative_window
+    if len(ratios) < params.min_coverage * RELATIVE_POINTS:
+        return Rule(
+            "unknown",
+            f"comparing with peers over {format_duration(window)} needs {params.peer_min} peers with latency data",
+        )
+    first, now, rise = relative_rise(ratios)
+    # in logarithms: a ratio is multiplicative, and one of extreme levels stays a finite number
+    fit = fit_trend([x for x, _ in ratios], [math.log(r) for _, r in ratios], floor=math.log(1.1))
+    figures = {
+        "metric": view.metric,
+        "ratio_to_peers": round(now, 4),
+        "ratio_growth": round(rise, 4),
+        "confidence": round(fit.confidence, 5),
+        "decel": round(fit.decel, 3),
+        "window_seconds": window,
+    }
+    text = (
+        f"{view.name} went from {first:.2f}x to {now:.2f}x its peers' median over "
+        f"{format_duration(window)} (confidence {fit.confidence:.4f})"
+    )
+    if (
+        rise >= RELATIVE_GROWTH
+        and now >= 1 + RELATIVE_GROWTH
+        and fit.confidence >= params.trend_confidence
+        and fit.decel >= params.trend_decel
+    ):
+        return Rule("firing", text, figures)
+    if (
+        rise < RELATIVE_GROWTH / 2
+        or now < 1 + RELATIVE_GROWTH / 2
+        or fit.confidence < params.trend_confidence_clear
     ):
         return Rule("clear", text, figures)
     return Rule("holding", text, figures)

@@ -1,7 +1,8 @@
 """The leak detector: steady growth of the live bytes within one process lifetime.
 
-The series judged is the most specific one present: allocator live bytes, else the JVM heap
-after GC (and then RSS too, for native growth outside the heap), else RSS. A fit fires when
+The series judged is the most specific one present: allocator live bytes, else a JVM's layers
+(the heap after GC, the memory outside the heap, direct buffers, metaspace: each projected to its
+own ceiling, the earliest deadline reported; agent/detect/jvm.py), else RSS. A fit fires when
 its lower envelope grows with Mann-Kendall confidence above `confidence`, faster than
 `min_rate`, without decelerating, over enough history for its projection, and when its scale
 may speak (see `assess`): hours of growth are also what a daily traffic rise or a slow drift
@@ -10,10 +11,15 @@ look like, so the short scale only reports what is urgent.
 
 from __future__ import annotations
 
-from agent.core.units import format_bytes, format_duration
-from agent.detect.context import Context
+from dataclasses import replace
+
+from agent.core.units import format_bytes, format_duration, format_rate
+from agent.detect.context import Context, Projection
 from agent.detect.growth import Fit, at_record, time_to_limit, traffic_explains
+from agent.detect.jvm import LAYERS, NATIVE, Layer, leak_layers
+from agent.detect.lifetimes import carried
 from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, PYMALLOC, RSS, Observation, Severity, State
+from agent.detect.oom import past_the_limit, reported_time_to_oom
 from agent.detect.params import DetectParams
 
 CLEAR_DECEL = 0.5  # clear only when the recent slope is below half of `decel_ratio` of the window's
@@ -27,12 +33,13 @@ NATIVE_DOMINANCE = 4.0
 
 
 def leak_series(ctx: Context) -> list[str]:
-    """The series a leak is judged on, most specific first."""
+    """The series a leak is judged on, most specific first; a JVM's layers (agent/detect/jvm.py) when
+    its memory outside the heap is known."""
     if ctx.present(ALLOCATED):
         # Python's small objects live in pymalloc's arenas, which malloc's figures do not count
         return [ALLOCATED, RSS] if ctx.present(PYMALLOC) else [ALLOCATED]
     if ctx.present(JVM_HEAP_AFTER_GC):
-        return [JVM_HEAP_AFTER_GC, RSS]
+        return leak_layers(ctx) or [JVM_HEAP_AFTER_GC, RSS]
     return [RSS]
 
 
@@ -60,15 +67,15 @@ def assess(fit: Fit, ctx: Context) -> tuple[State, float | None, bool]:
     if fit.confidence < p.confidence_clear:
         return "clear", None, False
     t = fit.trend
-    ttoom = time_to_limit(ctx.limit, ctx.peak, t.slope)
+    ttoom = ctx.projection(fit.metric).time_to(t.slope)
     growing = t.slope > 0 and fit.pct_per_hour >= p.min_rate
-    steady = t.decel >= p.decel_ratio
     # the daily scale's sign test over 48 autocorrelated differences, corrected as AR(1), is
     # rougher than Mann-Kendall over independent buckets: it must clear a stricter bar
     strong = t.confidence >= (
         p.confidence if fit.scale != "daily" else 1 - (1 - p.confidence) / DAILY_STRICTER
     )
-    plateau = strong and growing and not steady
+    # growth that levels off (a cache filling to its TTL, a warm-up, log-shaped fragmentation) is a
+    # working set, not a leak; the curve is fitted only for growth that would otherwise count
     urgent = ttoom is not None and ttoom < p.horizon
     # growth that is not urgent must also have run through a whole day of the process lifetime:
     # in its first day a working set ratchets up with the traffic peak (glibc arenas), a leak
@@ -76,11 +83,16 @@ def assess(fit: Fit, ctx: Context) -> tuple[State, float | None, bool]:
     settled = ctx.tick - ctx.lifetime_start >= ctx.prep.settle(ctx.life)
     allowed = may_speak(fit, ttoom, p) and (urgent or (fit.scale not in ("window", "cycle") and settled))
     enough = fit.long_enough(p, ttoom)
+    levelled = (
+        strong and growing and t.decel >= p.decel_ratio and enough and allowed and fit.levelling is not None
+    )
+    steady = t.decel >= p.decel_ratio and not levelled
+    plateau = strong and growing and not steady
     if strong and growing and steady and enough and allowed:
         if traffic_explains(ctx.prep, fit, ctx.life, p.confidence):
             return "clear", ttoom, False  # memory follows the requests: bytes per request are flat
         return "firing", ttoom, False
-    if t.confidence < p.confidence_clear or not growing or t.decel < p.decel_ratio * CLEAR_DECEL:
+    if t.confidence < p.confidence_clear or not growing or levelled or t.decel < p.decel_ratio * CLEAR_DECEL:
         return "clear", ttoom, plateau
     return "holding", ttoom, plateau
 
@@ -89,24 +101,32 @@ def _corroborated(
     assessed: list[tuple[Fit, State, float | None, bool]], ctx: Context
 ) -> list[tuple[Fit, State, float | None, bool]]:
     """A fit that fires without urgency needs a second fit of the same series (another scale
-    or span) that also sees growth; else it only holds. One span of a slowly wandering process
-    can look like a slow leak, several rarely do."""
+    or span) that also sees growth, and none that sees it levelling off; else it only holds.
+    One span of a slowly wandering process can look like a slow leak, several rarely do; and a
+    cache filling for days bends visibly only over the widest span."""
     p = ctx.params
     out = []
     for fit, state, ttoom, plateau in assessed:
         urgent = ttoom is not None and ttoom < p.horizon
         if state == "firing" and not urgent:
             others = [f for f, *_ in assessed if f is not fit and f.confidence >= p.confidence_clear]
-            if not any(
-                f.trend.confidence >= p.confidence_clear and f.trend.slope > 0 for f in others
-            ) or not at_record(ctx.prep, fit.metric, ctx.life, ctx.tick):
+            if (
+                not any(f.trend.confidence >= p.confidence_clear and f.trend.slope > 0 for f in others)
+                or not at_record(ctx.prep, fit.metric, ctx.life, ctx.tick)
+                or any(
+                    f.levelling is not None
+                    for f in others
+                    if f.trend.slope > 0 and f.trend.confidence >= p.confidence_clear
+                )
+            ):
                 state = "holding"
         out.append((fit, state, ttoom, plateau))
     return out
 
 
-def severity_for(ttoom: float | None, horizon: float) -> Severity:
-    if ttoom is not None and ttoom < horizon / 4:
+def severity_for(ttoom: float | None, horizon: float, ruled_out: bool = True) -> Severity:
+    """`critical` (remediation acts on it) only when the fit rules saturation out (`ruled_out`)."""
+    if ttoom is not None and ttoom < horizon / 4 and ruled_out:
         return "critical"
     if ttoom is not None and ttoom < horizon:
         return "error"
@@ -115,10 +135,11 @@ def severity_for(ttoom: float | None, horizon: float) -> Severity:
 
 def judge_leak(ctx: Context) -> Observation:
     candidates = leak_series(ctx)
+    layered = NATIVE in candidates  # a JVM's layers: each is judged, the earliest deadline reported
     assessed: list[tuple[Fit, State, float | None, bool]] = []
     for metric in candidates:
         assessed += _corroborated([(fit, *assess(fit, ctx)) for fit in ctx.fits(metric)], ctx)
-        if any(state == "firing" for _, state, _, _ in assessed):
+        if not layered and any(state == "firing" for _, state, _, _ in assessed):
             break
     if not assessed:
         return ctx.observation(
@@ -128,6 +149,9 @@ def judge_leak(ctx: Context) -> Observation:
             f"buckets of {format_duration(ctx.params.bucket)} after a warm-up of {format_duration(ctx.params.warmup)})",
         )
     firing = [a for a in assessed if a[1] == "firing"]
+    if firing and layered:
+        fit, _, ttoom, _ = min(firing, key=lambda a: (a[2] is None, a[2] or 0.0, -a[0].trend.span))
+        return _leak_observation(ctx, fit, ttoom, native=fit.metric != JVM_HEAP_AFTER_GC)
     if firing:
         fit, _, ttoom, _ = max(firing, key=lambda a: a[0].trend.span)
         native = fit.metric == RSS and candidates[0] == JVM_HEAP_AFTER_GC and _outgrows_heap(ctx, fit)
@@ -136,6 +160,13 @@ def judge_leak(ctx: Context) -> Observation:
         elif fit.metric == ALLOCATED and ctx.present(PYMALLOC):  # objects in pymalloc's arenas
             fit, ttoom, _ = _outgrown_by_rss(ctx, fit, ttoom)
         return _leak_observation(ctx, fit, ttoom, native=native)
+    for metric in candidates:  # a leak cut short by restarts: the previous lifetime's evidence
+        found = carried(ctx, metric)
+        if found is not None:
+            fit, ttoom, evidence = found
+            obs = _leak_observation(ctx, fit, ttoom, native=False)
+            why = evidence.pop("why")
+            return replace(obs, summary=f"{obs.summary}; {why}", evidence=obs.evidence | evidence)
     state: State = "holding" if any(a[1] == "holding" for a in assessed) else "clear"
     risen = [a for a in assessed if a[0].confidence >= ctx.params.confidence_clear]
     if not risen:
@@ -195,23 +226,46 @@ def _envelope_rate(fit: Fit) -> float:
 
 def _leak_observation(ctx: Context, fit: Fit, ttoom: float | None, native: bool) -> Observation:
     t = fit.trend
-    where = " outside the Java heap" if native else ""
-    summary = f"{ctx.prep.instance} leaks {format_bytes(t.slope * 3600)}/h ({fit.pct_per_hour:.2f} %/h) in {fit.metric}{where}"
-    if ttoom is not None:
-        summary += f"; projected OOM in {format_duration(ttoom)} against {format_bytes(ctx.limit)}"
+    projection = ctx.projection(fit.metric)
+    layer = LAYERS.get(fit.metric)
+    layered = layer is not None and projection.layer is not None
+    above = not layered and ttoom is not None and ttoom <= 0
+    if layered:
+        summary = f"{ctx.prep.instance} leaks {layer.title}: " + _layer_text(layer, projection, fit, ttoom)
+    else:
+        where = " outside the Java heap" if native else ""
+        summary = f"{ctx.prep.instance} leaks {format_bytes(t.slope * 3600)}/h ({fit.pct_per_hour:.2f} %/h) in {fit.metric}{where}"
+        if above:
+            summary += f"; its peaks are already at or above its limit {format_bytes(ctx.limit)}{past_the_limit(ctx)}"
+        elif ttoom is not None:
+            summary += f"; projected OOM in {format_duration(ttoom)} against {projection.against}"
     summary += f"; confidence {t.confidence:.3f}"
     evidence = fit.evidence() | {
-        "time_to_oom_seconds": ttoom,
-        "limit_bytes": ctx.limit,
-        "peak_bytes": ctx.peak,
+        "time_to_oom_seconds": ttoom if layered else reported_time_to_oom(ctx, ttoom),
+        "above_limit": above,
+        "limit_bytes": projection.limit,
+        "peak_bytes": projection.start,
         "lifetime_start": ctx.lifetime_start,
         "outside_java_heap": native,
+        "layer": projection.layer,
+        "ceiling": projection.against,
+        "ceiling_bytes": projection.ceiling,
+        "ends_in": projection.ends,
     }
     return ctx.observation(
         "leak",
         "firing",
         summary,
-        severity=severity_for(ttoom, ctx.params.horizon),
+        severity=severity_for(ttoom, ctx.params.horizon, fit.saturation_ruled_out),
         verdict="leak",
         evidence=evidence,
     )
+
+
+def _layer_text(layer: Layer, projection: Projection, fit: Fit, ttoom: float | None) -> str:
+    """`java.lang.OutOfMemoryError: Java heap space in 2h10m: heap after GC grows 12.0 MiB/min towards
+    -Xmx 384.0 MiB` (the ending first, when the growth is projected to reach it)."""
+    growth = f"{layer.series_title} grows {format_rate(fit.trend.slope)} towards {projection.against}"
+    if ttoom is None:
+        return f"{growth} (not projected to reach it)"
+    return f"{projection.ends} in {format_duration(ttoom)}: {growth}"

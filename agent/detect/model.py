@@ -64,6 +64,9 @@ class InstanceSeries:
     started_at: float | None = None
     prior: WorkloadProfile | None = None
     """What the instance's workload is known to do (`agent.detect.priors`), for a new process."""
+    limit_source: str | None = None
+    """Where the limit comes from: `config` (medic's config only: the kernel does not enforce it),
+    `cgroup`, `host`; None when unknown (a recorded series, `medic analyze --limit`)."""
 
     def __post_init__(self) -> None:
         tree = self.series.get(TREE_MEMORY)
@@ -139,6 +142,8 @@ class Finding:
     lifetime_start: float
     fire_streak: int = 0
     clear_streak: int = 0
+    challenger: Verdict | None = None  # a verdict other than `verdict` seen in the last firing judgements
+    challenger_streak: int = 0
     last_tick: float = float("-inf")
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Tunables of the detectors, with defaults for production and a way for tests to compress time.
+"""Tunables of the detectors, with defaults for production and a way to compress time.
 
 All durations are seconds. The judgement runs on a grid of `bucket` seconds aligned to the
 epoch, so the online path (any schedule) and `medic analyze` (a replay) judge the same data
@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
+
+from agent.core.timescale import TimeScale
 
 DAY = 86400.0
 MAX_SPAN = 365 * DAY  # a longer window or horizon is a typo (and overflows the grid arithmetic)
@@ -123,13 +125,13 @@ class DetectParams:
         """How much history `evaluate` needs to give the same answer as a full replay."""
         return max(self.long_window, (self.season_days + 1) * self.season) + self.bucket
 
-    def scaled(self, factor: float) -> DetectParams:
-        """The same detector on a time axis `factor` times shorter (for tests and lab traces)."""
-        changes = {
-            name: getattr(self, name) / factor
-            for name in ("window", "long_window", "horizon", "warmup", "gap", "season")
-        }
-        return replace(self, **changes)
+    def scaled(self, scale: TimeScale | float) -> DetectParams:
+        """The same detector on a shorter time axis (`agent.core.timescale`). Its durations are tied
+        to one another (a season is a whole number of steps, a long bucket of buckets), so all of
+        them shrink alike: by less than the scale when a bucket would be shorter than a probe interval."""
+        axis = TimeScale.of(scale)
+        axis = axis.capped(self.bucket, axis.samples(1))
+        return replace(self, **{name: axis.span(getattr(self, name)) for name in sorted(_DURATIONS)})
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -88,7 +88,16 @@ class Prepared:
         key = (metric, env.width, day_start, prior is not None)
         if key not in self._profiles:
             idx, lows = self._flatten(metric, env)
-            learned = learn_profile(idx, lows, env.width, day_start, self.params.season_days, period)
+            learned = learn_profile(
+                idx,
+                lows,
+                env.width,
+                day_start,
+                self.params.season_days,
+                period,
+                self.starts[1:],
+                self.params.window,
+            )
             if learned is None and prior is not None and metric == RSS:
                 learned = prior.profile(env.width, period)  # relative: scaled by each fit's level
             self._profiles[key] = learned

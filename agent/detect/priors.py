@@ -138,7 +138,9 @@ def learn_workload(
             continue
         end = (idx[-1] + 1) * width
         day_start = math.floor(end / period + 1e-9) * period
-        learned = learn_profile(idx, lows, width, day_start, params.season_days, period)
+        learned = learn_profile(
+            idx, lows, width, day_start, params.season_days, period, prep.starts[1:], params.window
+        )
         if learned is None or learned.days < 3:
             continue
         level = median(lows)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import sub
@@ -42,21 +42,36 @@ class Profile:
 
 
 def learn_profile(
-    idx: list[int], lows: list[float], width: float, day_start: float, season_days: int, period: float
+    idx: list[int],
+    lows: list[float],
+    width: float,
+    day_start: float,
+    season_days: int,
+    period: float,
+    restarts: Sequence[float] = (),
+    settle: float = 0.0,
 ) -> Profile | None:
     """The profile for the period starting at `day_start`, from buckets of `width` (`idx` sorted).
 
-    Only buckets before `day_start` are used; None when the buckets do not tile the period or
-    fewer than `MIN_DAYS` complete periods exist.
+    Only buckets before `day_start` are used, and no day that `settle` seconds after one of the
+    `restarts` reach into: what the process does after its start (a warm-up, a cache filling, a
+    leak starting again from nothing) belongs to the process, not to the traffic, and a process
+    restarted about daily would teach its own sawtooth as the daily cycle. None when the buckets
+    do not tile the period or fewer than `MIN_DAYS` complete periods exist.
     """
     count = period / width
     slots = round(count)
     if abs(count - slots) > 1e-6 or slots < 4:
         return None
     first_day = math.floor(day_start / period + 1e-9) - season_days
+    unsettled = {
+        day
+        for start in restarts
+        for day in range(math.floor(start / period + 1e-9), math.floor((start + settle) / period + 1e-9) + 1)
+    }
     per_day: dict[int, list[float]] = {}
     for day in range(first_day, first_day + season_days):
-        found = _day_values(idx, lows, day, slots)
+        found = _day_values(idx, lows, day, slots) if day not in unsettled else None
         if found is not None:
             per_day[day] = found
     days = sorted(per_day)

@@ -6,8 +6,9 @@ Entry point, mirroring the memory detectors' `evaluate`:
         -> list[Observation]          # one of kind "slow" per instance of `fleet`
 
 `fleet` is the `InstanceSeries` of the instances that are peers of one another (one fleet label
-on this agent); `remote_peers` adds the levels (median latency over `peer_window`) of peers on
-other hosts, from the Prometheus query API or the coordinator. Feed the observations to
+on this agent); `remote_peers` adds the levels (median p99 over `peer_window`) of peers on
+other hosts, from the Prometheus query API or the coordinator. Peers are compared on the same
+figure only: a p99 with p99s, a mean (a summary without quantiles, a pair of counters) with means. Feed the observations to
 `agent.detect.lifecycle.update(active, observations, params)`: `SlowParams` has the
 `open_after`/`resolve_after` it reads.
 
@@ -25,19 +26,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
+from agent.core.timescale import WINDOW_SAMPLES, TimeScale
 from agent.detect.causes import likely_causes
 from agent.detect.latency_rules import (
     CANARY,
+    MEAN,
     QUANTILE_METRICS,
+    RELATIVE_POINTS,
     LatencyView,
     Rule,
     Slo,
     SlowParams,
     judge_peer,
+    judge_relative,
     judge_slo,
     judge_trend,
+    relative_instants,
+    relative_ratios,
 )
 from agent.detect.model import START_TIME, InstanceSeries, Kind, Observation, Severity, State
 
@@ -46,6 +53,7 @@ __all__ = [
     "INPUT_METRICS",
     "KIND",
     "QUANTILE_METRICS",
+    "Level",
     "Slo",
     "SlowParams",
     "evaluate_slow",
@@ -61,6 +69,7 @@ DEFAULT_SLOW = SlowParams()
 # the series `evaluate_slow` reads: load these from the store for each instance
 INPUT_METRICS = (
     *QUANTILE_METRICS.values(),
+    MEAN,
     CANARY,
     "cgroup_cpu_periods_total",
     "cgroup_cpu_throttled_periods_total",
@@ -75,18 +84,39 @@ INPUT_METRICS = (
 
 def history(params: SlowParams = DEFAULT_SLOW, slos: Mapping[str, Slo | None] | None = None) -> float:
     """Seconds of samples before `now` that `evaluate_slow` needs to judge like a full replay."""
-    windows = [params.peer_window, params.trend_window, *(slo.window for slo in (slos or {}).values() if slo)]
+    windows = [
+        params.peer_window + params.relative_window,
+        params.trend_window,
+        *(slo.window for slo in (slos or {}).values() if slo),
+    ]
     return max(windows) + params.stale + params.step
 
 
-def slo_from_settings(settings: Mapping[str, Any] | None, time_scale: float = 1.0) -> Slo | None:
+def judged_reach(params: SlowParams = DEFAULT_SLOW, slos: Mapping[str, Slo | None] | None = None) -> float:
+    """How far back a judgement that is not "unknown" must find a sample: its rules' windows; the
+    relative rule needs its own level at all but `RELATIVE_POINTS * (1 - min_coverage)` of its
+    instants, so the newest of them it cannot do without is that many spacings back."""
+    spare = RELATIVE_POINTS - math.ceil(params.min_coverage * RELATIVE_POINTS - 1e-9)
+    relative = params.peer_window + spare * params.relative_window / (RELATIVE_POINTS - 1)
+    windows = [
+        params.peer_window,
+        params.trend_window,
+        relative,
+        *(s.window for s in (slos or {}).values() if s),
+    ]
+    return max(windows) + params.stale + params.step
+
+
+def slo_from_settings(settings: Mapping[str, Any] | None, scale: TimeScale | float = 1.0) -> Slo | None:
     """The SLO in an instance's config as plain data (`latency.slo`), or None when it has none. Its
-    `for` is a detection window: divided by `time_scale` (`detect.time_scale`) as the others are."""
+    `for` is a detection window: on the agent's time scale, held at `WINDOW_SAMPLES` probe intervals
+    as the peer window is (`agent.core.timescale`)."""
     latency = (settings or {}).get("latency")
     slo = latency.get("slo") if isinstance(latency, Mapping) else None
     if not isinstance(slo, Mapping):
         return None
-    window = float(slo.get("for", slo.get("for_", 300.0))) / time_scale
+    axis = TimeScale.of(scale)
+    window = axis.span(float(slo.get("for", slo.get("for_", 300.0))), axis.samples(WINDOW_SAMPLES))
     return Slo(float(slo.get("quantile", 0.99)), float(slo.get("threshold", 0.25)), window)
 
 
@@ -108,21 +138,75 @@ def evaluate_slow(
     slos = slos or {}
     views = [LatencyView.at(series, tick, slos.get(series.instance)) for series in fleet]
     levels = {view.instance: view.level(params.peer_window, tick, params) for view in views}
-    known = {name: level for name, level in levels.items() if level is not None}
-    known.update({f"remote:{k}": float(v) for k, v in (remote_peers or {}).items() if math.isfinite(v)})
-    return [judge_view(view, levels[view.instance], known, tick, params) for view in views]
+    known = {
+        view.instance: Level(level, view.metric)
+        for view in views
+        if (level := levels[view.instance]) is not None
+    }
+    remote = QUANTILE_METRICS[0.99]
+    known.update(
+        {f"remote:{k}": Level(float(v), remote) for k, v in (remote_peers or {}).items() if math.isfinite(v)}
+    )
+    instants = relative_instants(tick, params)
+    past = [  # each instance's level at each earlier instant, as that judgement saw it
+        {
+            view.instance: Level(level, view.metric)
+            for view in (
+                LatencyView.at(series, at, slos.get(series.instance), at - params.peer_window - params.stale)
+                for series in fleet
+            )
+            if (level := view.level(params.peer_window, at, params)) is not None
+        }
+        for at in instants[:-1]
+    ]
+    local = {name: level for name, level in known.items() if not name.startswith("remote:")}
+    return [
+        judge_view(
+            view,
+            levels[view.instance],
+            known,
+            tick,
+            params,
+            relative_ratios(view.instance, [*past, local], view.lifetime_start, instants, params.peer_min),
+        )
+        for view in views
+    ]
+
+
+class Level(NamedTuple):
+    """A peer's level (median latency over the peer window) and the series it was read from."""
+
+    seconds: float
+    metric: str | None
 
 
 def judge_view(
-    view: LatencyView, level: float | None, known: Mapping[str, float], tick: float, params: SlowParams
+    view: LatencyView,
+    level: float | None,
+    known: Mapping[str, Level],
+    tick: float,
+    params: SlowParams,
+    ratios: Sequence[tuple[float, float]] = (),
 ) -> Observation:
-    """One instance's judgement at `tick`: its `level` against the `known` levels of its fleet
-    (its own left out), its SLO and its trend."""
-    peers = {name: value for name, value in known.items() if name != view.instance}
+    """One instance's judgement at `tick`: its `level` against the `known` levels of its fleet read
+    from the same series as its own (its own left out), its SLO, its trend, and its level over its
+    local peers' at the instants of `relative_instants` (`ratios`, from `relative_ratios`). Where
+    peers can tell, a trend that they share (the fleet's traffic rising) is not this instance being
+    slow: it only holds."""
+    peers = {
+        name: peer.seconds
+        for name, peer in known.items()
+        if name != view.instance and peer.metric == view.metric
+    }
+    relative = judge_relative(view, ratios, params)
+    trend = judge_trend(view, tick, params)
+    if trend.state == "firing" and relative.state == "clear":
+        trend = Rule("holding", trend.summary + "; its peers rose alike", trend.figures)
     rules = {
         "slo": judge_slo(view, tick, params),
         "peer": judge_peer(view, level, peers, params),
-        "trend": judge_trend(view, tick, params),
+        "trend": trend,
+        "relative": relative,
     }
     return _observation(view, tick, rules, params)
 

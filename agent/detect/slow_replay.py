@@ -27,13 +27,25 @@ from itertools import compress
 
 from agent.detect.coverage import Interval, seen_from, steps_seen
 from agent.detect.engine import InstanceAnalysis
-from agent.detect.latency_rules import CANARY, QUANTILE_METRICS, LatencyView, Slo, SlowParams
+from agent.detect.latency_rules import (
+    CANARY,
+    MEAN,
+    QUANTILE_METRICS,
+    RELATIVE_GROWTH,
+    RELATIVE_POINTS,
+    LatencyView,
+    Slo,
+    SlowParams,
+    judged_metrics,
+    relative_instants,
+    relative_ratios,
+)
 from agent.detect.lifecycle import update
 from agent.detect.model import START_TIME, Finding, InstanceSeries, Observation, Points
-from agent.detect.slow import DEFAULT_SLOW, INPUT_METRICS, history, judge_view, tick_for
+from agent.detect.slow import DEFAULT_SLOW, INPUT_METRICS, Level, history, judge_view, judged_reach, tick_for
 from agent.detect.trend import _kernels, normal_cdf
 
-LATENCY_METRICS = frozenset({*QUANTILE_METRICS.values(), CANARY})
+LATENCY_METRICS = frozenset({*QUANTILE_METRICS.values(), MEAN, CANARY})
 
 
 def has_latency(series: InstanceSeries) -> bool:
@@ -133,38 +145,47 @@ class _FleetReplay:
         # a tick where no member has a sample in the history it loads judges them all "unknown"
         seen = seen_from(
             (times for w in self.windows for times in w.times.values()),
-            self.span + params.step,
+            judged_reach(params, slos) + params.step,
             params.step,
             None,
         )
         self.ticks = grid(first, last, params, seen)  # when the samples are loaded …
         self.judged = [tick_for(tick, params) for tick in self.ticks]  # … and the instant judged
         self.tick_array, self.judged_array = array("d", self.ticks), array("d", self.judged)
+        self.index = {round(when / params.step): t for t, when in enumerate(self.judged)}  # by step number
         self._screen_instants = (self.tick_array.tobytes(), self.judged_array.tobytes())
-        self.python_levels: dict[tuple[int, int], float | None] = {}
+        self.python_levels: dict[tuple[int, int], Level | None] = {}
         screens = [self._screen(w) if screen else None for w in self.windows]
         self.levels: list[array | None] = [found[0] if found else None for found in screens]
         self.odd = [found[2] if found else set() for found in screens]
         self.candidates: list[list[int]] = [
             found[1] if found else list(range(len(self.ticks))) for found in screens
         ]
+        # the series each screened instance is judged on, but at the ticks of `switched` (its
+        # quantile missing from the history loaded, its mean there): Python says which there
+        self.metric: list[str | None] = [found[3] if found else None for found in screens]
+        self.switched: list[set[int]] = [found[4] if found else set() for found in screens]
         if any(found is None for found in screens):  # peers' levels unknown to the screen: judge all
             self.candidates = [list(range(len(self.ticks))) for _ in self.windows]
         else:
             for index, extra in self._peer_candidates().items():
                 self.candidates[index] = sorted({*self.candidates[index], *extra})
+            for index, extra in self._relative_candidates().items():
+                self.candidates[index] = sorted({*self.candidates[index], *extra})
 
-    def _screen(self, window: _Window) -> tuple[array, list[int], set[int]] | None:
+    def _screen(self, window: _Window) -> tuple[array, list[int], set[int], str, set[int]] | None:
         """(level per tick, -inf for none; the ticks where the SLO or trend rule might fire or the
-        level needs Python; those of them that need Python) from the C screen, or None when this
-        instance must be judged at every tick (no extension, or an input it does not model)."""
+        level needs Python; those of them that need Python; the series judged; the ticks where
+        another series may be judged instead) from the C screen, or None when this instance must
+        be judged at every tick (no extension, or an input it does not model)."""
         if _kernels is None or not hasattr(_kernels, "slow_screen"):
             return None
         params, slo = self.params, self.slos.get(window.series.instance)
-        wanted = QUANTILE_METRICS.get(slo.quantile if slo else 0.99, QUANTILE_METRICS[0.99])
-        if wanted in window.metrics and CANARY in window.metrics:
+        present = [m for m in judged_metrics(slo) if m in window.metrics] or [CANARY]
+        metric = present[0]
+        if CANARY in present[1:]:
             return None  # which one is judged depends on the window: leave it to the rules
-        metric = wanted if wanted in window.metrics else CANARY
+        switched = self._switched(window, metric) if MEAN in present[1:] else set()
         restarts = window.series.restarts or []
         if not all(math.isfinite(r) for r in restarts):
             return None
@@ -188,9 +209,21 @@ class _FleetReplay:
         levels, flags = array("d"), array("d")
         levels.frombytes(levels_raw)
         flags.frombytes(flags_raw)
-        marked = list(compress(range(len(flags)), flags))
-        odd = {t for t in marked if int(flags[t]) & 4}
-        return levels, marked, odd
+        marked = sorted({*compress(range(len(flags)), flags), *switched})
+        odd = {t for t in marked if int(flags[t]) & 4} | switched
+        return levels, marked, odd, metric, switched
+
+    def _switched(self, window: _Window, quantile: str) -> set[int]:
+        """The ticks whose loaded history holds the instance's mean but not its quantile: there the
+        rules judge the mean (a histogram's both come together, so these are its edges)."""
+        found = set()
+        for t, load in enumerate(self.ticks):
+            since = load - self.span
+            if not _any_within(window.times[quantile], since, load) and _any_within(
+                window.times[MEAN], since, load
+            ):
+                found.add(t)
+        return found
 
     def _peer_candidates(self) -> dict[int, list[int]]:
         """Per instance, the ticks where its peer rule might fire: its level at least
@@ -204,8 +237,16 @@ class _FleetReplay:
             for i, level in enumerate(self.levels)
         ]
         out: dict[int, list[int]] = {}
+        everyone = list(range(len(levels)))
+        if len(set(self.metric)) > 1:  # peers of different series are not compared: judge them all
+            return {i: list(range(len(self.ticks))) for i in everyone}
+        switched = set().union(*self.switched)
         unknown = -math.inf
         for t, row in enumerate(zip(*levels)):
+            if t in switched:
+                for i in everyone:
+                    out.setdefault(i, []).append(t)
+                continue
             ordered = sorted(row)
             known = ordered[bisect_right(ordered, unknown) :]
             if len(known) - 1 < params.peer_min:
@@ -224,16 +265,62 @@ class _FleetReplay:
                     out.setdefault(i, []).append(t)
         return out
 
+    def _relative_candidates(self) -> dict[int, list[int]]:
+        """Per instance, the ticks where its relative rule might fire: its level over its peers'
+        median (`relative_ratios`) at one of the last five instants at least `1 + RELATIVE_GROWTH`,
+        and that many times its lowest at any instant of the window (the median of three is at
+        most their largest and at least the lowest of all)."""
+        params = self.params
+        count = len(self.ticks)
+        ratios: list[list[float]] = [[math.nan] * count for _ in self.names]
+        for t in range(count):
+            row = [self.peer_level(i, t) for i in range(len(self.names))]
+            by_metric: dict[str | None, list[float]] = {}
+            for found in row:
+                if found is not None:
+                    by_metric.setdefault(found.metric, []).append(found.seconds)
+            for known in by_metric.values():
+                known.sort()
+            for i, found in enumerate(row):
+                if found is None or len(known := by_metric[found.metric]) - 1 < params.peer_min:
+                    continue
+                centre = _median_without(known, bisect_left(known, found.seconds))
+                ratio = found.seconds / centre if centre > 0 else math.nan
+                if 0 < ratio < math.inf:
+                    ratios[i][t] = ratio
+        index = self.index
+        back = params.relative_window / (RELATIVE_POINTS - 1)
+        bar = 1 + RELATIVE_GROWTH - 1e-9
+        out: dict[int, list[int]] = {}
+        for t, when in enumerate(self.judged):
+            at = [
+                index.get(round((when - back * k) / params.step)) for k in range(RELATIVE_POINTS)
+            ]  # newest first
+            for i, row in enumerate(ratios):
+                values = [row[k] for k in at if k is not None and not math.isnan(row[k])]
+                if not values:
+                    continue
+                recent = max(values[:5]) if len(values) >= 5 else max(values)
+                if recent >= bar and recent >= bar * min(values):
+                    out.setdefault(i, []).append(t)
+        return out
+
     def level(self, i: int, t: int) -> float | None:
         """Instance `i`'s peer level at tick `t`, as `evaluate_slow` computes it."""
-        screened = self.levels[i]
+        found = self.peer_level(i, t)
+        return None if found is None else found.seconds
+
+    def peer_level(self, i: int, t: int) -> Level | None:
+        """Instance `i`'s peer level at tick `t` and the series it was read from."""
+        screened, metric = self.levels[i], self.metric[i]
         if screened is not None and t not in self.odd[i]:
             value = screened[t]
-            return None if value == -math.inf else value
+            return None if value == -math.inf else Level(value, metric)
         key = (i, t)
         if key not in self.python_levels:
             view = self._view(i, t)
-            self.python_levels[key] = view.level(self.params.peer_window, self.judged[t], self.params)
+            value = view.level(self.params.peer_window, self.judged[t], self.params)
+            self.python_levels[key] = None if value is None else Level(value, view.metric)
         return self.python_levels[key]
 
     def _view(self, i: int, t: int) -> LatencyView:
@@ -246,10 +333,24 @@ class _FleetReplay:
         view = self._view(i, t)
         known = {}
         for j, name in enumerate(self.names):
-            value = self.level(j, t)
-            if value is not None:
-                known[name] = value
-        return judge_view(view, self.level(i, t), known, self.judged[t], self.params)
+            found = self.peer_level(j, t)
+            if found is not None:
+                known[name] = found
+        instants = relative_instants(self.judged[t], self.params)
+        past = []
+        for at in instants:
+            k = self.index.get(round(at / self.params.step))
+            past.append(
+                {}
+                if k is None
+                else {
+                    name: found
+                    for j, name in enumerate(self.names)
+                    if (found := self.peer_level(j, k)) is not None
+                }
+            )
+        ratios = relative_ratios(view.instance, past, view.lifetime_start, instants, self.params.peer_min)
+        return judge_view(view, self.level(i, t), known, self.judged[t], self.params, ratios)
 
     def findings(self) -> list[tuple[Finding, Finding | None]]:
         """Each finding that opened (as it ended or stands at the last tick), with the finding as
@@ -280,6 +381,17 @@ class _FleetReplay:
         return out
 
 
+def _median_without(ordered: list[float], skip: int) -> float:
+    """The median of the sorted `ordered` without its element at `skip`."""
+    n = len(ordered) - 1
+
+    def at(k: int) -> float:
+        return ordered[k] if k < skip else ordered[k + 1]
+
+    mid = n // 2
+    return at(mid) if n % 2 else 0.5 * (at(mid - 1) + at(mid))
+
+
 def _z_for(confidence: float) -> float:
     """A z a little under the one whose `normal_cdf` is `confidence`: a trend whose Mann-Kendall z
     is below it cannot reach that confidence."""
@@ -291,6 +403,10 @@ def _z_for(confidence: float) -> float:
         else:
             hi = mid
     return lo - 1e-6
+
+
+def _any_within(times: Sequence[float], since: float, until: float) -> bool:
+    return bisect_right(times, until) > bisect_left(times, since)
 
 
 def _or_unknown(level: float | None) -> float:

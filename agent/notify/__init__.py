@@ -3,11 +3,14 @@
 Out (events → people), in the order data flows:
 
     EventLog ──(subscriber wakes)──► Router ──► Outbox (SQLite) ──► sinks: alertmanager | webhook | slack
-       events table, read by cursor    routes.py    outbox.py            sinks/*.py
+       events table, read by cursor    router.py    outbox.py            sinks/*.py
                                                    retries, dead letter
 
-- `config.py`   the `notify:` section (sinks, min_severity, dashboard_url, retry, receiver)
-- `routes.py`   which event kinds concern people, and what each one does (the one table)
+- `config.py`   the `notify:` section (sinks, min_severity, dashboard_url, runbook_url, retry, receiver)
+- `event_alerts.py` which event kinds concern people, what each one does (the one table), and the
+                description of each alert medic posts
+- `model.py`    a notification: labels of the one label model (name, agent, fleet), summary,
+                description, runbook and link
 - `router.py`   events → per-sink outbox entries; the state of alerts that fire until resolved
 - `outbox.py`   the durable queue: dedup keys, exponential backoff with jitter, dead letters
 - `sinks/`      one module per target format; `signing.py` the HMAC shared with the receiver

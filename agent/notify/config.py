@@ -2,7 +2,8 @@
 
     notify:
       min_severity: warning              # findings below this are not sent (restarts etc. always are)
-      dashboard_url: "https://grafana.example/d/medic?var-name={instance}"
+      dashboard_url: "https://grafana.example/d/medic?var-name={instance}"   # else agent.external_url's
+      runbook_url: "https://docs.example/medic/runbooks.md#{alertname}"     # the anchor: the name in lower case
       sinks:
         - {type: alertmanager, url: "http://127.0.0.1:9093"}
         - {type: webhook, url: "https://hooks.example/medic", secret_env: MEDIC_WEBHOOK_SECRET}
@@ -30,6 +31,7 @@ from agent.core.types import DAY, HOUR, Duration, Severity, Size, Strict, size_w
 from probes.linux.secrets import read_token
 
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2, "critical": 3}
+RUNBOOK_URL = "https://medic.example.internal/docs/runbooks.md#{alertname}"
 _SINK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -195,7 +197,12 @@ class ReceiverSpec(_Secret):
 class NotifySection(Strict):
     sinks: list[SinkSpec] = Field(default_factory=list)
     min_severity: Severity = "warning"
-    dashboard_url: str | None = None  # `{instance}` and `{fleet}` are replaced; default: the agent's API
+    # the link in each notification: `{instance}`, `{fleet}` and `{agent}` are replaced; default: the
+    # dashboard at agent.external_url, else no link
+    dashboard_url: str | None = None
+    # each alert's runbook_url, `{alertname}` replaced by the alert's name in lower case (the anchor of
+    # its section in docs/runbooks.md); the same base as dashboards/prometheus/medic-rules.yml
+    runbook_url: str = RUNBOOK_URL
     fleet_label: str = "fleet"  # the instance label that names its fleet
     retry: RetrySpec = Field(default_factory=RetrySpec)
     receiver: ReceiverSpec = Field(default_factory=ReceiverSpec)
@@ -216,8 +223,22 @@ class NotifySection(Strict):
                 f"sinks: the name(s) {', '.join(duplicates)} are used twice; give each sink a name"
             )
         if self.dashboard_url is not None:
-            _http_url(self.dashboard_url.replace("{instance}", "x").replace("{fleet}", "x"))
+            try:
+                _http_url(fill(self.dashboard_url, instance="x", fleet="x", agent="x"))
+            except ValueError as exc:
+                raise ValueError(f"dashboard_url: {exc}") from None
+        try:
+            _http_url(fill(self.runbook_url, alertname="x"))
+        except ValueError as exc:
+            raise ValueError(f"runbook_url: {exc}") from None
         return self
+
+
+def fill(template: str, **values: str) -> str:
+    """`template` with each `{key}` replaced by its value (no other brace is special)."""
+    for key, value in values.items():
+        template = template.replace("{" + key + "}", value)
+    return template
 
 
 def sink_names(sinks: list[Any]) -> list[str]:

@@ -51,6 +51,34 @@ FINDING_ALERTS: dict[str, str] = {
     "external": "MedicExternal",
 }
 NOT_POSTED_BACK = frozenset({"external"})
+# what on-call reads under each alert's summary: the first look and the command for it ({name}: the
+# instance); the runbook (docs/runbooks.md, the section named after the alert) says the rest
+DESCRIPTIONS: dict[str, str] = {
+    "MedicLeak": "medic found {name}'s memory growing steadily. `medic leaks {name}` names what grows; "
+    "`medic plan` shows the restart planned, if any.",
+    "MedicOOMRisk": "{name} is heading for its memory limit. `medic plan` shows whether a restart comes "
+    "first; `medic restart {name}` restarts it now, within the budget.",
+    "MedicFragmentation": "{name}'s allocator holds far more memory than is in use: fragmentation or "
+    "retention, not a leak. `medic purge {name}` returns free pages now.",
+    "MedicSlow": "{name} is slow: over its SLO, far above its peers or degrading. The summary names the "
+    "rule and the likely cause; `medic status` shows the latency of every instance.",
+    "MedicFinding": "`medic events --instance {name}` shows the finding and its evidence.",
+    "MedicInstanceDown": "medic finds no running process for {name}. `medic events --instance {name}` "
+    "says when it went and how it ended.",
+    "MedicEscalated": "medic stopped repairing {name} by itself: its remedies did not hold. After a look, "
+    "`medic clear {name}` lets it act again.",
+    "MedicRestartFailed": "A restart of {name} did not bring it back healthy. `medic actions` shows the "
+    "attempt and its evidence.",
+    "MedicBudgetExhausted": "Restarts wait: the fleet's restart budget is used up. `medic plan` shows "
+    "what waits and until when.",
+    "MedicCoordinatorUnreachable": "medic cannot reach its coordinator, so it restarts nothing (it fails "
+    "closed). Check the etcd endpoints of remediation.coordinator.",
+}
+
+
+def description_for(alertname: str | None, instance: str | None) -> str | None:
+    text = DESCRIPTIONS.get(alertname or "")
+    return text.replace("{name}", instance or "the instance") if text else None
 
 
 def canonical(kind: str) -> str:
@@ -127,3 +155,11 @@ ROUTES: dict[str, Route] = {
 
 def route_for(kind: str) -> Route | None:
     return ROUTES.get(canonical(kind))
+
+
+# every alert medic posts to Alertmanager (each has a runbook section and a description)
+PUSHED_ALERTS = frozenset(
+    {name for kind, name in FINDING_ALERTS.items() if kind not in NOT_POSTED_BACK}
+    | {"MedicFinding"}
+    | {route.alertname for route in ROUTES.values() if route.effect and isinstance(route.alertname, str)}
+)

@@ -25,7 +25,8 @@ class Notification:
     summary: str  # one line for a person
     message: str  # the event's message
     alertname: str | None = None
-    instance: str | None = None
+    instance: str | None = None  # the watched instance's name (label `name` in Alertmanager)
+    agent: str | None = None  # the agent that watches it (`agent.name`, the pod's name in Kubernetes)
     fleet: str | None = None
     kind: str | None = None  # the finding's kind, when there is one
     evidence: dict[str, Any] = field(default_factory=dict)
@@ -34,7 +35,9 @@ class Notification:
     action_id: str | None = None
     starts_at: float = 0.0
     ends_at: float | None = None  # resolved: when it ended; once: when it lapses; firing: None
-    link: str | None = None
+    link: str | None = None  # a page on-call can open: the dashboard, never a loopback address
+    runbook: str | None = None  # what the alert means and what to do (docs/runbooks.md)
+    description: str | None = None  # a sentence or two beside the summary: what to look at first
     data: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

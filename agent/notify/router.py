@@ -25,10 +25,18 @@ import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
+from urllib.parse import quote
 
 from agent.core.records import Event
-from agent.notify.config import SEVERITY_RANK, NotifySection
-from agent.notify.event_alerts import NOT_POSTED_BACK, Route, canonical, finding_of, route_for
+from agent.notify.config import SEVERITY_RANK, NotifySection, fill
+from agent.notify.event_alerts import (
+    NOT_POSTED_BACK,
+    Route,
+    canonical,
+    description_for,
+    finding_of,
+    route_for,
+)
 from agent.notify.model import Notification
 from agent.notify.outbox import Outbox
 from agent.state.store import Store
@@ -95,7 +103,8 @@ class Router:
         sinks: list[SinkView],
         *,
         labels_for: Callable[[str], Mapping[str, str]] = lambda name: {},
-        base_url: Callable[[], str | None] = lambda: None,
+        agent: str | None = None,
+        external_url: str | None = None,
         silences: SilenceBook | None = None,
         silence_for: float = 1800.0,
         repost_interval: float | None = None,
@@ -105,7 +114,8 @@ class Router:
         self.outbox = outbox
         self.sinks = sinks
         self.labels_for = labels_for
-        self.base_url = base_url
+        self.agent = agent  # the `agent` of every notification: replicas of a workload stay apart
+        self.external_url = external_url
         self.silences = silences
         self.silence_for = silence_for
         self.repost_interval = repost_interval
@@ -190,6 +200,7 @@ class Router:
             summary = f"{instance}: {event.message}" if instance else event.message
             evidence = {k: v for k, v in event.data.items() if k != "finding"}
         status = {"fire": "firing", "once": "firing", "resolve": "resolved"}.get(route.effect or "", "info")
+        alertname = route.alert_name(event) if route.effect else None
         return Notification(
             key=route.key(event) if route.key else f"event/{event.id}",
             status=status,  # type: ignore[arg-type]
@@ -199,8 +210,9 @@ class Router:
             severity=severity,
             summary=summary,
             message=event.message,
-            alertname=route.alert_name(event) if route.effect else None,
+            alertname=alertname,
             instance=instance,
+            agent=self.agent,
             fleet=fleet,
             kind=_text(finding.get("kind")),
             evidence=evidence,
@@ -210,17 +222,23 @@ class Router:
             starts_at=event.ts,
             ends_at=event.ts + route.lasts if route.effect == "once" else None,
             link=self.link(instance, fleet),
+            runbook=fill(self.config.runbook_url, alertname=alertname.lower()) if alertname else None,
+            description=description_for(alertname, instance),
             data={"kind": event.kind},
         )
 
     def link(self, instance: str | None, fleet: str | None) -> str | None:
+        """`notify.dashboard_url` filled in, else the agent's dashboard at `agent.external_url`, else
+        none: the agent's listen address (loopback, a pod IP) is not a page on-call can open."""
         template = self.config.dashboard_url
         if template:
-            return template.replace("{instance}", instance or "").replace("{fleet}", fleet or "")
-        base = self.base_url()
-        if not base:
+            values = {"instance": instance or "", "fleet": fleet or "", "agent": self.agent or ""}
+            return fill(template, **{k: quote(v, safe="") for k, v in values.items()})
+        if not self.external_url:
             return None
-        return f"{base}/api/v1/instances/{instance}" if instance else f"{base}/api/v1/events"
+        return f"{self.external_url.rstrip('/')}/dashboard" + (
+            f"#instance={quote(instance, safe='')}" if instance else ""
+        )
 
     # ----------------------------------------------------------------------------- effects
     def _fire(self, db: sqlite3.Connection, route: Route, note: Notification, now: float) -> int:

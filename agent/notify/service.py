@@ -57,7 +57,8 @@ class Notifier:
         events: EventLog,
         *,
         labels_for: Callable[[str], Mapping[str, str]] = lambda name: {},
-        base_url: Callable[[], str | None] = lambda: None,
+        agent: str | None = None,
+        external_url: str | None = None,
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
         transport: httpx.BaseTransport | None = None,
@@ -77,6 +78,7 @@ class Notifier:
                 config.receiver.instance_labels,
                 refresh=min(s.spec.silence_refresh for s in alertmanagers if s.spec.silences),
                 wake=lambda: self._wake("silences"),
+                agent=agent,
             )
             if targets
             else None
@@ -87,7 +89,8 @@ class Notifier:
             self.outbox,
             self.sinks,
             labels_for=labels_for,
-            base_url=base_url,
+            agent=agent,
+            external_url=external_url,
             silences=self.silencer,
             silence_for=max((s.spec.silence_max for s in alertmanagers), default=1800.0),
             repost_interval=min((s.spec.repost_interval for s in alertmanagers), default=None),
@@ -282,14 +285,13 @@ def start_notifier(agent: Any) -> Notifier:
         state = agent.tracker.get(name)
         return dict(state.labels) if state is not None else {}
 
-    def base_url() -> str | None:
-        if not agent.address:
-            return None
-        host, port = agent.address
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
     notifier = Notifier(
-        agent.config.notify, agent.store, agent.events, labels_for=labels_for, base_url=base_url
+        agent.config.notify,
+        agent.store,
+        agent.events,
+        labels_for=labels_for,
+        agent=agent.agent_name,
+        external_url=agent.config.agent.external_url,
     )
     agent.telemetry.registry.register(notifier.collector)
     agent.events.subscribe(notifier.wake)

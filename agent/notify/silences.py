@@ -5,7 +5,9 @@
 every Alertmanager sink with `silences: true`:
 
 - for each active request, the alerts firing in Alertmanager that belong to the instance (one of
-  `receiver.instance_labels` equals its name; medic's own alerts carry `instance`) get a silence
+  `receiver.instance_labels` equals its name, as medic's own alerts' `name` does, and their `agent`,
+  if they carry one, is this agent: a replica of the same workload watched by another agent keeps
+  its alerts) get a silence
   matching exactly their labels, created by `sidecar-medic`, with the action id and the alert's
   fingerprint in the comment, ending at `until`. Idempotent on the fingerprint: an alert already
   covered by a medic silence (recorded here, or found in Alertmanager after a crash) gets no
@@ -73,7 +75,12 @@ def ensure_silence_schema(store: Store) -> None:
     store.ensure_schema(_SCHEMA)
 
 
-def belongs(labels: dict[str, Any], instance: str, instance_labels: list[str]) -> bool:
+def belongs(
+    labels: dict[str, Any], instance: str, instance_labels: list[str], agent: str | None = None
+) -> bool:
+    """Whether an alert is about this agent's `instance`."""
+    if agent is not None and labels.get("agent") not in (None, "", agent):
+        return False
     return any(labels.get(name) == instance for name in instance_labels)
 
 
@@ -101,10 +108,12 @@ class Silencer:
         *,
         refresh: float = 5.0,
         wake: Callable[[], None] = lambda: None,
+        agent: str | None = None,
     ) -> None:
         self.store = store
         self.targets = targets
         self.instance_labels = instance_labels
+        self.agent = agent
         self.refresh = refresh
         self.wake = wake
         ensure_silence_schema(store)
@@ -184,7 +193,7 @@ class Silencer:
         for action_id, instance, until in active:
             for alert in alerts if isinstance(alerts, list) else []:
                 labels, fingerprint = alert.get("labels") or {}, alert.get("fingerprint")
-                if not fingerprint or not belongs(labels, instance, self.instance_labels):
+                if not fingerprint or not belongs(labels, instance, self.instance_labels, self.agent):
                     continue
                 if (fingerprint, action_id) in known:
                     continue

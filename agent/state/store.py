@@ -28,10 +28,13 @@ from typing import Any, Literal
 from agent.core.errors import StoreError
 from agent.core.records import Event, Sample
 from agent.core.sql import where_clause
+from agent.state.corrupt import corrupt_advice, is_corrupt
 from probes.linux.fstrust import ensure_private_dir, ensure_private_file
 
 log = logging.getLogger("medic.store")
 SCHEMA_VERSION = 1
+
+
 # each reader connection keeps at most this page cache (SQLite's default is 2 MiB per connection):
 # what a detection pass reads again is the recent rows of the instances it judges, and the OS page
 # cache holds the rest of the file
@@ -121,11 +124,23 @@ class Store:
             self._db = self._connect()
             self._db.executescript(_SCHEMA)
             self._check_version()
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(
-                f"cannot open the state database {self.path}: {exc}; check that state_dir is writable "
-                "by the user running medic and that no other program holds it"
-            ) from None
+        except sqlite3.Error as exc:
+            if is_corrupt(exc):
+                raise StoreError(f"{corrupt_advice(self.path)} (SQLite: {exc})") from None
+            raise StoreError(self._unreachable(exc)) from None
+        except OSError as exc:
+            raise StoreError(self._unreachable(exc)) from None
+
+    def _unreachable(self, exc: Exception) -> str:
+        return (
+            f"cannot open the state database {self.path}: {exc}; check that state_dir is writable "
+            "by the user running medic and that no other program holds it"
+        )
+
+    def _failed(self, what: str, exc: sqlite3.Error) -> str:
+        """`cannot WHAT in medic.db: why`, with what to do when the file is corrupt."""
+        said = f"cannot {what} in {self.path}: {exc}"
+        return f"{said}; {corrupt_advice(self.path)}" if is_corrupt(exc) else said
 
     # ----------------------------------------------------------------------------- connections
     def _connect(self) -> sqlite3.Connection:
@@ -267,10 +282,11 @@ class Store:
             except sqlite3.Error as exc:
                 self._db.execute("ROLLBACK") if self._db.in_transaction else None
                 self._keep_for_retry(batch)
-                self.write_error = f"cannot write samples to {self.path}: {exc}"
+                self.write_error = self._failed("write samples", exc)
+                fix = "" if is_corrupt(exc) else ": free space on the state_dir's filesystem"
                 raise StoreError(
                     f"{self.write_error}; {self.pending()} sample(s) kept in memory and retried on the next "
-                    f"flush ({self.dropped} dropped so far): free space on the state_dir's filesystem"
+                    f"flush ({self.dropped} dropped so far){fix}"
                 ) from None
         self.write_error = None
         return len(rows)
@@ -390,7 +406,7 @@ class Store:
                     ),
                 )
             except sqlite3.Error as exc:
-                raise StoreError(f"cannot write an event to {self.path}: {exc}") from None
+                raise StoreError(self._failed("write an event", exc)) from None
         event.id = cur.lastrowid
         return event
 
@@ -440,14 +456,14 @@ class Store:
         try:
             yield
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot {what} in {self.path}: {exc}") from None
+            raise StoreError(self._failed(what, exc)) from None
 
     @contextmanager
     def _best_effort(self, what: str) -> Iterator[None]:
         try:
             yield
         except sqlite3.Error as exc:
-            self.write_error = f"cannot {what} in {self.path}: {exc}"
+            self.write_error = self._failed(what, exc)
             log.error("%s; carrying on without it", self.write_error)
 
     def known_instances(self) -> dict[str, InstanceRecord]:

@@ -6,11 +6,11 @@ Returns process identities only; deciding what is a restart is the tracker's job
 from __future__ import annotations
 
 import os
-import re
 import stat
 from pathlib import Path
 
 from agent.core.errors import ProbeError, UnsafePath
+from agent.core.patterns import compile_pattern
 from agent.core.records import ProcessIdentity
 from probes.linux.fstrust import check_trusted_path, open_regular_file, trusted_uids
 from probes.linux.procfs import read_stat, read_status, start_time
@@ -100,7 +100,7 @@ def by_cmdline(pattern: str) -> list[ProcessIdentity]:
     """Every process whose command line matches `pattern`, oldest first; medic and its ancestors excluded."""
     import psutil  # loaded by the first `match.cmdline` only: 1.3 MiB of objects a pid or pidfile never needs
 
-    regex = re.compile(pattern)
+    regex = compile_pattern(pattern)  # linear in the text: any user can write a 700 KB command line
     excluded = _self_and_ancestors()
     found = []
     for proc in psutil.process_iter(["cmdline"]):

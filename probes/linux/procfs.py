@@ -220,6 +220,16 @@ def parse_boot_time(data: bytes) -> int:
 _boot_times: dict[str, int] = {}
 
 
+def read_boot_id(root: Path = HOST_ROOT) -> str | None:
+    """This boot's random id (`/proc/sys/kernel/random/boot_id`), new at every boot; None when it
+    cannot be read (a restricted /proc)."""
+    try:
+        text = read_raw(proc_path(root, "sys", "kernel", "random", "boot_id")).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if 0 < len(text) <= 64 else None
+
+
 def boot_time(root: Path = HOST_ROOT) -> int:
     """Boot time, read once per root: a later clock step must not make every process look restarted."""
     key = str(root)

@@ -35,6 +35,7 @@ from typing import Any
 
 from agent.core.figures import LATEST_TIME as LATEST  # a time past it in a record read back is no time
 from agent.core.figures import is_number
+from remediation.deadlines import Clocks, settle
 from remediation.errors import CoordinatorError
 from remediation.model import Decision, FleetEntry, RestartRecord
 from remediation.text import at
@@ -91,11 +92,13 @@ def profile_doc(text: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def read_pause(text: str | None, now: float) -> dict[str, Any] | None:
+def read_pause(text: str | None, now: float, clocks: Clocks | None = None) -> dict[str, Any] | None:
     """The fleet pause that `text` (what the coordinator holds, or None) records, while it holds at
-    `now`: one whose `until` has passed holds no more; one that is no JSON object within
-    `MAX_PAUSE_BYTES` holds (fail closed) and says it is unreadable. Fields come back checked:
-    `reason` and `by`/`agent` text, `until`/`since` unix times or None; others are dropped."""
+    `now`: one whose time is up holds no more; one that is no JSON object within `MAX_PAUSE_BYTES`
+    holds (fail closed) and says it is unreadable. Fields come back checked: `reason` and
+    `by`/`agent` text, `until`/`since` unix times or None, the anchor on the boot clock of the host
+    that set it (`remediation.deadlines`); others are dropped. Its time is told by that boot clock
+    on the same host (so moving the wall clock does not end it), else by the wall clock."""
     if text is None:
         return None
     value = profile_doc(text) if len(text.encode()) <= MAX_PAUSE_BYTES else None
@@ -108,9 +111,25 @@ def read_pause(text: str | None, now: float) -> dict[str, Any] | None:
         "since": checked_time(value.get("since")),
         "agent": _text(value.get("agent"), 200),
     }
-    if record["until"] is not None and record["until"] <= now:
-        return None
-    return record
+    anchor = {"boot_id": _text(value.get("boot_id"), 64), "boot_until": value.get("boot_until")}
+    if anchor["boot_id"] and is_number(anchor["boot_until"]):
+        record.update(anchor)
+    return None if pause_over(record, now, clocks) else record
+
+
+def pause_over(record: Mapping[str, Any], now: float, clocks: Clocks | None = None) -> bool:
+    """Whether the time of the pause `record` is up at `now` (the wall clock): on its boot clock
+    when it was set on this boot, else on the wall clock (`remediation.deadlines.settle`)."""
+    if record.get("until") is None:
+        return False
+    settled, _ = settle(record, now, clocks or Clocks())
+    return bool(settled["until"] <= now)
+
+
+def shown_pause(record: Mapping[str, Any], now: float, clocks: Clocks | None = None) -> dict[str, Any]:
+    """The pause as people read it: `until` on today's wall clock, without its bookkeeping."""
+    settled, _ = settle(record, now, clocks or Clocks())
+    return {k: v for k, v in settled.items() if k not in ("boot_id", "boot_until")}
 
 
 def _text(value: Any, limit: int) -> str | None:

@@ -57,6 +57,7 @@ from remediation.coordinator.base import (
 from remediation.coordinator.etcd_gateway import EtcdGateway, answer_revision, b64
 from remediation.coordinator.etcd_security import EtcdSecurity
 from remediation.coordinator.etcd_watch import KeyWatch, wait_fresh
+from remediation.deadlines import Clocks
 from remediation.errors import CoordinatorError, CoordinatorUnavailable, LeaseLost
 from remediation.model import Decision, FleetEntry, RestartRecord
 from remediation.planner import stable_hash
@@ -86,6 +87,7 @@ class EtcdCoordinator(Coordinator):
         self.namespace = namespace
         self.retention = retention
         self.clock = clock
+        self.clocks = Clocks.for_wall(clock)  # how long a fleet pause lasts (remediation.deadlines)
         self._lock = threading.Lock()
         self._held: dict[str, dict[str, Any]] = {}  # token -> the record this agent wrote
         self._fleet_lease: int | None = None
@@ -158,7 +160,7 @@ class EtcdCoordinator(Coordinator):
             clock_rev, slots, raw = self._snapshot()
             now = self.clock()
             paused = gw.get(self.base + PAUSE)  # read fresh: its revision guards the txn below
-            pause = read_pause(paused["value"], now) if paused else None
+            pause = read_pause(paused["value"], now, self.clocks) if paused else None
             if pause is not None:
                 return AcquireResult(None, fleet_pause_decision(pause))
             decision = admit(self._records(slots, raw, now - self.retention), now)
@@ -486,7 +488,7 @@ class EtcdCoordinator(Coordinator):
 
     def _watched_pause(self, control: KeyWatch) -> dict[str, Any] | None:
         kv = control.get(self.base + PAUSE)
-        return read_pause(kv["value"], self.clock()) if kv else None
+        return read_pause(kv["value"], self.clock(), self.clocks) if kv else None
 
     def fleet_pause(self) -> dict[str, Any] | None:
         self._current_leader()  # fails when the watch is down

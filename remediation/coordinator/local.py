@@ -52,6 +52,7 @@ from remediation.coordinator.base import (
     profile_text,
     read_pause,
 )
+from remediation.deadlines import Clocks
 from remediation.errors import CoordinatorUnavailable, LeaseLost
 from remediation.model import Decision, FleetEntry, RestartRecord
 
@@ -98,6 +99,7 @@ class LocalCoordinator(Coordinator):
         self.retention = retention
         self.timeout = timeout
         self.clock = clock
+        self.clocks = Clocks.for_wall(clock)  # how long a fleet pause lasts (remediation.deadlines)
         self._lock = threading.Lock()
         self._leadership: Leadership | None = None
         self._fences: dict[str, int] = {}  # instance -> the term its grant requires at acquire
@@ -449,7 +451,7 @@ class LocalCoordinator(Coordinator):
             "SELECT data FROM controls WHERE namespace = ? AND name = 'pause'", (self.namespace,)
         ).fetchone()
         text = None if row is None else row[0] if isinstance(row[0], str) else ""  # not text: unreadable
-        pause = read_pause(text, now)
+        pause = read_pause(text, now, self.clocks)
         if row is not None and pause is None:
             db.execute("DELETE FROM controls WHERE namespace = ? AND name = 'pause'", (self.namespace,))
         return pause

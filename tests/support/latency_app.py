@@ -6,8 +6,9 @@
 
 It listens on a free loopback port and prints `ready <port>`. Each request to `/work` sleeps for
 the mode's latency (`?ms=N` forces N ms, `?fail=1` answers 500), observes the time it really
-took in `request_latency_seconds{route="/work"}` and counts `requests_total` and
-`request_errors_total`. `/metrics` serves the exposition (OpenMetrics when asked for), `/observed`
+took in `request_latency_seconds{route="/work"}` (a histogram), in `request_duration_seconds`
+(a summary, as MLServer keeps it) and in `inference_latency_microseconds` with `inference_requests`
+(two counters, as TorchServe keeps them), and counts `requests_total` and `request_errors_total`. `/metrics` serves the exposition (OpenMetrics when asked for), `/observed`
 the raw latencies in order (for checking quantiles), `/stats` how many `/work` requests started and the
 most ever in progress at once, `/garbage`, `/hang`, `/drip` and `/close` misbehave
 the ways a broken target does. `--load R` sends R requests a second to itself over HTTP.
@@ -31,7 +32,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, Summary, generate_latest
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OM_TYPE
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
@@ -39,6 +40,9 @@ REGISTRY = CollectorRegistry()
 LATENCY = Histogram("request_latency_seconds", "Time to answer a request.", ["route"], registry=REGISTRY)
 REQUESTS = Counter("requests", "Requests answered.", ["code"], registry=REGISTRY)
 ERRORS = Counter("request_errors", "Requests that failed.", registry=REGISTRY)
+DURATION = Summary("request_duration_seconds", "Time to answer a request.", ["route"], registry=REGISTRY)
+SPENT = Counter("inference_latency_microseconds", "Time spent answering.", ["model"], registry=REGISTRY)
+ANSWERED = Counter("inference_requests", "Requests answered.", ["model"], registry=REGISTRY)
 
 
 class App:
@@ -136,6 +140,9 @@ class Handler(BaseHTTPRequestHandler):
         failed = "fail" in query
         elapsed = time.perf_counter() - started
         LATENCY.labels("/work").observe(elapsed)
+        DURATION.labels("/work").observe(elapsed)
+        SPENT.labels("ranker").inc(elapsed * 1e6)
+        ANSWERED.labels("ranker").inc()
         REQUESTS.labels("500" if failed else "200").inc()
         if failed:
             ERRORS.inc()

@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,9 @@ import httpx
 import pytest
 import yaml
 
-from support.procs import free_port, wait_until
+from support.procs import REPO, free_port, wait_until
+
+SHIPPED_RULES = REPO / "dashboards" / "prometheus" / "medic-rules.yml"
 
 
 @dataclass
@@ -147,21 +150,31 @@ class Alertmanager:
         return [s for s in self.silences() if s["status"]["state"] == "active"]
 
 
-def start_alertmanager(spawn, tmp_path: Path, webhooks: list[dict], name: str = "am") -> Alertmanager:
-    """Alertmanager 0.25 routing every alert to each of `webhooks` (webhook_config dicts), 1 s group timers."""
+def start_alertmanager(
+    spawn,
+    tmp_path: Path,
+    webhooks: list[dict],
+    name: str = "am",
+    group_by: list[str] | None = None,
+    inhibit_rules: list[dict] | None = None,
+) -> Alertmanager:
+    """Alertmanager 0.25 routing every alert to each of `webhooks` (webhook_config dicts), 1 s group
+    timers, grouped by `group_by` (default alertname and instance), with `inhibit_rules` if given."""
     binary = need("prometheus-alertmanager", "prometheus-alertmanager")
     home = tmp_path / name
     home.mkdir()
-    config = {
+    config: dict[str, Any] = {
         "route": {
             "receiver": "hooks",
-            "group_by": ["alertname", "instance"],
+            "group_by": group_by or ["alertname", "instance"],
             "group_wait": "1s",
             "group_interval": "1s",
             "repeat_interval": "1h",
         },
         "receivers": [{"name": "hooks", "webhook_configs": [{"send_resolved": True, **w} for w in webhooks]}],
     }
+    if inhibit_rules:
+        config["inhibit_rules"] = inhibit_rules
     (home / "am.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     log = home / "am.log"
@@ -198,12 +211,38 @@ class Prometheus:
         return httpx.get(f"{self.url}/api/v1/alerts", timeout=15).json()["data"]["alerts"]
 
 
+def fast_rules(tmp_path: Path) -> tuple[dict, Path]:
+    """The shipped rules with every `for:` at 1 s; the expressions are the shipped ones."""
+    rules = yaml.safe_load(SHIPPED_RULES.read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule["for"] = "1s"
+    path = tmp_path / "medic-rules.fast.yml"
+    path.write_text(yaml.safe_dump(rules))
+    return rules, path
+
+
+def firing(prom, name: str) -> list[dict]:
+    return [a for a in prom.alerts() if a["labels"]["alertname"] == name and a["state"] == "firing"]
+
+
+def rules_evaluated_after(prom, when: float) -> bool:
+    """Whether every rule group was last evaluated after `when` (unix seconds)."""
+    groups = httpx.get(f"{prom.url}/api/v1/rules", timeout=5).json()["data"]["groups"]
+    return bool(groups) and all(_unix(g["lastEvaluation"]) > when for g in groups)
+
+
+def _unix(stamp: str) -> float:
+    """An RFC 3339 time of Prometheus's API (`2026-12-02T04:05:06.123456789Z`), its fraction dropped."""
+    return datetime.fromisoformat(stamp.split(".")[0].removesuffix("Z") + "+00:00").timestamp()
+
+
 def start_prometheus(
     spawn,
     tmp_path: Path,
     targets: list[str],
     rule_files: list[Path],
-    alertmanager: str | None,
+    alertmanager: str | list[str] | None,
     jobs: dict[str, list[str]] | None = None,
     metrics_path: str = "/metrics",
 ) -> Prometheus:
@@ -221,9 +260,13 @@ def start_prometheus(
         ],
     }
     if alertmanager:
+        urls = [alertmanager] if isinstance(alertmanager, str) else alertmanager
         config["alerting"] = {
             "alertmanagers": [
-                {"static_configs": [{"targets": [alertmanager.removeprefix("http://")]}], "api_version": "v2"}
+                {
+                    "static_configs": [{"targets": [url.removeprefix("http://") for url in urls]}],
+                    "api_version": "v2",
+                }
             ]
         }
     (home / "prometheus.yml").write_text(yaml.safe_dump(config))

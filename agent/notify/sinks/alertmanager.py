@@ -1,9 +1,15 @@
 """Alertmanager: `POST /api/v2/alerts` with medic's labels and annotations.
 
-Labels (the alert's identity): `alertname`, `instance`, `fleet`, `severity`, `kind`, the
-instance's configured labels, and `source="medic"` (the receiver ignores alerts carrying it, so
-medic never turns its own alerts into findings). Annotations: `summary`, `description`,
-`evidence` (compact JSON), `dashboard`, `finding_id`, `action_id`.
+Labels (the alert's identity), the same names the shipped Prometheus rules give their alerts
+(docs/alerts.md, "One label model"): `alertname`, `name` (the watched instance), `agent` (the agent
+that watches it: replicas of one workload, watched by one agent each, stay separate alerts),
+`fleet`, `severity`, `kind`, the instance's configured labels, and `source="medic"` (the receiver
+ignores alerts carrying it, so medic never turns its own alerts into findings). `instance` is not
+set: in Prometheus it is the scrape target, the agent's address, which medic does not know as
+Prometheus sees it. Annotations: `summary`, `description` (what to look at first), `runbook_url`,
+`dashboard` (a page on-call can open: `notify.dashboard_url` or `agent.external_url`, never a
+loopback address; also the `generatorURL`), `finding_id`, `action_id`. The evidence stays in medic
+(`medic events`, the dashboard, the webhook's JSON): an annotation is for a person to read.
 
 Alertmanager resolves an alert by itself at its `endsAt`. A firing alert is posted with
 `endsAt = now + 4 x repost_interval` and re-posted every `repost_interval` while it lasts (as
@@ -22,8 +28,8 @@ from agent.notify.sinks.base import HttpSink, Request
 from probes.linux.secrets import read_token
 
 _LABEL_INVALID = re.compile(r"[^A-Za-z0-9_]")
-RESERVED = ("alertname", "instance", "fleet", "severity", "kind", "source")
-MAX_EVIDENCE = 4000
+RESERVED = ("alertname", "name", "agent", "instance", "fleet", "severity", "kind", "source")
+MAX_SUMMARY = 500  # characters: a line a person reads in a notification, not a report
 SOURCE = "medic"
 
 
@@ -38,18 +44,22 @@ def alert_labels(note: Notification) -> dict[str, str]:
     labels["alertname"] = note.alertname or "MedicEvent"
     labels["severity"] = note.severity
     labels["source"] = SOURCE
-    for name, value in (("instance", note.instance), ("fleet", note.fleet), ("kind", note.kind)):
+    for name, value in (
+        ("name", note.instance),
+        ("agent", note.agent),
+        ("fleet", note.fleet),
+        ("kind", note.kind),
+    ):
         if value:
             labels[name] = value
     return labels
 
 
 def alert_annotations(note: Notification) -> dict[str, str]:
-    annotations = {"summary": note.summary, "description": note.message}
-    if note.evidence:
-        text = json.dumps(note.evidence, default=str, separators=(",", ":"), sort_keys=True)
-        annotations["evidence"] = text if len(text) <= MAX_EVIDENCE else text[: MAX_EVIDENCE - 1] + "…"
+    summary = note.summary if len(note.summary) <= MAX_SUMMARY else note.summary[: MAX_SUMMARY - 1] + "…"
+    annotations = {"summary": summary, "description": note.description or note.message}
     for name, value in (
+        ("runbook_url", note.runbook),
         ("dashboard", note.link),
         ("finding_id", note.finding_id),
         ("action_id", note.action_id),

@@ -21,6 +21,7 @@ def headline(note: Notification) -> str:
     what = note.alertname or note.event_kind
     status = f"[{note.status.upper()}] " if note.status != "info" else ""
     where = f" · {note.instance}" if note.instance else ""
+    where += f" on {note.agent}" if note.instance and note.agent else ""
     fleet = f" (fleet {note.fleet})" if note.fleet else ""
     return f"{_ICONS[note.status]} *{status}{escape(what)}*{escape(where + fleet)} · {note.severity}"
 
@@ -33,6 +34,8 @@ def slack_message(note: Notification) -> dict[str, Any]:
         context.append(f"action {escape(str(note.action_id))}")
     if note.link:
         context.append(f"<{note.link}|dashboard>")
+    if note.runbook:
+        context.append(f"<{note.runbook}|runbook>")
     return {
         "text": text,
         "blocks": [

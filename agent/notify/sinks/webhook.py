@@ -50,7 +50,8 @@ def webhook_document(note: Notification, delivery_id: int, now: float) -> dict[s
         "action_id": note.action_id,
         "evidence": note.evidence,
         "link": note.link,
-        "agent": {"host": socket.gethostname(), "version": __version__},
+        "runbook_url": note.runbook,
+        "agent": {"name": note.agent, "host": socket.gethostname(), "version": __version__},
     }
 
 

@@ -1,0 +1,103 @@
+"""Evidence carried from one lifetime of an instance to the next.
+
+An orchestrator that restarts a process every ~20 h cuts a slow leak short before it has run
+through the whole day that growth which is not urgent needs (`leak.assess`), so each lifetime
+alone never proves it. What the same workload did in its previous lifetime is evidence too: a
+lifetime that was still growing steadily when it ended (not levelling off like a cache filling
+up or a warm-up), followed by one that grows alike after its warm-up, is the same leak twice.
+A healthy process restarted as often warms up and levels off in every lifetime, which the
+previous lifetime's end shows.
+"""
+
+from __future__ import annotations
+
+import math
+
+from agent.core.units import format_duration
+from agent.detect.context import Context
+from agent.detect.growth import Fit, fits, time_to_limit, traffic_explains
+
+ALIKE = (0.67, 1.5)  # the current growth within these factors of the previous lifetime's
+
+
+def _steady_growth(fit: Fit, ctx: Context, confidence: float) -> bool:
+    """Growth that a leak shows and a working set does not: at `confidence`, at least `min_rate`,
+    not decelerating, and no levelling curve fitting it better than the line."""
+    p, t = ctx.params, fit.trend
+    return (
+        fit.scale not in ("daily", "cycle")  # a sine bends to fit a warm-up as well as a daily rise
+        and fit.confidence >= p.confidence
+        and t.confidence >= confidence
+        and t.slope > 0
+        and fit.pct_per_hour >= p.min_rate
+        and t.decel >= p.decel_ratio
+        and fit.levelling is None
+    )
+
+
+def ended_growing(ctx: Context, metric: str) -> tuple[Fit, float, float] | None:
+    """(the fit, its lifetime's start, its end) of the previous lifetime's floor at its last
+    judgement when it was still growing steadily then, over at least a window after its
+    warm-up, with saturation ruled out (the tail of a warm-up bends); None otherwise (or with no
+    previous lifetime). Cached per lifetime."""
+    life = ctx.life - 1
+    if life < 0:
+        return None
+    key = ("ended-growing", metric, life)
+    prep = ctx.prep
+    if key in prep.cache:
+        return prep.cache[key]  # type: ignore[return-value]
+    found = None
+    start, end = prep.starts[life], prep.starts[life + 1]
+    p = ctx.params
+    tick = math.floor(end / p.step + 1e-9) * p.step
+    if tick - start >= prep.warmup(life) + p.window:
+        before = Context(prep, life, tick)
+        grown = [
+            f
+            for f in fits(prep, metric, life, tick)
+            if f.coverage >= p.window and _steady_growth(f, before, p.confidence) and f.saturation_ruled_out
+        ]
+        if grown:
+            found = (max(grown, key=lambda f: f.coverage), start, end)
+    prep.cache[key] = found
+    return found
+
+
+def carried(ctx: Context, metric: str) -> tuple[Fit, float | None, dict] | None:
+    """(the fit, its time to OOM, the evidence) when this lifetime, past its warm-up and one
+    window, grows steadily at the rate at which the previous lifetime was still growing when it
+    ended: a leak cut short by restarts. None otherwise. The previous lifetime is the second fit
+    of the same growth, so this one need only be seen growing at `confidence_clear` (the tail of
+    its warm-up under the leak lowers the corrected test), as a fleet's alike instances are."""
+    p = ctx.params
+    if ctx.tick - ctx.lifetime_start < ctx.prep.warmup(ctx.life) + p.window:
+        return None
+    before = ended_growing(ctx, metric)
+    if before is None:
+        return None
+    previous, start, end = before
+    alike = [
+        f
+        for f in ctx.fits(metric)
+        if _steady_growth(f, ctx, p.confidence_clear)
+        and ALIKE[0] * previous.trend.slope <= f.trend.slope <= ALIKE[1] * previous.trend.slope
+    ]
+    for fit in sorted(alike, key=lambda f: -f.coverage):
+        ttoom = time_to_limit(ctx.limit, ctx.peak, fit.trend.slope)
+        if not fit.long_enough(p, ttoom) or traffic_explains(ctx.prep, fit, ctx.life, p.confidence):
+            continue
+        evidence = {
+            "lifetimes": {
+                "previous_start": start,
+                "previous_end": end,
+                "previous_pct_per_hour": round(previous.pct_per_hour, 4),
+                "previous_scale": previous.scale,
+            }
+        }
+        why = (
+            f"the same growth ({previous.pct_per_hour:.2f} %/h) ran to the end of its previous "
+            f"lifetime ({format_duration(end - start)})"
+        )
+        return fit, ttoom, evidence | {"why": why}
+    return None
