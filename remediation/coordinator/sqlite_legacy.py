@@ -4,7 +4,10 @@ Agents of the previous release kept restarts in a `restarts` table and the fleet
 `controls` row `pause`. An agent upgraded in place, or sharing the file with agents not upgraded
 yet, must not forget them: its reads see each such restart as `restarts/legacy-<token>` (and, while
 its row is in flight and unexpired, as the instance's slot `slots/<instance>`), and the pause as
-`control/pause` when no pause of the new layout exists. They are never written in the old layout:
+`control/pause` when no pause of the new layout exists. The previous release does not read the new
+layout, so while one of its agents is alive on the file (its `leaders` or `fleet_entries` rows are
+unexpired: it campaigns and publishes every step) no slot is taken in the new layout
+(`refuse_slots`): the old agents restart alone, as they did, and no restart runs unseen beside theirs. They are never written in the old layout:
 writing or deleting `control/pause` deletes the old row (write new), and pruning an old restart
 deletes its row. The old release's leader,
 fleet entries, grants and profiles are not read: each is written again within seconds by whoever
@@ -24,7 +27,8 @@ PAUSE = "control/pause"
 
 def _tables(db: sqlite3.Connection) -> set[str]:
     rows = db.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('restarts', 'controls')"
+        "SELECT name FROM sqlite_master WHERE type = 'table' "
+        "AND name IN ('restarts', 'controls', 'leaders', 'fleet_entries')"
     )
     return {row[0] for row in rows}
 
@@ -73,3 +77,20 @@ def written(db: sqlite3.Connection, namespace: str, keys: Sequence[str]) -> None
     old = [(namespace, k[len("restarts/legacy-") :]) for k in keys if k.startswith("restarts/legacy-")]
     if old and "restarts" in tables:
         db.executemany("DELETE FROM restarts WHERE namespace = ? AND token = ?", old)
+
+
+def refuse_slots(db: sqlite3.Connection, namespace: str, now: float) -> str | None:
+    """Why no slot may be taken now: an agent of the previous release is alive on the file, or None."""
+    tables = _tables(db)
+    for table in ("leaders", "fleet_entries"):
+        if (
+            table in tables
+            and db.execute(
+                f"SELECT 1 FROM {table} WHERE namespace = ? AND expires_at > ? LIMIT 1", (namespace, now)
+            ).fetchone()
+        ):
+            return (
+                f"an agent of the previous release still uses this file (its {table} rows are live) and "
+                "cannot see restarts of this release: no restart until every agent that shares it is upgraded"
+            )
+    return None

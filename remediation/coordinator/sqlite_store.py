@@ -17,7 +17,8 @@ that will not open (damaged, overwritten) leaves every call unavailable, retried
 
 Rows of the previous layout (tables `restarts` and `controls`, written by agents of the previous
 release on the same file) are read as keys too (`sqlite_legacy.py`), so an agent upgraded in place
-keeps the budget and the fleet pause.
+keeps the budget and the fleet pause; while an agent of the previous release is alive on the file,
+no slot is taken (it cannot see them).
 """
 
 from __future__ import annotations
@@ -140,6 +141,10 @@ class SqliteStore:
                     return None
             if not change.puts and not change.deletes:
                 return revision
+            if any(k.startswith("slots/") for k in change.puts):
+                refused = sqlite_legacy.refuse_slots(db, self.namespace, now)
+                if refused is not None:
+                    raise CoordinatorUnavailable(f"{self.describe()}: {refused}")
             revision += 1
             for key, put in change.puts.items():
                 if (
