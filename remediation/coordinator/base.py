@@ -30,22 +30,13 @@ from typing import Any
 
 from remediation.coordinator import controls, fleet_entries, profiles, seat, slots
 from remediation.coordinator.controls import (
-    MAX_PAUSE_BYTES,
-    UNREADABLE_PAUSE,
     checked_time,
     fleet_pause_decision,
     pause_over,
     read_pause,
     shown_pause,
 )
-from remediation.coordinator.profiles import (
-    MAX_PROFILE_BYTES,
-    MAX_PROFILE_KEY,
-    MAX_PROFILE_READ,
-    check_profile_key,
-    profile_doc,
-    profile_text,
-)
+from remediation.coordinator.profiles import MAX_PROFILE_READ, profile_text
 from remediation.coordinator.records import (
     EXPIRED,
     AcquireResult,
@@ -334,26 +325,17 @@ class Coordinator:
         return profiles.profiles_in(self.store.read(wanted)) if wanted else {}
 
 
-__all__ = [
+__all__ = [  # what callers outside the coordinator take from here
     "EXPIRED",
-    "MAX_PAUSE_BYTES",
-    "MAX_PROFILE_BYTES",
-    "MAX_PROFILE_KEY",
     "MAX_PROFILE_READ",
-    "UNREADABLE_PAUSE",
-    "AcquireResult",
-    "Admit",
     "Coordinator",
     "Grant",
     "Leadership",
     "PlannedGrant",
     "SlotRequest",
-    "check_profile_key",
     "checked_time",
     "fleet_pause_decision",
     "pause_over",
-    "profile_doc",
-    "profile_text",
     "read_pause",
     "shown_pause",
 ]

@@ -21,10 +21,9 @@ from collections.abc import Callable, Sequence
 from remediation.coordinator.base import Coordinator
 from remediation.coordinator.controls import PAUSE
 from remediation.coordinator.etcd_security import EtcdSecurity
-from remediation.coordinator.etcd_store import MAX_TXN_OPS, EtcdStore
-from remediation.coordinator.seat import LEADER
+from remediation.coordinator.etcd_store import EtcdStore
 
-__all__ = ["LEADER", "MAX_TXN_OPS", "PAUSE", "EtcdCoordinator"]
+__all__ = ["PAUSE", "EtcdCoordinator"]
 
 
 class EtcdCoordinator(Coordinator):

@@ -65,8 +65,8 @@ class AcquireResult:
 
 @dataclass(frozen=True, slots=True)
 class Leadership:
-    """This agent plans for the namespace; `revision` fences its grants (etcd: the leader key's
-    create_revision; local: the term, one more at each new leader)."""
+    """This agent plans for the namespace; `revision`, its seat's create revision in the store,
+    fences its grants."""
 
     agent: str
     revision: int
