@@ -152,7 +152,8 @@ def assert_no_restart(config: RemediationSection, tmp_path: Path, reason: str) -
             decision = report.decisions["svc"]
             assert decision.stage == "lock" and not decision.ok, decision
             assert reason in decision.reason, decision.reason
-            assert restarts == [] and engine.ledger.actions() == [] and child.poll() is None
+            held = [(a["outcome"], a["started_at"]) for a in engine.ledger.actions()]
+            assert restarts == [] and held == [("held", None)] and child.poll() is None  # said, not started
             return decision.reason
         finally:
             engine.close(timeout=5)
