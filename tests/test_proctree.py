@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from agent.core.errors import ProbeError
 from agent.core.records import ProcessIdentity
+from agent.detect.model import RSS, TREE_MEMORY, InstanceSeries
 from agent.watch.tree import ProcessTree
 from probes.linux.cgroupfiles import parse_cgroup_procs
 from probes.linux.procfs import process_identity
@@ -148,3 +149,14 @@ def test_the_cause_is_the_member_that_grows():
     for t in range(10):
         flat.observe(float(t), figures(flat, 100 * MiB))
     assert flat.cause(0.0, 10.0) is None
+
+
+def test_an_instance_judged_by_its_tree_keeps_the_process_rss_stored_before_the_tree_was_measured():
+    """History an earlier agent stored (process RSS only) stays the instance's memory before the first
+    tree sample: its earlier lifetimes and daily profile are learned from it after an upgrade."""
+    own = [(float(t), 100.0) for t in range(10)]
+    tree = [(float(t), 150.0) for t in range(6, 12)]
+    series = InstanceSeries("web", {RSS: own, TREE_MEMORY: tree})
+    assert series.series[RSS] == own[:6] + tree
+    assert InstanceSeries("web", {RSS: own, TREE_MEMORY: []}).series[RSS] == own
+    assert InstanceSeries("web", {TREE_MEMORY: tree}).series[RSS] == tree

@@ -19,6 +19,8 @@ allocator and JVM probes will emit; each role takes the first name present:
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -71,7 +73,11 @@ class InstanceSeries:
     def __post_init__(self) -> None:
         tree = self.series.get(TREE_MEMORY)
         if tree:  # the memory of the whole instance is what grows toward its limit, not its first process's
-            self.series = {**self.series, RSS: tree}
+            # samples stored before the tree was measured (an agent of an earlier version) keep their
+            # process RSS: the history that earlier lifetimes and the daily profile are learned from
+            own = self.series.get(RSS) or []
+            earlier = own[: bisect_left(own, (tree[0][0], -math.inf))]
+            self.series = {**self.series, RSS: earlier + tree}
 
     def first_ts(self) -> float | None:
         starts = [points[0][0] for points in self.series.values() if points]
