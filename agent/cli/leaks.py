@@ -133,6 +133,6 @@ def run(args: argparse.Namespace) -> int:
     ]
     echo(render(headers, rows, numeric={3, 4, 5, 6}))
     said = [line for f in findings for line in notes(f, now)]
-    if said:
-        echo("\n".join(printable(line) for line in said))
+    if said:  # under the table, after a blank line: what holds the suspects, what a finding waits for
+        echo("\n" + "\n".join(printable(line) for line in said))
     return 0

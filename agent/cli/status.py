@@ -11,6 +11,27 @@ from agent.core.text import echo, render
 from agent.core.units import format_bytes, format_duration
 
 HELP = "show every watched instance: pid, uptime, memory against its limit, CPU, probe health"
+# what the table shows of each instance (the API sends these alone; --json gets every field)
+TABLE_FIELDS = (
+    "name",
+    "pid",
+    "status",
+    "status_reason",
+    "uptime_seconds",
+    "memory_bytes",
+    "rss_bytes",
+    "workers",
+    "worker_restarts",
+    "memory_limit_bytes",
+    "memory_limit_source",
+    "memory_used_ratio",
+    "cpu_percent",
+    "latest",
+    "threads",
+    "restarts",
+    "last_probe_age_seconds",
+    "probe_errors_total",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,11 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "name", None):
         return _one(args)
-    body = get_json(agent_url(args.url, args.state_dir), "/api/v1/instances")
-    instances = body.get("instances", [])
+    url = agent_url(args.url, args.state_dir)
     if args.json:
-        echo(json.dumps(body, indent=2))
+        echo(json.dumps(get_json(url, "/api/v1/instances"), indent=2))
         return 0
+    body = get_json(url, "/api/v1/instances", params={"fields": ",".join(TABLE_FIELDS)})
+    instances = body.get("instances", [])
     if not instances:
         echo("no instances configured; give a config with `medic run --config FILE` or a command after `--`")
         return 0

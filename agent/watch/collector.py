@@ -203,6 +203,8 @@ class Collector:
                 unavailable_for=round(now - (since or now), 3),
             )
         health.unavailable = None
+        if result.samples or result.snapshots or result.processes:
+            health.has_figures = True
         if result.problems:
             self._failed(state, probe.name, health, result.problems[0], started, partial=True)
         else:

@@ -26,6 +26,7 @@ class ProbeHealth:
     last_duration: float = 0.0
     unavailable: str | None = None  # why the probe has no data for this instance (not an error)
     retry_at: float = 0.0  # when to try an unavailable probe again
+    has_figures: bool = False  # it has read figures of the instance: its health is exported (/metrics)
 
 
 @dataclass(slots=True)

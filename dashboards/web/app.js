@@ -178,7 +178,10 @@ async function getJson(path) {
   const timer = setTimeout(() => controller.abort(), TIMEOUT_MS);
   let response;
   try {
-    response = await fetch(path, { signal: controller.signal, cache: "no-store", credentials: "same-origin" });
+    // the instance list carries an ETag that holds until the agent's next tick: the browser asks with it
+    // and gets 304 (its copy) between ticks; every other answer is fetched anew
+    const cache = path === "/api/v1/instances" ? "no-cache" : "no-store";
+    response = await fetch(path, { signal: controller.signal, cache, credentials: "same-origin" });
   } catch (err) {
     const why = err && err.name === "AbortError" ? `no answer within ${TIMEOUT_MS / 1000}s` : "connection failed";
     throw new FetchError(`${path}: ${why}`, true, 0);

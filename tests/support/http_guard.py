@@ -24,14 +24,21 @@ BASE = "http://127.0.0.1:9464"
 
 class World:
     """Store, tracker, detection and remediation (dry-run, never stepped) behind `create_app`;
-    `remediation` adds to the remediation section (a shared coordinator, say)."""
+    `remediation` adds to the remediation section (a shared coordinator, say); `instances` replaces
+    the one instance `svc` at `pid`."""
 
     def __init__(
-        self, tmp_path: Path, pid: int, *, remediation: dict[str, Any] | None = None, **context: Any
+        self,
+        tmp_path: Path,
+        pid: int,
+        *,
+        remediation: dict[str, Any] | None = None,
+        instances: list[dict[str, Any]] | None = None,
+        **context: Any,
     ) -> None:
         config = validate_config(
             {
-                "instances": [{"name": "svc", "match": {"pid": pid}}],
+                "instances": instances or [{"name": "svc", "match": {"pid": pid}}],
                 "remediation": {"mode": "dry-run", **(remediation or {})},
             }
         )
