@@ -17,13 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from agent.core.records import ProbeResult, ProbeTarget
+from agent.core.records import ProbeResult, ProbeTarget, Sample
 from probes.base import Schedule
 from probes.linux import cgroupfiles
 from probes.linux.cgroupfiles import CpuQuota
 from probes.linux.cgroupfs import CgroupLocation, locate_cgroups
 from probes.linux.procfs import HOST_ROOT
-from probes.process import add_samples
 
 RELOCATE_AFTER = 60.0  # seconds
 
@@ -45,8 +44,10 @@ class CgroupProbe:
     def __init__(self, root: Path = HOST_ROOT) -> None:
         self.root = root
         self._located: dict[tuple[int, float], _Located] = {}
+        # the last tick's reading: instances in one cgroup share it (the figures this host has, as floats)
         self._tick_key: tuple[CgroupLocation, float] | None = None
-        self._tick_reading: tuple[dict[str, float | None], list[Exception], bool] = ({}, [], False)
+        self._tick_reading: tuple[list[tuple[str, float]], list[Exception], bool] = ([], [], False)
+        self._locations: dict[CgroupLocation, CgroupLocation] = {}  # one object per place: `is` finds it
 
     def collect(self, target: ProbeTarget, now: float) -> ProbeResult:
         key = (target.pid, target.start_time)
@@ -66,6 +67,9 @@ class CgroupProbe:
 
     def _locate(self, target: ProbeTarget, now: float) -> _Located:
         location = locate_cgroups(target.pid, self.root)
+        if len(self._locations) > 4096:
+            self._locations.clear()
+        location = self._locations.setdefault(location, location)
         problems: list[Exception] = []
         quota = cgroupfiles.read_cpu_quota(location.cpu, problems) if location.cpu else None
         return _Located(location, now, quota, tuple(problems))
@@ -74,10 +78,15 @@ class CgroupProbe:
         """Samples for `target`; processes that share a cgroup share one reading per tick (`now`)."""
         key = (located.location, now)
         if self._tick_key != key:
-            self._tick_key, self._tick_reading = key, self._figures(located)
-        figures, problems, stale = self._tick_reading
-        result = ProbeResult(problems=[*located.problems, *problems])
-        add_samples(result, target, now, figures)
+            figures, problems, stale = self._figures(located)
+            known = [(metric, float(value)) for metric, value in figures.items() if value is not None]
+            self._tick_key, self._tick_reading = key, (known, problems, stale)
+        known, problems, stale = self._tick_reading
+        instance = target.instance
+        result = ProbeResult(
+            [Sample(instance, metric, now, value) for metric, value in known],
+            [*located.problems, *problems],
+        )
         return result, stale
 
     def _figures(self, located: _Located) -> tuple[dict[str, float | None], list[Exception], bool]:

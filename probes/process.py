@@ -1,10 +1,12 @@
 """The `process` probe: memory, CPU, threads, fds, faults and context switches of one process.
 
-Reads the cheapest /proc files that hold each figure, every tick: `stat` (CPU, threads, faults, and
-the identity check), `statm` (RSS, VMS), `status` (RSS by kind, peak, swap, context switches) and the
-entries of `fd`. About 100 µs of CPU per process; `smaps_rollup` is left to the slow `smaps` probe.
-The workers of the instance (`target.workers`) cost one `stat` and one `statm` read each: their RSS
-and CPU go to `ProbeResult.processes`; a worker that exited meanwhile is left out (the tracker says so).
+Reads the cheapest /proc files that hold each figure, every tick: `stat` (CPU, threads, faults),
+`status` (RSS and VMS, RSS by kind, peak, swap, context switches; `statm` only where status has no
+RSS, as for a kernel thread) and the number of entries of `fd`, through the process's /proc
+directory held open from the first tick (`probes.linux.procdir`: the identity is checked once, and a
+reused pid can never be read). `smaps_rollup` is left to the slow `smaps` probe. The workers of the
+instance (`target.workers`) cost one `stat` and one `statm` read each, by path: their RSS and CPU go
+to `ProbeResult.processes`; a worker that exited meanwhile is left out (the tracker says so).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from agent.core.errors import ProbeError, TargetGone
 from agent.core.records import ProbeResult, ProbeTarget, ProcessIdentity, Sample
 from probes.base import Schedule
 from probes.linux import procfs
+from probes.linux.procdir import ProcDir, ProcDirs
 
 T = TypeVar("T")
 
@@ -52,9 +55,10 @@ def add_samples(
     result: ProbeResult, target: ProbeTarget, now: float, values: dict[str, float | None]
 ) -> None:
     """Append one sample per known value; None means "not available here" and is left out."""
-    for metric, value in values.items():
-        if value is not None:
-            result.samples.append(Sample(target.instance, metric, now, float(value)))
+    instance = target.instance
+    result.samples += [
+        Sample(instance, metric, now, float(value)) for metric, value in values.items() if value is not None
+    ]
 
 
 class ProcessProbe:
@@ -63,56 +67,55 @@ class ProcessProbe:
 
     def __init__(self, root: Path = procfs.HOST_ROOT) -> None:
         self.root = root
+        self.dirs = ProcDirs(root)  # each followed process's /proc directory, held open
 
     def collect(self, target: ProbeTarget, now: float) -> ProbeResult:
-        stat = procfs.read_live_stat(target.pid, target.start_time, self.root)  # failure here is total
+        main = ProcessIdentity(target.pid, target.start_time)
         result = ProbeResult()
-        add_samples(
-            result,
-            target,
-            now,
-            {
-                "cpu_seconds_total": stat.cpu_seconds,
-                "threads": stat.threads,
-                "minor_faults_total": stat.minor_faults,
-                "major_faults_total": stat.major_faults,
-            },
-        )
-        statm = try_read(result, lambda: procfs.read_statm(target.pid, self.root))
-        if statm:
-            add_samples(result, target, now, {"rss_bytes": statm.rss_bytes, "vms_bytes": statm.vms_bytes})
-            main = ProcessIdentity(target.pid, target.start_time)
-            result.processes[main] = {"rss_bytes": statm.rss_bytes, "cpu_seconds_total": stat.cpu_seconds}
-        add_workers(result, target.workers, self._worker)
-        status = try_read(result, lambda: procfs.read_status(target.pid, self.root))
-        if status:
-            add_samples(
-                result,
-                target,
-                now,
-                {
-                    "rss_anon_bytes": status.rss_anon_bytes,
-                    "rss_file_bytes": status.rss_file_bytes,
-                    "rss_shmem_bytes": status.rss_shmem_bytes,
-                    "rss_peak_bytes": status.rss_peak_bytes,
-                    "swap_bytes": status.swap_bytes,
-                    "ctx_switches_voluntary_total": status.voluntary_ctx_switches,
-                    "ctx_switches_involuntary_total": status.involuntary_ctx_switches,
-                },
+        with self.dirs.using(main) as proc:
+            stat = proc.stat()  # failure here is total
+            status = try_read(result, proc.status)
+            rss = vms = None
+            if status is not None and status.rss_bytes is not None:
+                rss, vms = status.rss_bytes, status.vms_bytes  # the figures statm holds, in kB
+            else:  # a kernel thread's status has no Vm lines; statm says 0
+                statm = try_read(result, proc.statm)
+                if statm is not None:
+                    rss, vms = statm.rss_bytes, statm.vms_bytes
+            fds = try_read(result, proc.count_fds)
+        figures: list[tuple[str, float | None]] = [
+            ("cpu_seconds_total", stat.cpu_seconds),
+            ("threads", stat.threads),
+            ("minor_faults_total", stat.minor_faults),
+            ("major_faults_total", stat.major_faults),
+            ("rss_bytes", rss),
+            ("vms_bytes", vms),
+        ]
+        if status is not None:
+            figures += (
+                ("rss_anon_bytes", status.rss_anon_bytes),
+                ("rss_file_bytes", status.rss_file_bytes),
+                ("rss_shmem_bytes", status.rss_shmem_bytes),
+                ("rss_peak_bytes", status.rss_peak_bytes),
+                ("swap_bytes", status.swap_bytes),
+                ("ctx_switches_voluntary_total", status.voluntary_ctx_switches),
+                ("ctx_switches_involuntary_total", status.involuntary_ctx_switches),
             )
-        add_samples(
-            result,
-            target,
-            now,
-            {"open_fds": try_read(result, lambda: procfs.count_fds(target.pid, self.root))},
-        )
+        figures.append(("open_fds", fds))
+        instance = target.instance
+        result.samples = [Sample(instance, metric, now, float(v)) for metric, v in figures if v is not None]
+        if rss is not None:
+            result.processes[main] = {"rss_bytes": rss, "cpu_seconds_total": stat.cpu_seconds}
+        add_workers(result, target.workers, self._worker)
         return result
 
     def _worker(self, worker: ProcessIdentity) -> dict[str, float]:
-        """RSS and CPU of one worker."""
-        stat = procfs.read_live_stat(worker.pid, worker.start_time, self.root)
-        statm = procfs.read_statm(worker.pid, self.root)
+        """RSS and CPU of one worker (by path: workers come and go, no directory is held for them)."""
+        proc = ProcDir(worker, self.root, hold=False)
+        stat = proc.stat()
+        statm = proc.statm()
         return {"rss_bytes": statm.rss_bytes, "cpu_seconds_total": stat.cpu_seconds}
 
     def forget(self, target: ProbeTarget) -> None:
-        """Nothing is cached per target."""
+        """The process is no longer followed: its /proc directory is closed."""
+        self.dirs.forget(ProcessIdentity(target.pid, target.start_time))

@@ -76,6 +76,16 @@ def test_mountinfo_unescapes_and_reads_optional_fields():
     assert v1 == CgroupMount("/my cgroups/cpu", "/docker/abc", 1, ("cpu", "cpuacct"))
 
 
+def test_mounts_are_parsed_again_only_when_mountinfo_changed(tmp_path):
+    mountinfo = tmp_path / "proc/self/mountinfo"
+    mountinfo.parent.mkdir(parents=True)
+    mountinfo.write_text("1 0 0:38 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n")
+    first = cgroupfs.cgroup_mounts(tmp_path)
+    assert cgroupfs.cgroup_mounts(tmp_path) is first and cgroupfs.cgroup_layout(first) == "v2"
+    mountinfo.write_text("2 0 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n")
+    assert cgroupfs.cgroup_layout(cgroupfs.cgroup_mounts(tmp_path)) == "v1"
+
+
 def test_layouts():
     v1 = CgroupMount("/sys/fs/cgroup/memory", "/", 1, ("memory",))
     v2 = CgroupMount("/sys/fs/cgroup", "/", 2, ())
@@ -297,6 +307,22 @@ def test_unreadable_file_is_a_problem_missing_file_is_not(tmp_path):
     (tmp_path / "cpu.max").write_text("garbage\n")
     assert cgroupfiles.read_cpu_quota(directory, problems) is None
     assert "cpu.max" in str(problems[-1])
+
+
+def test_members_of_a_cgroup_with_and_without_child_cgroups(tmp_path):
+    directory = ControllerDir(str(tmp_path), str(tmp_path), 2)
+    (tmp_path / "cgroup.procs").write_text("41\n42\n")
+    assert cgroupfiles.cgroup_members(directory, 2) == (41, 42)
+    assert cgroupfiles.cgroup_members(directory, 1) is None  # more processes than the instance has
+    (tmp_path / "cgroup.procs").write_text("".join(f"{pid}\n" for pid in range(1000, 3000)))
+    assert cgroupfiles.cgroup_members(directory, 3) is None  # a long file is not read whole to say so
+    (tmp_path / "cgroup.procs").write_text("41\n")
+    (tmp_path / "child").mkdir()
+    assert cgroupfiles.cgroup_members(directory, 2) is None  # its usage holds a child cgroup's
+    assert cgroupfiles.has_subdirectories(str(tmp_path))
+    (tmp_path / "child").rmdir()
+    assert not cgroupfiles.has_subdirectories(str(tmp_path))
+    assert cgroupfiles.cgroup_members(ControllerDir(str(tmp_path / "gone"), str(tmp_path), 2), 2) is None
 
 
 def test_no_cgroup_filesystem_and_vanished_pid(tmp_path):

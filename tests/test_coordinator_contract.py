@@ -21,6 +21,7 @@ from remediation.budget import BudgetLimits, BudgetState, admit
 from remediation.coordinator.base import EXPIRED, PlannedGrant, SlotRequest, fleet_pause_decision, read_pause
 from remediation.coordinator.etcd import EtcdCoordinator
 from remediation.coordinator.local import LocalCoordinator
+from remediation.coordinator.store import Change, Put
 from remediation.errors import CoordinatorError, CoordinatorUnavailable, LeaseLost
 from remediation.model import Decision, FleetEntry
 from support.procs import free_port
@@ -397,17 +398,8 @@ def test_bad_grants_from_another_writer_are_no_grants(make):
 
 
 def corrupt(coordinator, agent, text):
-    """Write `text` as `agent`'s grants behind the coordinator's back (another writer, a bug)."""
-    if isinstance(coordinator, LocalCoordinator):
-        db = sqlite3.connect(coordinator.path, isolation_level=None)
-        db.execute(
-            "UPDATE grants SET data = ? WHERE namespace = ? AND agent = ?",
-            (text, coordinator.namespace, agent),
-        )
-        db.close()
-    else:
-        gw = coordinator.gateway
-        gw.call("kv/put", gw.put_op(coordinator.base + "grants/" + agent, text)["request_put"])
+    """Write `text` as `agent`'s grants behind the rules' back (another writer, a bug), in the store."""
+    assert coordinator.store.commit(Change(puts={"grants/" + agent: Put(text)})) is not None
 
 
 @given(st.dictionaries(st.sampled_from([f.name for f in fields(PlannedGrant)] + ["x"]), JSON_VALUES))

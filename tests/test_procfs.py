@@ -98,6 +98,16 @@ def test_status_sizes_in_bytes_and_counters():
     assert (status.real_uid, status.effective_uid) == (0, 0)
 
 
+def test_status_figures_alone_leave_out_who_the_process_is():
+    data = fixture_bytes(WEIRD, "status")
+    figures, whole = procfs.parse_status(data, ids=False), procfs.parse_status(data)
+    assert (figures.uids, figures.ns_pids, figures.real_uid, figures.effective_gid) == ((), (), None, None)
+    assert figures._replace(uids=whole.uids, ns_pids=whole.ns_pids) == whole._replace(
+        real_uid=None, effective_uid=None, effective_gid=None
+    )
+    assert whole.vms_bytes == 2920 * 1024
+
+
 def test_status_of_a_kernel_thread_has_no_memory_lines():
     status = procfs.parse_status(fixture_bytes(KTHREAD, "status"))
     assert status.rss_bytes is None and status.rss_anon_bytes is None and status.swap_bytes is None
@@ -374,10 +384,15 @@ def test_live_readers_agree_with_psutil():
 # --------------------------------------------------------------------------- fuzzing: ProbeError or a record
 
 
+def parse_status_figures(data: bytes) -> procfs.ProcStatus:
+    return procfs.parse_status(data, ids=False)
+
+
 PARSERS = [
     procfs.parse_stat,
     procfs.parse_statm,
     procfs.parse_status,
+    parse_status_figures,
     procfs.parse_smaps_rollup,
     procfs.parse_meminfo,
     procfs.parse_boot_time,

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from agent.core.errors import ProbeError
 from agent.core.records import ProcessIdentity
 from agent.detect.model import RSS, TREE_MEMORY, InstanceSeries
-from agent.watch.tree import ProcessTree
+from agent.watch.tree import CgroupOwnership, ProcessTree
 from probes.linux.cgroupfiles import parse_cgroup_procs
 from probes.linux.procfs import process_identity
 from probes.linux.proctree import TreeEntry, build_table, describe, read_process_table
@@ -98,6 +98,28 @@ def tree_of(*rss: float) -> ProcessTree:
         [(ProcessIdentity(100 + i, 2.0), 100, f"w{i}") for i in range(1, len(rss))], 0.0, lambda item: item
     )
     return tree
+
+
+def test_who_is_in_a_cgroup_is_read_once_a_tick_for_every_instance_in_it(tmp_path):
+    files = {
+        "proc/self/mountinfo": "1 0 0:38 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
+        "proc/7/cgroup": "0::/app\n",
+        "proc/8/cgroup": "0::/app\n",
+        "sys/fs/cgroup/cgroup.controllers": "memory cpu\n",
+        "sys/fs/cgroup/app/cgroup.controllers": "memory\n",
+        "sys/fs/cgroup/app/cgroup.procs": "7\n",
+    }
+    for relative, content in files.items():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text(content)
+    server, other = ProcessIdentity(7, 1.0), ProcessIdentity(8, 1.0)
+    ownership = CgroupOwnership(tmp_path)
+    assert ownership.owns(server, [server], 10.0)
+    (tmp_path / "sys/fs/cgroup/app/cgroup.procs").write_text("7\n8\n")
+    assert ownership.owns(server, [server], 10.0)  # the tick's reading
+    assert not ownership.owns(other, [other], 10.0)  # another instance in the cgroup, the same reading
+    assert not ownership.owns(server, [server], 11.0)  # the next tick reads it again
+    assert ownership.owns(server, [server, other], 11.0)
 
 
 def figures(tree: ProcessTree, *rss: float) -> dict:

@@ -7,6 +7,8 @@ import stat
 import threading
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agent.core.errors import StoreError
 from agent.core.records import Event, Sample
@@ -73,6 +75,32 @@ def test_rollups_stay_exact_across_flushes_and_reopen(tmp_path):
     store.flush()
     row = store.query("SELECT min, max, sum, count FROM rollups")[0]
     assert row == (10.0, 60.0, 90.0, 3)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    points=st.lists(
+        st.tuples(st.integers(0, 179), st.integers(-(10**6), 10**6), st.booleans()), min_size=1, max_size=40
+    )
+)
+def test_rollups_are_the_min_max_sum_and_count_of_each_minute_however_flushed(tmp_path_factory, points):
+    store = Store(tmp_path_factory.mktemp("store"))
+    bucket = T0 - T0 % 60
+    for second, value, flush_after in points:  # one sample per second at most: the last one stays
+        store.add_samples([Sample("a", "m", bucket + second, float(value))])
+        if flush_after:
+            store.flush()
+    store.flush()
+    kept: dict[int, float] = {second: float(value) for second, value, _ in points}
+    every: dict[int, list[float]] = {}
+    for second, value, _ in points:
+        every.setdefault(second // 60, []).append(float(value))
+    rows = store.query("SELECT ts, min, max, sum, count FROM rollups ORDER BY ts")
+    assert rows == [
+        (bucket + minute * 60, min(v), max(v), sum(v), len(v)) for minute, v in sorted(every.items())
+    ]
+    assert len(store.series("a", "m", bucket, bucket + 180, now=bucket + 180).points) == len(kept)
+    store.close()
 
 
 def test_events_are_durable_and_queryable(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agent.core.histograms import Snapshot
 
@@ -13,9 +13,9 @@ if TYPE_CHECKING:  # the records stay free of pydantic, which `agent.core.types`
     from agent.core.types import Severity
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One value of one metric of one instance at one time (unix seconds)."""
+class Sample(NamedTuple):
+    """One value of one metric of one instance at one time (unix seconds). A named tuple: some thirty
+    are made for every instance on every tick, at half the cost of a frozen dataclass."""
 
     instance: str
     metric: str

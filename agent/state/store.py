@@ -19,7 +19,6 @@ import math
 import sqlite3
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -249,22 +248,35 @@ class Store:
             batch, self._buffer = self._buffer, []
         if not batch:
             return 0
-        rollups: dict[tuple[int, int], list[float]] = defaultdict(list)
+        # (series, minute) → [min, max, sum, count] of the batch's values, in the batch's order
+        rollups: dict[tuple[int, int], list[float]] = {}
         rows = []
+        series_ids = self._series_ids
         with self._lock:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 for sample in batch:
-                    sid = self._series_id(sample.instance, sample.metric)
-                    rows.append((sid, sample.ts, sample.value))
-                    rollups[(sid, int(sample.ts // ROLLUP_SECONDS) * ROLLUP_SECONDS)].append(sample.value)
+                    ids = series_ids.get(sample.instance)
+                    sid = ids.get(sample.metric) if ids is not None else None
+                    if sid is None:
+                        sid = self._series_id(sample.instance, sample.metric)
+                    ts, value = sample.ts, sample.value
+                    rows.append((sid, ts, value))
+                    key = (sid, int(ts // ROLLUP_SECONDS) * ROLLUP_SECONDS)
+                    merged = rollups.get(key)
+                    if merged is None:
+                        rollups[key] = [value, value, value, 1]
+                    else:
+                        merged[0], merged[1] = min(merged[0], value), max(merged[1], value)
+                        merged[2] += value
+                        merged[3] += 1
                 self._db.executemany("INSERT OR REPLACE INTO samples VALUES (?, ?, ?)", rows)
                 self._db.executemany(
                     """INSERT INTO rollups VALUES (?, ?, ?, ?, ?, ?)
                        ON CONFLICT (series_id, ts) DO UPDATE SET
                          min = min(min, excluded.min), max = max(max, excluded.max),
                          sum = sum + excluded.sum, count = count + excluded.count""",
-                    [(sid, ts, min(v), max(v), sum(v), len(v)) for (sid, ts), v in rollups.items()],
+                    [(sid, ts, *merged) for (sid, ts), merged in rollups.items()],
                 )
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:

@@ -96,40 +96,51 @@ class Collector:
             notes: dict[str, str] = {}
             for probe in probes:
                 result = self._run_probe(state, target, probe, now_)
-                samples.extend(result.samples)
-                notes.update(result.notes)
+                samples += result.samples
+                if result.notes:
+                    notes.update(result.notes)
                 for identity, figures in result.processes.items():
-                    processes.setdefault(identity, {}).update(figures)
-            samples.extend(self._tree_samples(state, target, schedule, processes, samples, now_))
+                    known = processes.get(identity)
+                    if known is None:
+                        processes[identity] = dict(figures)
+                    else:
+                        known.update(figures)
+            samples += self._tree_samples(state, target, schedule, processes, samples, now_)
             if schedule == "fast":
                 samples.append(Sample(state.name, "process_start_time_seconds", now_, target.start_time))
                 if state.memory_limit:
                     samples.append(Sample(state.name, "memory_limit_bytes", now_, state.memory_limit))
             with self.tracker.lock:
                 if state.pid == target.pid:  # still the same process: publish
+                    latest = state.latest
                     for sample in samples:
-                        state.latest[sample.metric] = sample.value
-                    state.notes.update(notes)
-                    if "cpu_seconds_total" in state.latest and schedule == "fast":
-                        state.observe_cpu(now_, state.latest["cpu_seconds_total"])
+                        latest[sample.metric] = sample.value
+                    if notes:
+                        state.notes.update(notes)
+                    if schedule == "fast" and "cpu_seconds_total" in latest:
+                        state.observe_cpu(now_, latest["cpu_seconds_total"])
                     state.last_probe = now_
                     if schedule == "slow":
                         announce_ceilings(state, self.events)
-            changed = [sample for sample in samples if self._worth_storing(sample)]
+            changed = self._worth_storing(state.name, samples)
             self.store.add_samples(changed)
             taken += len(changed)
         return taken
 
-    def _worth_storing(self, sample: Sample) -> bool:
-        """Store a value when it changed, or when the last stored one is older than `keepalive`."""
-        stored = self._stored.get(sample.instance)
+    def _worth_storing(self, instance: str, samples: list[Sample]) -> list[Sample]:
+        """The samples whose value changed, or whose last stored value is older than `keepalive`."""
+        stored = self._stored.get(instance)
         if stored is None:
-            stored = self._stored[sample.instance] = {}
-        last = stored.get(sample.metric)
-        if last is not None and last[0] == sample.value and sample.ts - last[1] < self.keepalive:
-            return False
-        stored[sample.metric] = (sample.value, sample.ts)
-        return True
+            stored = self._stored[instance] = {}
+        keepalive = self.keepalive
+        changed = []
+        for sample in samples:
+            last = stored.get(sample.metric)
+            if last is not None and last[0] == sample.value and sample.ts - last[1] < keepalive:
+                continue
+            stored[sample.metric] = (sample.value, sample.ts)
+            changed.append(sample)
+        return changed
 
     def _forget_stored(self, target: ProbeTarget) -> None:
         self._stored.pop(target.instance, None)
@@ -152,8 +163,9 @@ class Collector:
                 return []
             fresh = state.tree.unmeasured() if schedule == "fast" else []
             members = list(state.tree.members)
-        for identity, figures in first_pss(fresh).items():
-            processes.setdefault(identity, {}).update(figures)
+        if fresh:
+            for identity, figures in first_pss(fresh).items():
+                processes.setdefault(identity, {}).update(figures)
         working_set = next((s.value for s in samples if s.metric == "cgroup_memory_working_set_bytes"), None)
         server = ProcessIdentity(target.pid, target.start_time)
         owned = working_set is not None and self.ownership.owns(server, members, now)
@@ -166,8 +178,10 @@ class Collector:
             return state.tree.samples(state.name, now, working_set if owned else None)
 
     def _run_probe(self, state: InstanceState, target: ProbeTarget, probe: Probe, now: float) -> ProbeResult:
-        health = state.probes.setdefault(probe.name, ProbeHealth())
-        if health.unavailable is not None and now < health.retry_at:
+        health = state.probes.get(probe.name)
+        if health is None:
+            health = state.probes[probe.name] = ProbeHealth()
+        elif health.unavailable is not None and now < health.retry_at:
             return ProbeResult()
         started = time.perf_counter()
         try:
@@ -184,15 +198,16 @@ class Collector:
             log.exception("probe %s crashed on %s", probe.name, state.name)
             self._failed(state, probe.name, health, exc, started)
             return ProbeResult()
-        self._store_snapshots(result)
+        if result.snapshots:
+            self._store_snapshots(result)
         for event in result.events:
             self.events.emit(
                 event.kind, event.message, instance=state.name, severity=event.severity, **event.data
             )
         elapsed = time.perf_counter() - started
         health.last_duration = elapsed
-        since = self._unavailable_since.pop((state.name, probe.name), None)
-        if health.unavailable is not None:
+        if health.unavailable is not None:  # its first miss was noted in `_unavailable_since`
+            since = self._unavailable_since.pop((state.name, probe.name), None)
             self.events.emit(
                 "probe_recovered",
                 f"probe {probe.name} has data again, after {now - (since or now):.0f}s without: "

@@ -247,13 +247,17 @@ def first_pss(
 class CgroupOwnership:
     """Whether an instance owns its memory cgroup: every process in it is one of the instance's (and it
     has no child cgroups). Then the cgroup's figures are the instance's own. Where the cgroup is, is
-    looked up again every `RELOCATE_AFTER` seconds; who is in it, every tick (one small read)."""
+    looked up again every `RELOCATE_AFTER` seconds; who is in it, every tick (one small read, shared
+    by the instances in the same cgroup)."""
 
     RELOCATE_AFTER = 60.0
 
     def __init__(self, root: Path = HOST_ROOT) -> None:
         self.root = root
         self._where: dict[ProcessIdentity, tuple[float, ControllerDir | None]] = {}
+        # who is in each cgroup at the tick `_tick`: instances that share a cgroup read it once a tick
+        self._tick: float | None = None
+        self._inside: dict[tuple[str, int], tuple[int, ...] | None] = {}
 
     def owns(self, server: ProcessIdentity, members: Iterable[ProcessIdentity], now: float) -> bool:
         pids = {m.pid for m in members}
@@ -269,7 +273,12 @@ class CgroupOwnership:
         directory = found[1]
         if directory is None:
             return False
-        inside = cgroup_members(directory, len(pids))
+        if self._tick != now:
+            self._tick, self._inside = now, {}
+        key = (directory.path, len(pids))
+        if key not in self._inside:
+            self._inside[key] = cgroup_members(directory, len(pids))
+        inside = self._inside[key]
         return inside is not None and bool(inside) and set(inside) <= pids
 
     def forget(self, server: ProcessIdentity) -> None:

@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from agent.core.errors import ProbeAccessDenied, ProbeError
 from probes.linux.cgroupfs import ControllerDir, ancestors, locate_cgroups, malformed, to_int
-from probes.linux.procfs import HOST_ROOT, read_raw
+from probes.linux.procfs import HOST_ROOT, read_head, read_raw
 
 # v1 reports "no limit" as the largest page-aligned long: 9223372036854771712 with 4 KiB pages, a
 # little less with bigger pages. No real limit comes near 2**62 bytes (4 EiB).
@@ -319,11 +319,19 @@ def cgroup_members(directory: ControllerDir, limit: int) -> tuple[int, ...] | No
     None otherwise, or when it cannot be read: the cgroup then holds more than one instance's tree
     (its usage is not the instance's), so the caller falls back to per-process figures."""
     try:
-        with os.scandir(directory.path) as entries:
-            if any(entry.is_dir(follow_symlinks=False) for entry in entries):
-                return None
-        data = read_raw(directory.path + "/cgroup.procs")
-        pids = parse_cgroup_procs(data[: 16 * (limit + 1)])
+        if has_subdirectories(directory.path):
+            return None
+        pids = parse_cgroup_procs(read_head(directory.path + "/cgroup.procs", 16 * (limit + 1)))
     except (OSError, ProbeError):
         return None
     return tuple(pids) if len(pids) <= limit else None
+
+
+def has_subdirectories(path: str) -> bool:
+    """Whether a directory has child directories. A cgroup directory's link count is 2 plus its
+    children (kernfs keeps it, like most file systems), so one `stat` says "none"; any other count
+    (a file system that does not keep it) is checked entry by entry."""
+    if os.stat(path).st_nlink == 2:
+        return False
+    with os.scandir(path) as entries:
+        return any(entry.is_dir(follow_symlinks=False) for entry in entries)

@@ -115,6 +115,21 @@ def parse_mountinfo(data: bytes) -> list[CgroupMount]:
     return mounts
 
 
+_mounts: dict[str, tuple[bytes, list[CgroupMount]]] = {}  # root → the last mountinfo read, parsed
+
+
+def cgroup_mounts(root: Path = HOST_ROOT) -> list[CgroupMount]:
+    """The cgroup mounts of medic's mount namespace, parsed again only when mountinfo changed (every
+    process is located every minute, and a host's mountinfo can run to hundreds of lines)."""
+    data = read_file(proc_path(root, "self", "mountinfo"))
+    last = _mounts.get(str(root))
+    if last is not None and last[0] == data:
+        return last[1]
+    mounts = parse_mountinfo(data)
+    _mounts[str(root)] = (data, mounts)
+    return mounts
+
+
 def cgroup_layout(mounts: list[CgroupMount]) -> Layout:
     has_v1 = any(m.version == 1 and not all(c.startswith("name=") for c in m.controllers) for m in mounts)
     has_v2 = any(m.version == 2 for m in mounts)
@@ -196,7 +211,7 @@ def find_directory(
 def locate_cgroups(pid: int, root: Path = HOST_ROOT) -> CgroupLocation:
     """Each controller's directory for `pid`: v1 where a v1 hierarchy has the controller, else v2."""
     memberships = parse_proc_cgroup(read_file(proc_path(root, pid, "cgroup"), pid))
-    mounts = parse_mountinfo(read_file(proc_path(root, "self", "mountinfo")))
+    mounts = cgroup_mounts(root)
     layout = cgroup_layout(mounts)
     if layout == "none":
         raise ProbeUnavailable(

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from remediation.coordinator.base import AcquireResult, Admit, Coordinator, Grant, SlotRequest
+from remediation.coordinator.base import Coordinator
+from remediation.coordinator.records import AcquireResult, Admit, Grant, SlotRequest
 from remediation.errors import RemediationError
 
 if TYPE_CHECKING:

@@ -241,11 +241,6 @@ class EtcdGateway:
         return data
 
     # ----------------------------------------------------------------------------- kv
-    def range_prefix(self, prefix: str) -> tuple[list[dict[str, Any]], int]:
-        """Every kv under `prefix` (key and value decoded), and the revision of the read."""
-        data = self.call("kv/range", {"key": b64(prefix), "range_end": prefix_end(prefix)})
-        return [self._kv(kv) for kv in answer_list(data, "kvs")], answer_revision(data)
-
     def get(self, key: str) -> dict[str, Any] | None:
         data = self.call("kv/range", {"key": b64(key)})
         kvs = answer_list(data, "kvs")
@@ -264,10 +259,6 @@ class EtcdGateway:
             }
         except (AttributeError, TypeError, ValueError) as exc:  # base64, UTF-8 and int errors are ValueErrors
             raise CoordinatorError(f"etcd sent a key-value that is not etcd's ({exc})") from None
-
-    def txn(self, compare: list[dict], success: list[dict], failure: list[dict] | None = None) -> bool:
-        data = self.call("kv/txn", {"compare": compare, "success": success, "failure": failure or []})
-        return bool(data.get("succeeded", False))  # omitted when false
 
     @staticmethod
     def put_op(key: str, value: str, lease: int | None = None, ignore_lease: bool = False) -> dict:
