@@ -191,13 +191,6 @@ class Notifier:
         self.snapshot(self.clock())
         return delay
 
-    def run_once(self) -> None:
-        """Every step once, in order (tests and `medic` tools; the agent runs the workers instead)."""
-        self.route_once()
-        for sink in self.sinks:
-            self.deliver_once(sink)
-        self.silence_once()
-
     def snapshot(self, now: float) -> None:
         silences: dict[str, int] = {}
         if self.silencer is not None:
