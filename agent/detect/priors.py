@@ -26,8 +26,8 @@ from agent.detect.seasonal import MAX_SLOTS, MAX_WARMUP, WorkloadProfile, learn_
 from agent.detect.trend import median
 
 MAX_KEYS = 1024  # workloads one agent keeps priors for
-DIP_SHARE = 0.1  # ...and stays there but for this share of its buckets
 SETTLE_TOLERANCE = 0.01  # a floor within 1 % (or 3 noise) of its settled level has warmed up
+DIP_SHARE = 0.1  # ...and stays there but for this share of its buckets
 
 
 def learn_workload(
