@@ -44,7 +44,7 @@ from agent.jobs.peers import TICK as PEERS_TICK
 from agent.jobs.peers import PeersJob
 from agent.jobs.remediation import Remediation
 from agent.jobs.streak import SkippedRuns
-from agent.notify.service import start_notifier
+from agent.notify.service import Notifier
 from agent.state import AGENT_FILE_NAME
 from agent.state.eventlog import EventLog
 from agent.state.lock import hold_state_dir
@@ -157,7 +157,7 @@ class Agent:
             fleet_label=self.config.notify.fleet_label,
             max_age=cfg.interval,
         )
-        self.notifier = start_notifier(self)  # events → Alertmanager/webhook/Slack (agent/notify)
+        self.notifier = self._start_notifier()  # events → Alertmanager/webhook/Slack (agent/notify)
         axis = time_axis(self.config)  # every duration medic judges or waits by, on agent.time_scale
         for note in notes(self.config):
             log.info("agent.time_scale %g: %s", axis.scale.factor, note)
@@ -269,6 +269,26 @@ class Agent:
         finally:
             await self._shutdown(scheduler, server, serving)
         return self.exit_code
+
+    def _start_notifier(self) -> Notifier:
+        """The notifier from the parts it needs, subscribed to the event log, its workers started."""
+
+        def labels_for(name: str) -> dict[str, str]:
+            state = self.tracker.get(name)
+            return dict(state.labels) if state is not None else {}
+
+        notifier = Notifier(
+            self.config.notify,
+            self.store,
+            self.events,
+            labels_for=labels_for,
+            agent=self.agent_name,
+            external_url=self.config.agent.external_url,
+        )
+        self.telemetry.registry.register(notifier.collector)
+        self.events.subscribe(notifier.wake)
+        notifier.start()
+        return notifier
 
     @property
     def pidfile(self) -> Path:

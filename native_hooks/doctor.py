@@ -16,6 +16,7 @@ from typing import Any
 
 from agent.core.errors import ProbeError
 from agent.core.figures import is_figure
+from agent.core.units import format_bytes
 from native_hooks.delivery import python_hook_gaps
 from native_hooks.errors import ShimNotBuilt
 from native_hooks.sockets import find_socket
@@ -200,8 +201,6 @@ def advise(report: DoctorReport) -> list[str]:
 
 def render(report: DoctorReport) -> str:
     """The report for people: a few aligned lines, then the advice."""
-    from agent.core.units import format_bytes
-
     detected, hook = report.detected, report.hook
     lines = [f"pid            {report.pid}"]
     if detected:

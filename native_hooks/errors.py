@@ -1,9 +1,6 @@
-"""Errors of the hook client (medic's side), inside `agent.core.errors`; and, re-exported, those of the
-allocator bindings, which run inside targets and so belong to `medic_hook` (plain `Exception`s there,
-turned into `{"ok": false}` replies before they reach medic).
-
-medic_hook.AllocatorError     an allocator call failed (errno, missing symbol, bad output)
-└── MallctlError              jemalloc's mallctl returned an errno
+"""Errors of the hook client (medic's side), inside `agent.core.errors`. Those of the allocator
+bindings (`AllocatorError`, `MallctlError`) run inside targets and so belong to `medic_hook.errors`
+(plain `Exception`s there, turned into `{"ok": false}` replies before they reach medic).
 
 ProbeError
 ├── HookError                 a hook answered badly or too late
@@ -21,11 +18,9 @@ ProbeError
 from __future__ import annotations
 
 from agent.core.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable
-from medic_hook.errors import AllocatorError, MallctlError
 
 __all__ = [
     "HOOK_HOWTO",
-    "AllocatorError",
     "HookAccessDenied",
     "HookError",
     "HookNotFound",
@@ -33,7 +28,6 @@ __all__ = [
     "HookProtocolError",
     "HookRequestError",
     "HookTimeout",
-    "MallctlError",
     "ShimNotBuilt",
 ]
 

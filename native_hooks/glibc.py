@@ -1,6 +1,5 @@
-"""glibc malloc through ctypes (`mallinfo2`, `malloc_trim`, `mallopt`, `malloc_info`) and a parser for
-`malloc_info`'s XML: `medic_hook`'s, re-exported (the bindings run inside targets, so they live in the
-hook's package); and the allocator settings of the agent's own process.
+"""The glibc allocator settings of the agent's own process, through `medic_hook.glibc`'s bindings
+(which run inside targets, so they live in the hook's package).
 """
 
 from __future__ import annotations
@@ -8,17 +7,7 @@ from __future__ import annotations
 import logging
 import os
 
-from medic_hook.glibc import (
-    MALLINFO2_FIELDS,
-    PAGE,
-    FreeBucket,
-    GlibcMalloc,
-    HeapInfo,
-    Mallinfo2,
-    MallocInfo,
-    parse_malloc_info,
-)
-from medic_hook.glibc import require_glibc as require
+from medic_hook.glibc import GlibcMalloc
 
 log = logging.getLogger(__name__)
 
@@ -35,23 +24,6 @@ AGENT_SETTINGS = (
     (M_MMAP_THRESHOLD, AGENT_RETURN_THRESHOLD, "MALLOC_MMAP_THRESHOLD_"),
     (M_TRIM_THRESHOLD, AGENT_RETURN_THRESHOLD, "MALLOC_TRIM_THRESHOLD_"),
 )
-
-__all__ = [
-    "AGENT_SETTINGS",
-    "MALLINFO2_FIELDS",
-    "M_ARENA_MAX",
-    "M_MMAP_THRESHOLD",
-    "M_TRIM_THRESHOLD",
-    "PAGE",
-    "FreeBucket",
-    "GlibcMalloc",
-    "HeapInfo",
-    "Mallinfo2",
-    "MallocInfo",
-    "parse_malloc_info",
-    "require",
-    "tune_agent_allocator",
-]
 
 
 def tune_agent_allocator() -> bool:

@@ -21,10 +21,18 @@ shared budget is untouched.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from remediation.model import Decision, InstanceView, Intent, Plan, PlanEntry, RemediationRequest
+from remediation.model import (
+    Decision,
+    InstanceView,
+    Intent,
+    Plan,
+    PlanEntry,
+    RemediationRequest,
+    WouldRestart,
+)
 from remediation.planner import PlanSettings, latest_start, on_time_until
 from remediation.text import at
 
@@ -33,16 +41,6 @@ if TYPE_CHECKING:
 
 # one-shot requests: a person asks again, so each is recorded anew
 ASKED_ANEW = ("manual",)
-
-
-@dataclass(frozen=True, slots=True)
-class WouldRestart:
-    """The would-be restart dry-run recorded for one process of an instance."""
-
-    action_id: int
-    at: float  # when dry-run would have restarted it
-    start_time: float  # the process it would have restarted
-    reason: str
 
 
 def answers(would: WouldRestart | None, request: RemediationRequest) -> bool:

@@ -55,6 +55,7 @@ from remediation.model import (
     RemediationRequest,
     RestartRecord,
     StepReport,
+    WouldRestart,
 )
 from remediation.pause import KillSwitch, pause_decision
 from remediation.restarts import UNAVAILABLE, Restarts
@@ -456,7 +457,7 @@ class Engine:
         wanted: Mapping[str, Intent],
         report: StepReport,
         settings: planner.PlanSettings,
-        answered: Mapping[str, dry_run.WouldRestart],
+        answered: Mapping[str, WouldRestart],
     ) -> tuple[list[FleetEntry], list[RestartRecord]]:
         """Publish, and plan: as the elected leader for the fleet, or from the leader's grants; in
         dry-run alone, with its would-be restarts in the history and in the plan (`remediation.dry_run`)."""

@@ -24,8 +24,7 @@ from typing import Any
 from agent.core.ports import TableStore
 from agent.core.sql import where_clause
 from probes.linux.procfs import CLOCK_TICKS
-from remediation.dry_run import WouldRestart
-from remediation.model import WOULD_RESTART, Decision, RemediationRequest, RestartRecord
+from remediation.model import WOULD_RESTART, Decision, RemediationRequest, RestartRecord, WouldRestart
 from remediation.policy import CaseHistory, related_kinds
 
 _SCHEMA = """

@@ -104,6 +104,16 @@ class RemediationRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class WouldRestart:
+    """The would-be restart dry-run recorded for one process of an instance."""
+
+    action_id: int
+    at: float  # when dry-run would have restarted it
+    start_time: float  # the process it would have restarted
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class InstanceView:
     """What the engine knows of one local instance right now (built by the runtime from its tracker)."""
 

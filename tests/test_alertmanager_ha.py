@@ -16,7 +16,7 @@ from agent.notify.service import Notifier
 from agent.notify.sinks import create_sinks
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
-from support.notify import start_alertmanager, wait_http
+from support.notify import run_once, start_alertmanager, wait_http
 from support.procs import wait_until
 
 
@@ -33,7 +33,7 @@ class Medic:
 
     def until(self, predicate, timeout=15.0):
         def stepped():
-            self.notifier.run_once()
+            run_once(self.notifier)
             return predicate()
 
         return wait_until(stepped, timeout, 0.1)

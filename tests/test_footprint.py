@@ -87,7 +87,7 @@ def _mmapped_blocks_while_reallocating(tune: bool) -> list[int]:
     """mallinfo2's count of mmapped blocks while a 2 MiB buffer is allocated, freed and allocated again
     (larger than any free chunk a fresh interpreter's heap holds, whatever its hash seed left there)."""
     code = (
-        "import json\nfrom native_hooks.glibc import GlibcMalloc, tune_agent_allocator\n"
+        "import json\nfrom medic_hook.glibc import GlibcMalloc\nfrom native_hooks.glibc import tune_agent_allocator\n"
         f"applied = tune_agent_allocator() if {tune} else True\n"
         "warm = bytearray(4 * 2**20)\ndel warm\n"  # what glibc's dynamic threshold learns from: a 4 MiB free
         "g = GlibcMalloc.find()\nbase = g.mallinfo2()['hblks']\nseen = []\n"

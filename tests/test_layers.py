@@ -1,6 +1,8 @@
 """The house rules for imports: each room may import only the rooms below it, and nothing imports
-in a circle. Read from the source with `ast` (module-level imports; `TYPE_CHECKING` blocks and
-imports inside functions are not edges), so a violation fails here before it tangles the tree.
+in a circle. Read from the source with `ast`: every import counts, at module level, in a
+`TYPE_CHECKING` block or inside a function (a circle of types or of late imports is a circle all the
+same), so a violation fails here before it tangles the tree. An import inside a function is allowed
+only where `LAZY` names it with its reason.
 
 The rooms and what each may import are in `RULES` and drawn in docs/architecture.md.
 """
@@ -8,6 +10,7 @@ The rooms and what each may import are in `RULES` and drawn in docs/architecture
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,6 +62,34 @@ RULES["agent.cli"] = BELOW_TOP | {"agent.api", "agent.runtime", "agent.demo"}
 RULES["agent.guardrail"] = RULES["agent.jobs"] | {"agent.jobs", "agent.series"}
 RULES["agent.cli"] = RULES["agent.cli"] | {"agent.guardrail"}
 
+# The imports that may wait inside a function, as (importer, imported) module prefixes, each with its
+# reason. Any other import belongs at the top of its module, where a reader (and this test) sees it.
+LAZY: list[tuple[str, str, str]] = [
+    ("agent.cli", "", "start-up speed: `medic status` loads only what its subcommand runs"),
+    ("medic_hook", "medic_hook", "runs inside targets: a part loads only when the target asks for it"),
+    ("agent.demo.server", "medic_hook", "the demo server hooks itself only when started with a hook socket"),
+    (
+        "agent.demo.workload",
+        "medic_hook",
+        "the demo workload hooks itself only when started with a hook socket",
+    ),
+    ("probes.canary", "probes.scrape", "httpx loads with the first canary (none by default)"),
+    (
+        "probes.latency",
+        "probes.scrape",
+        "httpx loads with the first scrape: no latency target, no httpx in RSS",
+    ),
+    ("agent.jobs.warmup", "probes.scrape", "httpx loads with the first warm-up, not with the agent"),
+    ("agent.api.histograms", "probes.jvm", "loaded by the first JVM histogram diff: no JVM, no JVM probe"),
+    (
+        "native_hooks.doctor",
+        "native_hooks.shim",
+        "an unbuilt shim is a finding of the doctor, not an import error",
+    ),
+    ("native_hooks.doctor", "native_hooks.client", "the hook client loads only when there is a hook to ask"),
+    ("remediation.coordinator", "remediation.coordinator.etcd_security", "TLS material for etcd only"),
+]
+
 
 def module_name(path: Path, root: Path = REPO) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
@@ -80,61 +111,98 @@ def room_of(module: str) -> str:
     return parts[0]
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    return "TYPE_CHECKING" in ast.unparse(node.test)
+def _statements(body: list[ast.stmt], in_function: bool = False) -> Iterator[tuple[ast.stmt, bool]]:
+    """Every import statement under `body` (in `if`, `try`, `with`, classes and functions too), and
+    whether it runs inside a function."""
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node, in_function
+            continue
+        inside = in_function or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.stmt):
+                yield from _statements([child], inside)
+            elif isinstance(child, ast.excepthandler) or (
+                hasattr(child, "body") and isinstance(child.body, list)
+            ):
+                yield from _statements(child.body, inside)
+
+
+def imports(path: Path, known: set[str], root: Path = REPO) -> dict[str, bool]:
+    """The modules of ours that `path` imports (resolved to modules that exist), each with whether
+    every import of it waits inside a function."""
+    here = module_name(path, root)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    found: dict[str, bool] = {}
+    for node, lazy in _statements(ast.parse(path.read_text(encoding="utf-8")).body):
+        names: set[str] = set()
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                candidate = f"{target}.{alias.name}"
+                if (root / candidate.replace(".", "/")).with_suffix(".c").exists():
+                    continue  # a compiled extension beside the sources: a leaf, not its package
+                names.add(candidate if candidate in known else target)
+        for name in names:
+            if name.split(".")[0] not in PACKAGES:
+                continue
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != here:
+                found[name] = found.get(name, True) and lazy
+    return found
 
 
 def imported_modules(path: Path, known: set[str], root: Path = REPO) -> set[str]:
-    """The modules of ours that `path` imports at module level (resolved to modules that exist)."""
-    here = module_name(path, root)
-    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
-    names: set[str] = set()
-
-    def visit(body: list[ast.stmt]) -> None:
-        for node in body:
-            if isinstance(node, ast.If):
-                if not _is_type_checking(node):
-                    visit(node.body)
-                    visit(node.orelse)
-            elif isinstance(node, ast.Try):
-                visit(node.body)
-                for handler in node.handlers:
-                    visit(handler.body)
-                visit(node.orelse)
-                visit(node.finalbody)
-            elif isinstance(node, ast.Import):
-                names.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                    target = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    target = node.module or ""
-                for alias in node.names:
-                    candidate = f"{target}.{alias.name}"
-                    if (root / candidate.replace(".", "/")).with_suffix(".c").exists():
-                        continue  # a compiled extension beside the sources: a leaf, not its package
-                    if candidate in known:
-                        names.add(candidate)
-                    else:
-                        names.add(target)
-
-    visit(ast.parse(path.read_text(encoding="utf-8")).body)
-    resolved = set()
-    for name in names:
-        if name.split(".")[0] not in PACKAGES:
-            continue
-        while name and name not in known:
-            name = name.rpartition(".")[0]
-        if name and name != here:
-            resolved.add(name)
-    return resolved
+    """The modules of ours that `path` imports, wherever the import stands."""
+    return set(imports(path, known, root))
 
 
 def import_graph() -> dict[str, set[str]]:
     modules = source_modules()
     known = set(modules)
     return {name: imported_modules(path, known) for name, path in modules.items()}
+
+
+def _within(module: str, prefix: str) -> bool:
+    return not prefix or module == prefix or module.startswith(prefix + ".")
+
+
+def unlisted_lazy_imports() -> list[str]:
+    """Imports inside functions that `LAZY` does not name."""
+    modules = source_modules()
+    known = set(modules)
+    found = []
+    for name, path in sorted(modules.items()):
+        for target, lazy in sorted(imports(path, known).items()):
+            if lazy and not any(_within(name, a) and _within(target, b) for a, b, _ in LAZY):
+                found.append(
+                    f"{name} imports {target} inside a function: move it to the top, or name it in LAZY"
+                )
+    return found
+
+
+def circle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """One import circle through the component's first module, as a path that returns to it."""
+    members = set(component)
+    start = component[0]
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for child in sorted(graph.get(node, set()) & members):
+            if child == start:
+                return paths[node] + [start]
+            if child not in paths:
+                paths[child] = paths[node] + [child]
+                queue.append(child)
+    return component
 
 
 def violations(graph: dict[str, set[str]]) -> list[str]:
@@ -206,8 +274,24 @@ def test_every_import_follows_the_room_rules():
 
 
 def test_no_module_imports_itself_in_a_circle():
-    found = cycles(import_graph())
-    assert not found, "\n".join(" → ".join(c) for c in found)
+    graph = import_graph()
+    found = cycles(graph)
+    assert not found, "\n".join(" → ".join(circle(graph, c)) for c in found)
+
+
+def test_an_import_waits_inside_a_function_only_where_lazy_names_it():
+    problems = unlisted_lazy_imports()
+    assert not problems, "\n".join(problems)
+
+
+def test_every_lazy_import_is_still_made_and_says_why():
+    """A `LAZY` line that matches nothing any more is deleted, not kept for later."""
+    modules = source_modules()
+    known = set(modules)
+    lazy = {(n, t) for n, p in modules.items() for t, late in imports(p, known).items() if late}
+    for importer, imported, reason in LAZY:
+        assert reason, (importer, imported)
+        assert any(_within(n, importer) and _within(t, imported) for n, t in lazy), (importer, imported)
 
 
 @pytest.mark.parametrize(
@@ -230,20 +314,35 @@ def test_a_deliberate_violation_is_caught(module, target, expected):
 def test_a_deliberate_cycle_is_caught():
     graph = {"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}, "a.w": set()}
     assert cycles(graph) == [["a.x", "a.y", "a.z"]]
+    assert circle(graph, ["a.x", "a.y", "a.z"]) == ["a.x", "a.y", "a.z", "a.x"]
 
 
-def test_type_checking_and_function_level_imports_are_not_edges(tmp_path):
+def test_type_checking_and_function_level_imports_are_edges(tmp_path):
     module = tmp_path / "agent" / "state" / "x.py"
     module.parent.mkdir(parents=True)
     module.write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from agent.api.app import App\n"
         "def later():\n    from agent.watch.tracker import Tracker\n"
+        "class Held:\n    def method(self):\n        import agent.state.y\n"
         "from agent.core.errors import MedicError\n"
         "from agent.core import units\n"
     )
-    known = {"agent.api.app", "agent.watch.tracker", "agent.core.errors", "agent.core.units", "agent.state.x"}
-    assert imported_modules(module, known, root=tmp_path) == {"agent.core.errors", "agent.core.units"}
+    known = {
+        "agent.api.app",
+        "agent.watch.tracker",
+        "agent.core.errors",
+        "agent.core.units",
+        "agent.state.x",
+        "agent.state.y",
+    }
+    assert imports(module, known, root=tmp_path) == {
+        "agent.api.app": False,
+        "agent.watch.tracker": True,
+        "agent.state.y": True,
+        "agent.core.errors": False,
+        "agent.core.units": False,
+    }
 
 
 def test_the_architecture_doc_lists_every_module_in_its_room():

@@ -9,16 +9,16 @@ import textwrap
 
 import pytest
 
-from native_hooks.glibc import MALLINFO2_FIELDS
+from medic_hook.glibc import MALLINFO2_FIELDS
 from native_hooks.workloads import python_argv, target_env
 
 pytestmark = pytest.mark.native
 
 PRELUDE = """
 import errno, json, os, sys
-from native_hooks import jemalloc, tcmalloc, glibc
-from native_hooks.allocator import local_allocator, malloc_owner
-from native_hooks.errors import AllocatorError, MallctlError
+from medic_hook import jemalloc, tcmalloc, glibc
+from medic_hook.allocator import local_allocator, malloc_owner
+from medic_hook.errors import AllocatorError, MallctlError
 out = {}
 def fails(fn, *args):
     try:
@@ -50,7 +50,7 @@ def test_mallctl_reads_every_type() -> None:
     out = run_under(
         "jemalloc",
         """
-        m = jemalloc.require()
+        m = jemalloc.require_jemalloc()
         out["version"] = m.version()
         out["config.prof"] = m.read_bool("config.prof")
         out["narenas"] = m.read_unsigned("arenas.narenas")
@@ -86,7 +86,7 @@ def test_mallctl_errors_say_what_to_do() -> None:
     out = run_under(
         "jemalloc",
         """
-        m = jemalloc.require()
+        m = jemalloc.require_jemalloc()
         out["unknown"] = fails(m.read_size_t, "no.such.control")
         out["wrong_size"] = fails(m.read_size_t, "opt.prof")
         out["read_only"] = fails(m.write_size_t, "stats.allocated", 1)
@@ -108,7 +108,7 @@ def test_mallctl_heap_profiling(tmp_path) -> None:
     out = run_under(
         "jemalloc",
         f"""
-        m = jemalloc.require()
+        m = jemalloc.require_jemalloc()
         out["enabled"] = m.prof_enabled()
         out["was_active"] = m.prof_active(True)
         out["now_active"] = m.read_bool("prof.active")
@@ -129,7 +129,8 @@ def test_mallctl_heap_profiling(tmp_path) -> None:
 
 def test_jemalloc_missing_says_how_to_load_it() -> None:
     out = run_under(
-        "glibc", 'out["error"] = fails(jemalloc.require)\nout["found"] = jemalloc.Mallctl.find() is None'
+        "glibc",
+        'out["error"] = fails(jemalloc.require_jemalloc)\nout["found"] = jemalloc.Mallctl.find() is None',
     )
     assert "LD_PRELOAD=libjemalloc.so.2" in out["error"]["message"] and out["found"] is True
 
@@ -139,7 +140,7 @@ def test_tcmalloc_properties_release_and_heap_profiler(tmp_path) -> None:
     out = run_under(
         "tcmalloc",
         f"""
-        tc = tcmalloc.require()
+        tc = tcmalloc.require_tcmalloc()
         out["props"] = tc.properties()
         out["unknown"] = tc.property("no.such.property")
         keep = [bytearray(1023) for _ in range(100000)]
@@ -174,7 +175,7 @@ def test_tcmalloc_properties_release_and_heap_profiler(tmp_path) -> None:
 def test_tcmalloc_minimal_has_no_heap_profiler() -> None:
     out = run_under(
         "tcmalloc_minimal",
-        'tc = tcmalloc.require()\nout["has"] = tc.has_heap_profiler\nout["error"] = fails(tc.heap_profile)',
+        'tc = tcmalloc.require_tcmalloc()\nout["has"] = tc.has_heap_profiler\nout["error"] = fails(tc.heap_profile)',
     )
     assert out["has"] is False
     assert "libtcmalloc.so.4" in out["error"]["message"]
@@ -185,7 +186,7 @@ def test_glibc_mallinfo2_trim_and_malloc_info() -> None:
     out = run_under(
         "glibc",
         """
-        g = glibc.require()
+        g = glibc.require_glibc()
         blocks = [bytearray(1023) for _ in range(100000)]
         del blocks[1::64]
         kept = blocks[::64]

@@ -12,10 +12,11 @@ from hypothesis import strategies as st
 
 from agent.core.catalog import CATALOG
 from agent.core.errors import ProbeError
+from medic_hook.allocator import glibc_figures, jemalloc_figures, tcmalloc_figures
+from medic_hook.errors import AllocatorError
+from medic_hook.glibc import MALLINFO2_FIELDS, GlibcMalloc, parse_malloc_info
 from native_hooks import protocol
-from native_hooks.allocator import glibc_figures, jemalloc_figures, tcmalloc_figures
-from native_hooks.errors import AllocatorError, HookProtocolError
-from native_hooks.glibc import MALLINFO2_FIELDS, GlibcMalloc, parse_malloc_info
+from native_hooks.errors import HookProtocolError
 from native_hooks.sockets import SocketPathError, expand, has_pid
 from native_hooks.which_allocator import mapped_files
 from probes.allocator import samples_from_stats

@@ -11,7 +11,7 @@ from agent.notify.model import parse_rfc3339
 from agent.notify.service import Notifier
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
-from support.notify import start_alertmanager
+from support.notify import active_alerts, run_once, start_alertmanager
 from support.procs import wait_until
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ class Medic:
         )
 
     def step(self):
-        self.notifier.run_once()
+        run_once(self.notifier)
 
     def until(self, predicate, timeout=15.0):
         def stepped():
@@ -105,7 +105,7 @@ def test_alerts_fire_update_and_resolve(spawn, tmp_path, hook_server):
 
     [gone] = wait_until(resolved_webhook, 10)
     assert abs(parse_rfc3339(gone["endsAt"]) - resolved.ts) < 0.01
-    assert medic.notifier.router.active_alerts() == []
+    assert active_alerts(medic.notifier.router.store) == []
     medic.close()
 
 

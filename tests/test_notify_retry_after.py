@@ -18,6 +18,7 @@ from agent.notify.sinks import DeliveryError, create_sinks
 from agent.notify.sinks.base import MAX_RETRY_AFTER, retry_after
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
+from support.notify import run_once
 from support.procs import wait_until
 
 SECRET = "0123456789abcdef0123"
@@ -49,7 +50,7 @@ def slack_notifier(state_dir, url, retry=FAST):
 
 def deliver_until(notifier, predicate, timeout=15.0):
     def step():
-        notifier.run_once()
+        run_once(notifier)
         return predicate()
 
     wait_until(step, timeout, 0.02)

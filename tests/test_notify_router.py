@@ -12,6 +12,7 @@ from agent.notify.silences import Silencer
 from agent.notify.sinks import create_sinks
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
+from support.notify import active_alerts
 
 T0 = 1_800_000_000.0
 
@@ -93,7 +94,7 @@ def test_finding_opened_goes_to_every_sink_with_its_alert(world):
     assert note["agent"] == "ranker-7f9c"
     assert note["runbook"] == "https://medic.example.internal/docs/runbooks.md#medicleak"
     assert "`medic leaks serving-7`" in note["description"]
-    assert w.router.active_alerts()[0]["sinks"] == ["alertmanager", "webhook"]
+    assert active_alerts(w.router.store)[0]["sinks"] == ["alertmanager", "webhook"]
     w.close()
 
 
@@ -130,7 +131,7 @@ def test_resolve_goes_only_where_the_fire_went(world):
     assert len(am) == 1 and am[0].payload["status"] == "resolved"  # the pending firing was replaced
     assert am[0].payload["ends_at"] == resolved.ts and am[0].revision == 1
     assert w.items("quiet") == []
-    assert w.router.active_alerts() == []
+    assert active_alerts(w.router.store) == []
     w.close()
 
 

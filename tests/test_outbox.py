@@ -18,6 +18,7 @@ from agent.notify.outbox import Outbox, backoff_delay
 from agent.notify.service import Notifier
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
+from support.notify import run_once
 from support.procs import wait_until
 
 SECRET = "0123456789abcdef0123"
@@ -45,7 +46,7 @@ def notifier_for(state_dir, url, *, retry=None, timeout="2s", rng=lambda: 0.0):
 
 def deliver_until(notifier, predicate, timeout=15.0):
     def step():
-        notifier.run_once()
+        run_once(notifier)
         return predicate()
 
     wait_until(step, timeout, 0.02)
@@ -101,7 +102,7 @@ def test_target_down_then_back_delivers_each_once_in_order(tmp_path, hook_server
         events.emit("instance_down", f"pid of {name} is gone", instance=name, severity="warning")
     deadline = time.monotonic() + 1.5
     while time.monotonic() < deadline:  # retries while the target is down
-        notifier.run_once()
+        run_once(notifier)
         time.sleep(0.02)
     head = notifier.outbox.head("webhook")
     assert head.instance == "a" and head.attempts >= 4 and "cannot reach" in head.last_error
@@ -109,7 +110,7 @@ def test_target_down_then_back_delivers_each_once_in_order(tmp_path, hook_server
     server.start()
     deliver_until(notifier, lambda: len(server.received) >= 4)
     time.sleep(0.3)
-    notifier.run_once()
+    run_once(notifier)
     assert [b["instance"] for b in server.bodies()] == ["a", "b", "c", "d"]
     assert len(server.received) == 4  # once each
     stats = notifier.outbox.stats(["webhook"])["webhook"]
@@ -157,7 +158,7 @@ def test_timeouts_are_retried_with_the_same_delivery_id(tmp_path, hook_server):
     server = hook_server(mode="slow", slow_for=0.6)
     notifier, events = notifier_for(tmp_path, server.url, timeout="150ms")
     events.emit("instance_down", "x", instance="a")
-    notifier.run_once()
+    run_once(notifier)
     item = notifier.outbox.head("webhook")
     assert item.attempts == 1 and "did not answer within 0.15s" in item.last_error
     server.mode = "ok"
@@ -172,12 +173,12 @@ def test_pending_items_survive_a_restart(tmp_path, hook_server):
     server.stop()
     first, events = notifier_for(tmp_path, server.url)
     events.emit("instance_down", "gone", instance="a")
-    first.run_once()
+    run_once(first)
     assert first.outbox.head("webhook").attempts == 1
     first.store.close()
     server.start()
     second, _ = notifier_for(tmp_path, server.url)
     deliver_until(second, lambda: server.received)
     assert server.bodies()[0]["instance"] == "a"
-    second.run_once()
+    run_once(second)
     assert len(server.received) == 1

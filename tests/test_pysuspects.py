@@ -19,8 +19,9 @@ from agent.core.records import Event, ProbeTarget
 from agent.detect import DetectParams
 from agent.detect.model import Finding
 from agent.detect.pysuspects import collecting, snapshots_needed, unexplained
+from agent.detect.ranking import suspects_for
 from agent.detect.slow import SlowParams
-from agent.detect.suspects import current_lifetime, suspects_for
+from agent.detect.suspects import current_lifetime
 from agent.jobs.detection import Detection
 from agent.state.eventlog import EventLog
 from agent.state.histograms import HistogramStore

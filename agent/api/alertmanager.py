@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
 from agent.api.guard import MAX_JSON_DEPTH, content_length, json_too_deep
+from agent.api.outbox import outbox_routes
 from agent.notify.external import ExternalAlert, open_external_finding, resolve_external_finding
 from agent.notify.inbound import AmWebhook, InboundAlert, InboundError, ignored, map_instance, parse_webhook
 from agent.notify.metrics import ReceiverCollector
@@ -181,8 +182,6 @@ def _unknown(alert: InboundAlert, labels: list[str], known: set[str]) -> str:
 
 def create_router(ctx: Any) -> APIRouter:
     """The integration endpoints, for `create_app`: the Alertmanager receiver and the outbox view."""
-    from agent.api.outbox import outbox_routes
-
     spec = ctx.notify.receiver
     secret = spec.secret("notify.receiver")
     stats = ReceiverCollector()

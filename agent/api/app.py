@@ -9,7 +9,6 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,11 +29,10 @@ from agent.api.guard import DEFAULT_MAX_BODY, HttpGuard, allowed_hosts, route_po
 from agent.api.histograms import histogram_routes
 from agent.api.instances import instances_routes
 from agent.api.metrics import Telemetry
+from agent.api.query import parse_time
 from agent.api.remediation import remediation_routes
 from agent.core.catalog import CATALOG
 from agent.core.errors import ProbeError
-from agent.core.figures import EARLIEST_TIME as EARLIEST
-from agent.core.figures import LATEST_TIME as LATEST
 from agent.core.records import ProbeTarget
 from agent.core.units import parse_duration
 from agent.jobs.detection import Detection
@@ -85,31 +83,6 @@ class PurgeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reason: str = Field("requested through the API", max_length=500)
     gc: bool = False  # Python hook only: run the garbage collector first
-
-
-def parse_time(value: str | None, now: float, default_ago: float) -> float:
-    """A unix timestamp, or a duration meaning that long ago (`1h`); default `default_ago` ago."""
-    if value is None or value == "":
-        return now - default_ago
-    try:
-        number = float(value)
-    except ValueError:
-        number = None
-    if number is not None and number > 10**9:
-        when = number
-    else:
-        try:
-            when = now - parse_duration(value)
-        except ValueError:
-            raise HTTPException(
-                400, f"expected a unix timestamp or a duration ago such as 15m or 6h, got {value[:100]!r}"
-            ) from None
-    if not (math.isfinite(when) and EARLIEST <= when <= LATEST):
-        raise HTTPException(
-            400,
-            f"time {value[:100]!r} is out of range: give a unix time between 1970 and 2100 or a duration ago",
-        )
-    return when
 
 
 def _field_name(part: object) -> str:

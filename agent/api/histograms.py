@@ -20,12 +20,14 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 
+from agent.api.query import parse_time
 from agent.core.errors import ProbeError
 from agent.core.histograms import Snapshot
 from agent.detect.attribution import attribution_for
 from agent.detect.histodiff import diff
+from agent.detect.ranking import suspects_for
 from agent.detect.retainers import with_held_by
-from agent.detect.suspects import SUSPECT_KINDS, suspects_for
+from agent.detect.suspects import SUSPECT_KINDS
 from agent.state.histograms import HistogramStore
 
 KIND_PATTERN = "^(class|type|container|site|nmt|retainer)$"
@@ -70,8 +72,6 @@ def diff_range(
 
 def histogram_routes(ctx: Any) -> APIRouter:
     """Routes over `ctx.store` (an `agent.state.store.Store`) and `ctx.tracker` (for instance names)."""
-    from agent.api.app import parse_time  # the API's own time parsing, shared
-
     router = APIRouter()
     histos = HistogramStore(ctx.store)
 

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _path(args: argparse.Namespace) -> int:
-    from native_hooks import shim_path
+    from native_hooks.shim import shim_path
 
     path = shim_path()
     echo(json.dumps({"path": path}) if args.json else path)
@@ -164,8 +164,8 @@ def install_hook(directory: str, allocator: str = "glibc") -> dict[str, Any]:
     import shutil
     import tempfile
 
-    from native_hooks import shim_path
     from native_hooks.preloads import PRELOADS
+    from native_hooks.shim import shim_path
 
     sources = [(find_library(PRELOADS[allocator]), PRELOADS[allocator])] if PRELOADS.get(allocator) else []
     sources.append((shim_path(), INSTALLED_SHIM))
@@ -261,7 +261,7 @@ def target_environment(python: bool, allocator: str, socket: str) -> dict[str, s
     env: dict[str, str] = {}
     preload = [PRELOADS[allocator]] if PRELOADS.get(allocator) else []
     if not python:
-        from native_hooks import shim_path
+        from native_hooks.shim import shim_path
 
         preload.append(shim_path())
     if preload:

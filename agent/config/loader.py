@@ -26,6 +26,7 @@ import yaml
 from pydantic import ValidationError
 
 from agent.config.model import Config
+from agent.config.timescale import problems as time_problems
 from agent.core.bounded import read_regular_file
 from agent.core.errors import ConfigError, UnsafePath
 
@@ -235,11 +236,17 @@ def validate_config(
 ) -> Config:
     """`data` as a `Config`; `ConfigError` lists every problem. `from_env`: the values that took
     something from the environment, which no message may quote."""
+    hidden = from_env or {}
     try:
-        return Config.model_validate(data)
+        config = Config.model_validate(data)
     except ValidationError as exc:
-        hidden = from_env or {}
         raise ConfigError("\n".join(_describe(err, source, hidden) for err in exc.errors())) from None
+    # every window medic judges holds samples, and the store keeps the history the memory detectors
+    # read at their resolution: checked on the whole config, once every section is valid
+    problems = time_problems(config)
+    if problems:
+        raise ConfigError(_mask(f"{source}: <top>: {'; '.join(problems)}", hidden))
+    return config
 
 
 def _describe(err: Any, source: str, hidden: Expanded) -> str:

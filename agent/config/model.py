@@ -18,7 +18,6 @@ from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, field_v
 
 from agent.config.detect import DetectSection, Number
 from agent.config.history import HistorySection
-from agent.config.timescale import problems as time_problems
 from agent.core.patterns import compile_pattern
 from agent.core.types import DAY, HOUR, Duration, Interval, Strict, within
 from agent.core.units import parse_size
@@ -375,13 +374,4 @@ class Config(Strict):
                     "match.children)"
                 )
             first[key] = spec.name
-        return self
-
-    @model_validator(mode="after")
-    def _judges(self) -> Config:
-        """Every window medic judges holds samples, and the store keeps the history the memory
-        detectors read at their resolution (`agent.config.timescale.problems`)."""
-        problems = time_problems(self)
-        if problems:
-            raise ValueError("; ".join(problems))
         return self

@@ -6,7 +6,7 @@
 each instance's SLO window (through `TimeAxis.scale`, in the detection job) and the `remediation:`
 section, each record applying `agent.core.timescale.TimeScale.span` to its own durations.
 `problems(config)` is why a config cannot judge (a window or a stale limit shorter than the
-interval its samples arrive at), each with its fix; `Config` refuses those on load. `scaled(config)`
+interval its samples arrive at), each with its fix; the loader (`validate_config`) refuses those. `scaled(config)`
 lists every duration the scale changed, and `notes(config)` the ones it held at a floor and the
 real-time schedules slower than the compressed grid they serve, for `medic config check` and the
 agent's start.

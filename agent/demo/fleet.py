@@ -24,6 +24,7 @@ from pathlib import Path
 import agent
 from agent.core.errors import MedicError, ProbeError
 from agent.demo.config import SERVER_MODULE, DemoSettings, ServerSpec, demo_config, plan_servers
+from agent.demo.load import LoadGenerator, request_body
 from agent.demo.model import build_model
 from agent.state import AGENT_FILE_NAME
 from probes.linux.fstrust import atomic_write, ensure_private_dir
@@ -77,8 +78,6 @@ class Fleet:
         self.close()
 
     def start(self, timeout: float = 60.0) -> None:
-        from agent.demo.load import LoadGenerator, request_body
-
         ensure_private_dir(self.state_dir, "demo state dir")  # it holds the config the agent obeys
         model = build_model(self.state_dir / "model.onnx", self.settings.shape)
         self.servers = plan_servers(self.settings, free_ports(self._count()))

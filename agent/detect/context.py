@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from agent.core.units import format_bytes
 from agent.detect.growth import PEAK_BUCKETS, Fit, fits, peak, time_to_limit
-from agent.detect.jvm import HEAP_MAX, HEAP_USABLE, LAYERS, NATIVE, value_at
+from agent.detect.jvm import DIRECT, HEAP_MAX, HEAP_USABLE, LAYERS, METASPACE, NATIVE, value_at
 from agent.detect.model import JVM_HEAP_AFTER_GC, RSS, Kind, Observation, Severity, State, Verdict
 from agent.detect.params import DetectParams
 from agent.detect.prepared import Prepared
@@ -153,3 +153,24 @@ class Context:
             verdict=verdict,
             evidence=evidence or {},
         )
+
+
+def leak_layers(ctx: Context) -> list[str] | None:
+    """The layers a JVM's leak is judged in, when its memory outside the heap is known (else None):
+    the heap and what lies outside it, and direct buffers and metaspace when they have a ceiling."""
+    if not ctx.present(NATIVE):
+        return None
+    extra = [m for m in (DIRECT, METASPACE) if ctx.present(m) and ctx.projection(m).limit]
+    return [JVM_HEAP_AFTER_GC, NATIVE, *extra]
+
+
+def oom_series(ctx: Context) -> list[str]:
+    """What oom-risk projects: RSS to the memory limit; for a JVM whose `-Xmx` fits under that limit,
+    its native memory to what the heap leaves (RSS cannot outgrow `-Xmx` through the heap), plus each
+    layer with a ceiling of its own."""
+    if not ctx.present(JVM_HEAP_AFTER_GC):
+        return [RSS]
+    layers = leak_layers(ctx) or [JVM_HEAP_AFTER_GC]
+    native = NATIVE in layers and ctx.projection(NATIVE).layer is not None
+    own = [m for m in layers if m != NATIVE and ctx.projection(m).layer is not None]
+    return [NATIVE if native else RSS, *own]

@@ -14,11 +14,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.detect.context import Context
+from agent.detect.context import Context, oom_series
 from agent.detect.coverage import Interval, seen_from, steps_seen
 from agent.detect.fragmentation import judge_fragmentation, note_both
 from agent.detect.growth import time_to_limit
-from agent.detect.jvm import oom_series
 from agent.detect.leak import judge_leak, leak_series
 from agent.detect.lifecycle import update
 from agent.detect.lifetimes import ended_growing

@@ -24,11 +24,13 @@ from dataclasses import replace
 
 from agent.detect.coverage import Sight, seen_from, union
 from agent.detect.engine import InstanceAnalysis, judge, judged_reach, replay_steps
+from agent.detect.leak import severity_for
 from agent.detect.lifecycle import update
 from agent.detect.model import Finding, InstanceSeries, Observation
 from agent.detect.params import DetectParams
 from agent.detect.prepared import Prepared
-from agent.detect.priors import WorkloadProfile, learn_workload, merge
+from agent.detect.priors import learn_workload, merge
+from agent.detect.seasonal import WorkloadProfile
 
 FLEET_SHARE = 0.5  # a fleet-wide leak: growth in at least half of the instances...
 FLEET_MIN = 3  # ...and in at least three
@@ -224,7 +226,6 @@ def _confirmed(
 def _promoted(
     obs: Observation, params: DetectParams, pattern: str, growing: list[str], of: int
 ) -> Observation:
-    from agent.detect.leak import severity_for
 
     ttoom = obs.evidence.get("time_to_oom_seconds")
     if pattern == "fleet-wide":

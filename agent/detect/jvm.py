@@ -26,12 +26,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from agent.detect.model import JVM_HEAP_AFTER_GC, RSS, InstanceSeries
-
-if TYPE_CHECKING:
-    from agent.detect.context import Context
+from agent.detect.model import JVM_HEAP_AFTER_GC, InstanceSeries
 
 HEAP_COMMITTED = "jvm_heap_committed_bytes"
 NATIVE = "jvm_native_bytes"  # RSS less the heap's resident pages (the `jvm` probe, from smaps)
@@ -89,24 +85,3 @@ def value_at(series: InstanceSeries, metric: str, start: float, tick: float) -> 
         return None
     i = bisect_right(points, (tick, float("-inf"))) - 1
     return points[i][1] if i >= 0 and points[i][0] >= start and points[i][1] > 0 else None
-
-
-def leak_layers(ctx: Context) -> list[str] | None:
-    """The layers a JVM's leak is judged in, when its memory outside the heap is known (else None):
-    the heap and what lies outside it, and direct buffers and metaspace when they have a ceiling."""
-    if not ctx.present(NATIVE):
-        return None
-    extra = [m for m in (DIRECT, METASPACE) if ctx.present(m) and ctx.projection(m).limit]
-    return [JVM_HEAP_AFTER_GC, NATIVE, *extra]
-
-
-def oom_series(ctx: Context) -> list[str]:
-    """What oom-risk projects: RSS to the memory limit; for a JVM whose `-Xmx` fits under that limit,
-    its native memory to what the heap leaves (RSS cannot outgrow `-Xmx` through the heap), plus each
-    layer with a ceiling of its own."""
-    if not ctx.present(JVM_HEAP_AFTER_GC):
-        return [RSS]
-    layers = leak_layers(ctx) or [JVM_HEAP_AFTER_GC]
-    native = NATIVE in layers and ctx.projection(NATIVE).layer is not None
-    own = [m for m in layers if m != NATIVE and ctx.projection(m).layer is not None]
-    return [NATIVE if native else RSS, *own]

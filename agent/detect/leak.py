@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from agent.core.units import format_bytes, format_duration, format_rate
-from agent.detect.context import Context, Projection
+from agent.detect.context import Context, Projection, leak_layers
 from agent.detect.growth import Fit, at_record, time_to_limit, traffic_explains
-from agent.detect.jvm import LAYERS, NATIVE, Layer, leak_layers
+from agent.detect.jvm import LAYERS, NATIVE, Layer
 from agent.detect.lifetimes import carried
 from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, PYMALLOC, RSS, Observation, Severity, State
 from agent.detect.oom import past_the_limit, reported_time_to_oom

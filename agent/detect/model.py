@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from agent.core.types import Kind, Severity
 
 if TYPE_CHECKING:
-    from agent.detect.priors import WorkloadProfile
+    from agent.detect.seasonal import WorkloadProfile
 
 RSS = "rss_bytes"
 ALLOCATED = "allocator_allocated_bytes"

@@ -6,7 +6,7 @@ the recent slope, reach the limit before `horizon`. This is the safety net of a 
 age: it is gated on the quality of the fit (`fit_holds`), never on having learned a daily
 profile, so a new process bound for its limit is flagged in its first hours. The cautious slope
 keeps a warm-up that is levelling off from projecting its early rate. A JVM's layers are projected
-to their own ceilings instead of its RSS to the limit (`jvm.oom_series`); the earliest is reported.
+to their own ceilings instead of its RSS to the limit (`context.oom_series`); the earliest is reported.
 
 Peaks already at or above the limit are no projection: they fire at once and say what that means
 (`above_limit`). A cgroup limit is enforced: RSS cannot run past it, the kernel reclaims and swaps
@@ -18,9 +18,9 @@ so the time to OOM is unknown (None), never 0 for a process that keeps running.
 from __future__ import annotations
 
 from agent.core.units import format_bytes, format_duration, format_rate
-from agent.detect.context import Context
+from agent.detect.context import Context, oom_series
 from agent.detect.growth import Fit, time_to_limit, traffic_explains
-from agent.detect.jvm import LAYERS, oom_series
+from agent.detect.jvm import LAYERS
 from agent.detect.model import Observation, State
 from agent.detect.params import DetectParams
 from agent.detect.saturation import Levelling

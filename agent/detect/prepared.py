@@ -17,7 +17,7 @@ from agent.detect.params import DetectParams
 from agent.detect.seasonal import Profile, learn_profile
 
 if TYPE_CHECKING:
-    from agent.detect.priors import WorkloadProfile
+    from agent.detect.seasonal import WorkloadProfile
 
 
 class Prepared:

@@ -18,94 +18,16 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
 
-from agent.core.figures import is_number
 from agent.detect.model import RSS, InstanceSeries
-from agent.detect.params import DAY, DetectParams
+from agent.detect.params import DetectParams
 from agent.detect.prepared import Prepared
-from agent.detect.seasonal import Profile, learn_profile
+from agent.detect.seasonal import MAX_SLOTS, MAX_WARMUP, WorkloadProfile, learn_profile
 from agent.detect.trend import median
 
-MAX_SLOTS = 1440  # a profile finer than a minute a day is not a profile (and bounds what peers send)
 MAX_KEYS = 1024  # workloads one agent keeps priors for
-MAX_WARMUP = 2 * DAY  # growth for longer than this after a start is not a warm-up
-DIP_SHARE = 0.1  # ...and stays there but for this share of its buckets
 SETTLE_TOLERANCE = 0.01  # a floor within 1 % (or 3 noise) of its settled level has warmed up
-
-
-@dataclass(frozen=True, slots=True)
-class WorkloadProfile:
-    """A workload's daily profile (one value per slot of `slot_seconds`, as a fraction of the
-    level, median 0), its typical floor after warm-up, how long warm-ups last, and how much it
-    stands on. Small enough to share through the coordinator (under 2 KiB as JSON)."""
-
-    daily: tuple[float, ...]
-    slot_seconds: float
-    level: float
-    warmup: float
-    noise: float  # one slot's noise, fraction of the level
-    lifetimes: int
-    days: int
-    learned_until: float | None = None
-    """The end of the history it was learned from, when that is the judged series' own: it then
-    speaks only for lifetimes that began after it. None: learned elsewhere (peers, Prometheus)."""
-
-    def profile(self, width: float, period: float) -> Profile | None:
-        """The daily profile in buckets of `width`, relative to the level (`Profile.relative`):
-        None when `width` is not a whole number of slots or the slots do not tile `period`."""
-        slots = len(self.daily)
-        if not self.daily or abs(slots * self.slot_seconds - period) > 1e-6 * period:
-            return None
-        factor = width / self.slot_seconds
-        per = round(factor)
-        if per < 1 or abs(factor - per) > 1e-6 or slots % per:
-            return None
-        # a wider bucket's floor is the lowest of its slots' floors
-        values = [min(self.daily[g * per : (g + 1) * per]) for g in range(slots // per)]
-        centre = median(values)
-        values = [v - centre for v in values]
-        amplitude = max(values) - min(values)
-        if amplitude <= 0:
-            return Profile((0.0,) * len(values), 0.0, self.noise, self.days, relative=True)
-        return Profile(tuple(values), amplitude, self.noise, self.days, relative=True)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "daily": [round(v, 6) for v in self.daily],
-            "slot_seconds": self.slot_seconds,
-            "level": self.level,
-            "warmup": self.warmup,
-            "noise": round(self.noise, 6),
-            "lifetimes": self.lifetimes,
-            "days": self.days,
-        }
-
-    @classmethod
-    def from_dict(cls, doc: Any) -> WorkloadProfile:
-        """A profile as a peer or a file sent it; ValueError (one line) on anything out of bounds."""
-        if not isinstance(doc, Mapping):
-            raise ValueError("a workload profile must be an object")
-        daily = doc.get("daily")
-        if not isinstance(daily, list) or not 4 <= len(daily) <= MAX_SLOTS:
-            raise ValueError(f"daily must be a list of 4 to {MAX_SLOTS} numbers")
-        values = tuple(_number(v, "daily", -1.0, 1.0) for v in daily)
-        slot = _number(doc.get("slot_seconds"), "slot_seconds", 1.0, DAY)
-        level = _number(doc.get("level"), "level", 0.0, 2.0**50)
-        warmup = _number(doc.get("warmup"), "warmup", 0.0, MAX_WARMUP)
-        noise = _number(doc.get("noise"), "noise", 0.0, 1.0)
-        lifetimes = int(_number(doc.get("lifetimes"), "lifetimes", 0, 10**6))
-        days = int(_number(doc.get("days"), "days", 0, 10**4))
-        return cls(values, slot, level, warmup, noise, lifetimes, days)
-
-
-def _number(raw: Any, name: str, lo: float, hi: float) -> float:
-    if not is_number(raw):
-        raise ValueError(f"{name} must be a finite number")
-    if not lo <= raw <= hi:
-        raise ValueError(f"{name} must be between {lo:g} and {hi:g}")
-    return float(raw)
+DIP_SHARE = 0.1  # ...and stays there but for this share of its buckets
 
 
 def learn_workload(

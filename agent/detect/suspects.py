@@ -34,9 +34,9 @@ from itertools import pairwise
 from typing import Any
 
 from agent.core.histograms import Snapshot
+from agent.core.units import format_bytes
 from agent.detect.model import Points
 from agent.detect.trend import mann_kendall, normal_cdf, remove_steps, theil_sen, trend
-from agent.state.histograms import HistogramStore
 from agent.state.store import Store
 
 MIN_POINTS = 4  # the trend test needs at least four snapshots
@@ -446,54 +446,8 @@ def with_shares(suspects: list[Suspect], reference: tuple[float, str] | None, to
     return [replace(s, share=min(1.0, s.bytes_per_second / slope), share_of=name) for s in suspects]
 
 
-def suspects_for(
-    store: Store,
-    instance: str,
-    since: float,
-    now: float,
-    *,
-    kinds: tuple[str, ...] = SUSPECT_KINDS,
-    limit: int = 10,
-    min_points: int = MIN_POINTS,
-    native: bool = False,
-) -> list[Suspect]:
-    """The top `limit` suspects of `instance` from the snapshots in [since, now], across kinds,
-    ranked by sustained byte growth weighted by confidence; with `native` (the growth is outside the
-    Java heap), JVM classes whose counts follow the RSS floor first."""
-    histos = HistogramStore(store)
-    found: list[Suspect] = []
-    for kind in kinds:
-        snapshots = histos.history(instance, kind, since, now)
-        if not snapshots:
-            continue
-        by_source: dict[str, list[Snapshot]] = {}
-        for snapshot in snapshots:
-            by_source.setdefault(snapshot.source, []).append(snapshot)
-        for source, series in by_source.items():
-            floor = None
-            if native and source == "jvm":
-                floor = store.series(
-                    instance, "rss_bytes", since, now, agg="min", max_points=500, now=now
-                ).points
-            ranked = rank(series, min_points, native=floor or None)
-            if ranked:
-                first = current_lifetime(series)[0].ts  # the growth of the same span, in the same process
-                reference = process_growth(store, instance, kind, max(since, first), now)
-                found.extend(with_shares(ranked, reference, histogram_growth(series)))
-    if native:
-        found.sort(key=native_order)
-    else:
-        found.sort(key=lambda s: (-s.bytes_per_second * s.confidence, s.name))
-        from agent.detect.pysuspects import python_order  # the Python part, built on this module
-
-        found = python_order(found, histos, instance, since, now)
-    return found[:limit]
-
-
 def describe(suspect: Suspect) -> str:
     """One line for people: `Leak$Record (class) +12.0 MiB/h, 95 % of the growth`."""
-    from agent.core.units import format_bytes
-
     share = "" if suspect.share is None else f", {100 * suspect.share:.0f} % of the growth"
     rate = format_bytes(suspect.bytes_per_second * 3600)
     follows = (

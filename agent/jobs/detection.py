@@ -38,8 +38,9 @@ from agent.detect.model import (
     START_TIME,
     TREE_MEMORY,
 )
-from agent.detect.priors import PriorBook, WorkloadProfile, merge, workload_key
+from agent.detect.priors import PriorBook, merge, workload_key
 from agent.detect.pysuspects import collecting, python_target, unexplained
+from agent.detect.seasonal import WorkloadProfile
 from agent.detect.slow import INPUT_METRICS as SLOW_METRICS
 from agent.detect.slow import Slo, SlowParams, evaluate_slow, slo_from_settings
 from agent.detect.slow import history as slow_history

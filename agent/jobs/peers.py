@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any
 
-from agent.detect.priors import WorkloadProfile
+from agent.detect.seasonal import WorkloadProfile
 from agent.jobs.detection import Detection
 from agent.jobs.streak import FailureStreak
 from agent.state.eventlog import EventLog

@@ -23,6 +23,7 @@ from agent.core.records import ProbeTarget, ProcessIdentity
 from agent.jobs.crashloop import CrashLoops
 from agent.jobs.detection import Detection
 from agent.jobs.evidence import captures as evidence_captures
+from agent.jobs.purge import purge_instance
 from agent.jobs.warmup import warmup_gate
 from agent.notify.external import external_findings
 from agent.state.eventlog import EventLog
@@ -241,8 +242,6 @@ class Remediation:
             return False
 
     def _purge(self, view: InstanceView, timeout: float) -> Decision:
-        from agent.jobs.purge import purge_instance
-
         target = self._target(view)
         if target is None:
             return Decision.block("purge", "gone", f"{view.name} has no running process")

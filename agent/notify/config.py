@@ -28,6 +28,7 @@ from pydantic import AfterValidator, Field, model_validator
 
 from agent.core.errors import ConfigError
 from agent.core.types import DAY, HOUR, Duration, Severity, Size, Strict, size_within, within
+from agent.notify.event_alerts import ROUTES, canonical
 from probes.linux.secrets import read_token
 
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2, "critical": 3}
@@ -89,8 +90,6 @@ class _SinkBase(Strict):
         if self.name is not None and not _SINK_NAME.match(self.name):
             raise ValueError(f"name: expected letters, digits, '.', '_' or '-', got {self.name!r}")
         if self.kinds is not None:
-            from agent.notify.event_alerts import ROUTES, canonical
-
             unknown = [k for k in self.kinds if canonical(k) not in ROUTES]
             if unknown:
                 raise ValueError(

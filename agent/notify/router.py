@@ -369,15 +369,6 @@ class Router:
             ]
         return None if oldest is None else max(0.0, oldest + interval - now)
 
-    def active_alerts(self) -> list[dict[str, Any]]:
-        rows = self.store.query(
-            "SELECT key, severity, sinks, starts_at, updated_at FROM notify_alerts WHERE state='firing' ORDER BY key"
-        )
-        return [
-            {"key": k, "severity": s, "sinks": json.loads(sinks), "starts_at": st, "updated_at": up}
-            for k, s, sinks, st, up in rows
-        ]
-
     def prune(self, now: float, keep: float) -> None:
         with self.store.transaction() as db:
             db.execute("DELETE FROM notify_alerts WHERE state='resolved' AND updated_at < ?", (now - keep,))

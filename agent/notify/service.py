@@ -12,7 +12,8 @@ the next start routes the events after the cursor and delivers what is pending.
 
 Public API for the rest of medic:
 
-    notifier = start_notifier(agent)               # in Agent.run; subscribes to the EventLog
+    notifier = Notifier(section, store, events, labels_for=..., agent=..., external_url=...)
+    events.subscribe(notifier.wake); notifier.start()   # the composition root (agent/runtime.py) does this
     notifier.silence_for(instance, action_id, until)
     notifier.unsilence(action_id)
     await notifier.stop()
@@ -190,13 +191,6 @@ class Notifier:
         self.snapshot(self.clock())
         return delay
 
-    def run_once(self) -> None:
-        """Every step once, in order (tests and `medic` tools; the agent runs the workers instead)."""
-        self.route_once()
-        for sink in self.sinks:
-            self.deliver_once(sink)
-        self.silence_once()
-
     def snapshot(self, now: float) -> None:
         silences: dict[str, int] = {}
         if self.silencer is not None:
@@ -276,24 +270,3 @@ def silence_targets(alertmanagers: list[AlertmanagerSink]) -> list[SilenceTarget
         SilenceTarget(name, members[0].url, members[0].client, urls=tuple(m.url for m in members))
         for name, members in groups.items()
     ]
-
-
-def start_notifier(agent: Any) -> Notifier:
-    """Build the notifier for a running `Agent`, subscribe it to the event log and start its workers."""
-
-    def labels_for(name: str) -> Mapping[str, str]:
-        state = agent.tracker.get(name)
-        return dict(state.labels) if state is not None else {}
-
-    notifier = Notifier(
-        agent.config.notify,
-        agent.store,
-        agent.events,
-        labels_for=labels_for,
-        agent=agent.agent_name,
-        external_url=agent.config.agent.external_url,
-    )
-    agent.telemetry.registry.register(notifier.collector)
-    agent.events.subscribe(notifier.wake)
-    notifier.start()
-    return notifier

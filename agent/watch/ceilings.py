@@ -15,14 +15,11 @@ a JVM's ceilings is one `memory_ceilings` event; an instance that is not a JVM g
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent.core.units import format_bytes
-from agent.state.eventlog import EventLog
-
-if TYPE_CHECKING:
-    from agent.watch.instances import InstanceState
 
 SOURCE, DETAIL, PROBLEM = "jvm_limits_source", "jvm_limits_detail", "jvm_limits_problem"  # the probe's notes
 TITLES = {
@@ -48,21 +45,26 @@ class Ceiling:
         return f"{TITLES[self.layer]} {size} ({self.detail or self.source})"
 
 
-def ceilings(state: InstanceState) -> list[Ceiling]:
-    """The instance's ceilings, the container's first."""
-    container = state.memory_limit_source or "unknown"
-    found = [Ceiling("container", state.memory_limit, container, container)]
-    source = state.notes.get(SOURCE, "")
+def ceilings(
+    memory_limit: float | None,
+    limit_source: str | None,
+    notes: Mapping[str, str],
+    latest: Mapping[str, float],
+) -> list[Ceiling]:
+    """An instance's ceilings from its memory limit and its probes' notes and figures, the container's first."""
+    container = limit_source or "unknown"
+    found = [Ceiling("container", memory_limit, container, container)]
+    source = notes.get(SOURCE, "")
     if not source:
         return found  # not a JVM, or not read yet
-    detail, problem = state.notes.get(DETAIL, ""), state.notes.get(PROBLEM, "")
-    heap = state.latest.get("jvm_heap_max_bytes")
+    detail, problem = notes.get(DETAIL, ""), notes.get(PROBLEM, "")
+    heap = latest.get("jvm_heap_max_bytes")
     if source == "unknown" or heap is None:
         why = problem or "no heap ceiling read"
         return [*found, Ceiling("jvm_heap", None, "unknown", f"{why}; the options set no -Xmx")]
     where = "VM.flags" if source == "VM.flags" else f"the {source}; VM.flags not read: {problem}"
     found.append(Ceiling("jvm_heap", heap, source, f"{detail}, from {where}"))
-    direct = state.latest.get("jvm_direct_max_bytes")
+    direct = latest.get("jvm_direct_max_bytes")
     if direct is not None:
         set_ = "MaxDirectMemorySize" in detail
         found.append(
@@ -73,35 +75,7 @@ def ceilings(state: InstanceState) -> list[Ceiling]:
                 "MaxDirectMemorySize" if set_ else "MaxDirectMemorySize not set: the heap's",
             )
         )
-    metaspace = state.latest.get("jvm_metaspace_max_bytes")
+    metaspace = latest.get("jvm_metaspace_max_bytes")
     if metaspace is not None:
         found.append(Ceiling("jvm_metaspace", metaspace, source, "MaxMetaspaceSize"))
     return found
-
-
-def announce_ceilings(state: InstanceState, events: EventLog) -> None:
-    """One `memory_ceilings` event when a JVM's ceilings are first read or change (call it under the
-    tracker's lock, after the probes' figures and notes were published)."""
-    found = ceilings(state)
-    if len(found) < 2:
-        return
-    heap = found[1]
-    text = "; ".join(c.describe() for c in found[1:])
-    if heap.bytes is None:
-        container = found[0]
-        text = (
-            f"the JVM's heap ceiling is unknown ({heap.detail}): heap growth is projected to "
-            f"{container.describe()} instead; start it with -Xmx, or let medic attach with jcmd"
-        )
-    else:
-        text = f"the JVM's own ceilings: {text}; and {found[0].describe()}"
-    if text == state.ceilings_said:
-        return
-    state.ceilings_said = text
-    events.emit(
-        "memory_ceilings",
-        text,
-        instance=state.name,
-        severity="warning" if heap.bytes is None else "info",
-        ceilings=[c.to_dict() for c in found],
-    )

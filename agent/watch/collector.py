@@ -18,7 +18,7 @@ from agent.core.records import Event, ProbeResult, ProbeTarget, ProcessIdentity,
 from agent.state.eventlog import EventLog
 from agent.state.histograms import HistogramStore
 from agent.state.store import Store
-from agent.watch.ceilings import announce_ceilings
+from agent.watch.ceilings import ceilings
 from agent.watch.instances import InstanceState, ProbeHealth
 from agent.watch.tracker import Tracker
 from agent.watch.tree import CgroupOwnership, first_pss
@@ -293,3 +293,31 @@ class Collector:
             )
         health.ok, health.last_error = False, message
         self.observe(probe, elapsed, False)
+
+
+def announce_ceilings(state: InstanceState, events: EventLog) -> None:
+    """One `memory_ceilings` event when a JVM's ceilings are first read or change (call it under the
+    tracker's lock, after the probes' figures and notes were published)."""
+    found = ceilings(state.memory_limit, state.memory_limit_source, state.notes, state.latest)
+    if len(found) < 2:
+        return
+    heap = found[1]
+    text = "; ".join(c.describe() for c in found[1:])
+    if heap.bytes is None:
+        container = found[0]
+        text = (
+            f"the JVM's heap ceiling is unknown ({heap.detail}): heap growth is projected to "
+            f"{container.describe()} instead; start it with -Xmx, or let medic attach with jcmd"
+        )
+    else:
+        text = f"the JVM's own ceilings: {text}; and {found[0].describe()}"
+    if text == state.ceilings_said:
+        return
+    state.ceilings_said = text
+    events.emit(
+        "memory_ceilings",
+        text,
+        instance=state.name,
+        severity="warning" if heap.bytes is None else "info",
+        ceilings=[c.to_dict() for c in found],
+    )

@@ -105,7 +105,10 @@ class InstanceState:
             else "rss"
             if rss
             else None,
-            "ceilings": [ceiling.to_dict() for ceiling in ceilings(self)],
+            "ceilings": [
+                ceiling.to_dict()
+                for ceiling in ceilings(self.memory_limit, self.memory_limit_source, self.notes, self.latest)
+            ],
             "memory_used_ratio": (memory / self.memory_limit) if memory and self.memory_limit else None,
             "cpu_percent": self.cpu_percent,
             "threads": self.latest.get("threads"),

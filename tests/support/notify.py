@@ -22,6 +22,8 @@ import httpx
 import pytest
 import yaml
 
+from agent.notify.service import Notifier
+from agent.state.store import Store
 from support.procs import REPO, free_port, wait_until
 
 SHIPPED_RULES = REPO / "dashboards" / "prometheus" / "medic-rules.yml"
@@ -358,3 +360,23 @@ def metric_names_in(text: str) -> set[str]:
     found = set(re.findall(r"\b(?:medic|process)_[a-z0-9_]+", text))
     found.update(name for name in PROMETHEUS_OWN if re.search(rf"\b{name}\s*(?:\{{|==|!=|[<>])", text))
     return found
+
+
+def run_once(notifier: Notifier) -> None:
+    """Every step of the notifier's workers once, in their order (route, deliver each sink, silences):
+    what the agent's workers run, without their loop."""
+    notifier.route_once()
+    for sink in notifier.sinks:
+        notifier.deliver_once(sink)
+    notifier.silence_once()
+
+
+def active_alerts(store: Store) -> list[dict[str, Any]]:
+    """The firing alerts the router keeps, as it stored them."""
+    rows = store.query(
+        "SELECT key, severity, sinks, starts_at, updated_at FROM notify_alerts WHERE state='firing' ORDER BY key"
+    )
+    return [
+        {"key": k, "severity": sev, "sinks": json.loads(sinks), "starts_at": st, "updated_at": up}
+        for k, sev, sinks, st, up in rows
+    ]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from agent import __version__
 from agent.core.bounded import bounded_request
+from agent.notify.event_alerts import canonical
 from agent.notify.model import Notification
 
 if TYPE_CHECKING:
@@ -80,8 +81,6 @@ class HttpSink:
         kinds = self.spec.kinds
         if kinds is None:
             return True
-        from agent.notify.event_alerts import canonical
-
         return canonical(kind) in {canonical(k) for k in kinds}
 
     def render(self, note: Notification, delivery_id: int, now: float) -> Request:
