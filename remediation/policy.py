@@ -2,7 +2,9 @@
 
     fragmentation  → purge the allocator (if the instance offers it) → wait `purge_settle`
                      → restart only if the finding is still there
-    leak, oom-risk → restart, planned before the deadline; found again on the process a restart
+    leak, oom-risk → only a critical finding (growth shown not to level off, OOM within reach): the
+                     others are watched, no restart planned, the reason shown in the plan;
+                     restart, planned before the deadline; found again on the process a restart
                      started: planned again by its new deadline (a restart buys time, it does not
                      fix the code), unless the restart bought no time (below)
     slow           → restart once the finding has held for `slow_confirm`
@@ -158,6 +160,10 @@ def decide(
             f"without staying up {span(settings.crash_loop_reset_after)}: crash loop; medic stops "
             "restarting it, a person must look",
         )
+    if request.kind in OOM_KINDS and (case.restarted_at is None or case.after_restart):
+        watched = _not_critical(request)
+        if watched is not None:
+            return watched
     if case.restarted_at is not None:
         if case.restart_outcome not in (None, "succeeded"):
             return Intent(
@@ -201,6 +207,23 @@ def decide(
             )
         return Intent("restart", "slow", f"slow for {span(now - case.first_seen)}: {request.reason}")
     return Intent("restart", kind, f"{kind} request: {request.reason}")
+
+
+def _not_critical(request: RemediationRequest) -> Intent | None:
+    """A leak or OOM risk that the detectors did not make critical is watched, not restarted: only a
+    critical one stands on evidence that the growth does not level off (a cache filling to its TTL,
+    fragmentation like log(t)). A request that carries no finding (a person's) is not judged here."""
+    severity = request.finding.get("severity")
+    if severity is None or severity == "critical":
+        return None
+    evidence = request.finding.get("evidence")
+    why = evidence.get("not_critical") if isinstance(evidence, dict) else None
+    return Intent(
+        "wait",
+        "watched",
+        f"{request.kind} ({severity}) watched, no restart planned: not yet critical: "
+        f"{why or 'levelling not ruled out'}",
+    )
 
 
 def _leak_returned(request: RemediationRequest, case: CaseHistory, plan: PlanSettings) -> Intent:

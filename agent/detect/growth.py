@@ -21,6 +21,7 @@ from typing import Any
 
 from agent.detect.params import DetectParams
 from agent.detect.prepared import Prepared
+from agent.detect.reach import Reach, reach_test
 from agent.detect.saturation import MIN_POINTS, Levelling, least_squares, levelling
 from agent.detect.trend import (
     MAX_RHO,
@@ -104,6 +105,16 @@ class Fit:
         if self.basis is not None and self.floors is not None:
             curves.append(levelling(self.xs, self.floors))
         return not any(c is not None and c.possible for c in curves)
+
+    def reach(self, rise: float, within: float) -> Reach | None:
+        """The test that the step-free floor rises by `rise` within `within` seconds, against every
+        curve that stays below (`agent.detect.reach`); None on the daily scale (day-over-day
+        differences have no curve to test) or with too few buckets."""
+        if self.scale == "daily":
+            return None
+        if self.basis is not None and self.floors is not None:  # the daily wave fitted with it
+            return reach_test(self.xs, self.floors, rise, within, self.basis)
+        return reach_test(self.xs, self.steps.clean, rise, within)
 
     @property
     def rising(self) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from agent.core.units import format_bytes, format_duration
 from agent.detect.context import Context
+from agent.detect.critical import critical_reach
 from agent.detect.growth import Fit, at_record, time_to_limit, traffic_explains
 from agent.detect.lifetimes import carried
 from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, PYMALLOC, RSS, Observation, Severity, State
@@ -120,9 +121,10 @@ def _corroborated(
     return out
 
 
-def severity_for(ttoom: float | None, horizon: float, ruled_out: bool = True) -> Severity:
-    """`critical` (remediation acts on it) only when the fit rules saturation out (`ruled_out`)."""
-    if ttoom is not None and ttoom < horizon / 4 and ruled_out:
+def severity_for(ttoom: float | None, horizon: float, reaches: bool) -> Severity:
+    """`critical` (remediation acts on it) only when the reach test shows the limit reached within
+    the horizon (`reaches`, `agent.detect.critical`)."""
+    if ttoom is not None and ttoom < horizon and reaches:
         return "critical"
     if ttoom is not None and ttoom < horizon:
         return "error"
@@ -230,11 +232,18 @@ def _leak_observation(ctx: Context, fit: Fit, ttoom: float | None, native: bool)
         "lifetime_start": ctx.lifetime_start,
         "outside_java_heap": native,
     }
+    reaches = False
+    if ttoom is not None and ttoom < ctx.params.horizon:
+        crit = critical_reach(ctx, fit.metric)
+        reaches = crit.reaches
+        evidence["critical_test"] = crit.evidence
+        if not reaches:
+            evidence["not_critical"] = crit.why
     return ctx.observation(
         "leak",
         "firing",
         summary,
-        severity=severity_for(ttoom, ctx.params.horizon, fit.saturation_ruled_out),
+        severity=severity_for(ttoom, ctx.params.horizon, reaches),
         verdict="leak",
         evidence=evidence,
     )

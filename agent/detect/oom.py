@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from agent.core.units import format_bytes, format_duration
 from agent.detect.context import Context
+from agent.detect.critical import Critical, critical_reach
 from agent.detect.growth import Fit, time_to_limit, traffic_explains
 from agent.detect.model import RSS, Observation, State
 from agent.detect.params import DetectParams
@@ -71,6 +72,7 @@ def judge_oom(ctx: Context) -> Observation:
         )
     best = None
     state: State = "clear"
+    crit: Critical | None = None
     for fit in fits:
         if fit.confidence < p.confidence_clear:
             continue
@@ -85,15 +87,11 @@ def judge_oom(ctx: Context) -> Observation:
             ttoom, slope = levelled_time(ctx, fit, curve), curve.rate_now
             if ttoom is None:
                 continue
-        # critical: the raw test at full confidence suffices over twice the time left, or over the
-        # time left when the growth accelerates (its curvature is what lowers the corrected test)
-        accelerating = t.early_slope <= t.slope and t.decel >= 1.0
-        critical = (
-            ttoom < p.horizon / 4
-            and fit.saturation_ruled_out
-            and fit.confidence >= p.confidence
-            and fit.coverage >= (1 if accelerating else 2) * ttoom
-        )
+        # critical (the reach test rejects every curve that stays below the limit): the raw
+        # trend test at the clearing bar suffices (growth that accelerates lowers the corrected one)
+        if ttoom < p.horizon and crit is None:
+            crit = critical_reach(ctx, RSS)
+        critical = ttoom < p.horizon and crit is not None and crit.reaches and fit.confidence >= p.confidence
         if (
             (t.confidence >= p.confidence or (critical and t.confidence >= p.confidence_clear))
             and ttoom < p.horizon
@@ -122,5 +120,11 @@ def judge_oom(ctx: Context) -> Observation:
         f"{ctx.prep.instance} RSS peaks {format_bytes(ctx.peak)} projected to reach the limit "
         f"{format_bytes(ctx.limit)} in {format_duration(ttoom)} (+{format_bytes(slope * 3600)}/h)"
     )
-    severity = "critical" if ttoom < p.horizon / 4 and fit.saturation_ruled_out else "error"
+    severity = "error"
+    if ttoom < p.horizon and crit is not None:
+        evidence["critical_test"] = crit.evidence
+        if crit.reaches:
+            severity = "critical"
+        else:
+            evidence["not_critical"] = crit.why
     return ctx.observation("oom-risk", state, summary, severity=severity, evidence=evidence)

@@ -1,0 +1,75 @@
+"""Critical: the memory reaches its limit within the horizon, shown, not assumed.
+
+Remediation restarts only for a critical `leak` or `oom-risk` finding, so critical is a
+statistical statement: on some scale of the series the curves that stay below the limit over
+the horizon (slower lines, and every levelling curve of `agent.detect.reach`) are rejected at
+`FALSE_RATE`, shared among the scales tested (Bonferroni), on a fit that spans at least the
+horizon over `max_extrapolation` (growth seen over a real fraction of what is projected).
+Everything else that fires is an error or a warning: shown, watched, not restarted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from agent.core.units import format_duration
+from agent.detect.context import Context
+from agent.detect.growth import Fit
+from agent.detect.reach import FALSE_RATE, Reach
+
+
+@dataclass(frozen=True, slots=True)
+class Critical:
+    """Whether a series' growth reaches the limit within the horizon, and the evidence either way."""
+
+    reaches: bool
+    why: str  # what rules it in, or what keeps it from critical
+    evidence: dict[str, Any]
+
+
+def critical_reach(ctx: Context, metric: str) -> Critical:
+    """The reach test on every fit of `metric` that spans enough: critical when one of them rejects
+    the curves that stay below the limit at `FALSE_RATE` over the number of fits tested. The room
+    left is the limit less the RSS peaks now (a fitted daily swing still to come is a projection,
+    not evidence)."""
+    p = ctx.params
+    limit, peak = ctx.limit, ctx.peak
+    if limit is None or peak is None:
+        return Critical(False, "no memory limit known", {})
+    tested: list[tuple[Fit, Reach]] = []
+    for fit in ctx.fits(metric):
+        if fit.scale == "daily" or fit.coverage < p.horizon / p.max_extrapolation - 1e-6:
+            continue
+        found = fit.reach(limit - peak, p.horizon)
+        if found is not None:
+            tested.append((fit, found))
+    if not tested:
+        return Critical(
+            False,
+            f"levelling not ruled out: no fit spans {format_duration(p.horizon / p.max_extrapolation)} "
+            "with enough buckets to test it",
+            {},
+        )
+    fit, best = max(tested, key=lambda t: t[1].stat)
+    p_value = min(1.0, best.p_value * len(tested))
+    evidence = {
+        "p_value": p_value,
+        "false_rate": FALSE_RATE,
+        "scale": fit.scale,
+        "span_seconds": fit.coverage,
+        "closest_below": best.shape,
+        "autocorrelation": round(best.rho, 3),
+    }
+    within = format_duration(p.horizon)
+    if p_value <= FALSE_RATE:
+        why = (
+            f"no curve that stays below the limit fits the {fit.scale} scale "
+            f"({format_duration(fit.coverage)}; p {p_value:.1g}): the limit is reached within {within}"
+        )
+        return Critical(True, why, evidence)
+    why = (
+        f"levelling not ruled out: a curve that stays below the limit for {within} ({best.shape}) "
+        f"fits the {fit.scale} scale with p {p_value:.2g} (critical needs {FALSE_RATE:g})"
+    )
+    return Critical(False, why, evidence)
