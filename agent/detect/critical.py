@@ -10,6 +10,7 @@ Everything else that fires is an error or a warning: shown, watched, not restart
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,8 @@ from agent.core.units import format_duration
 from agent.detect.context import Context
 from agent.detect.growth import Fit
 from agent.detect.reach import FALSE_RATE, Reach
+
+BURST_BUCKETS = 3  # a burst lasts up to this many buckets of the window scale (45 min at the defaults)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +44,17 @@ def critical_reach(ctx: Context, metric: str) -> Critical:
     for fit in ctx.fits(metric):
         if fit.scale == "daily" or fit.coverage < p.horizon / p.max_extrapolation - 1e-6:
             continue
-        found = fit.reach(limit - peak, p.horizon)
-        if found is not None:
-            tested.append((fit, found))
+        found = fit.reach(limit - peak, p.horizon, p.season)
+        if found is None or not found.reaches:
+            if found is not None:
+                tested.append((fit, found))
+            continue
+        # a burst (a batch, a load spike) lifts the floor of the newest buckets for up to
+        # `BURST_BUCKETS` of the window scale, and looks like growth that just began: the evidence
+        # must hold without them too (the shorter series must rise as far: the stricter test)
+        drop = math.ceil(BURST_BUCKETS * p.bucket / fit.width - 1e-9)
+        older = fit.reach(limit - peak, p.horizon, p.season, len(fit.idx) - drop)
+        tested.append((fit, found if older is None else max(found, older, key=lambda r: r.p_value)))
     if not tested:
         return Critical(
             False,

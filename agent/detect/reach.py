@@ -32,6 +32,7 @@ from agent.detect.trend import MAX_RHO, median
 
 FALSE_RATE = 1e-4  # the chance per judgement that growth levelling below the limit is called a reach
 LOG_TAUS = (0.1, 0.25, 0.6, 1.6, 4.0)  # the log shapes' scales, in spans of the fit
+HINGES = (0.125, 0.25, 0.375, 0.5, 0.625)  # where a leak may begin within the fit, in spans
 GOLDEN_STEPS = 12  # a golden-section search narrows τ between two grid points to 0.3 % of their gap
 
 
@@ -234,7 +235,7 @@ def _shapes(
     the line, the levelling exponentials and the logs of the grid. Bucket offsets repeat from tick
     to tick."""
     out: list[tuple[str, float, tuple[float, ...], float]] = [("line", math.inf, rel, within)]
-    for family, factors in (("exp", TAUS), ("log", LOG_TAUS)):
+    for family, factors in (("exp", TAUS), ("log", LOG_TAUS), ("hinge", HINGES)):
         for factor in factors:
             out.append((family, factor, *_shape(family, factor, rel, span, within)))
     return out
@@ -243,9 +244,11 @@ def _shapes(
 def _shape(
     family: str, factor: float, rel: tuple[float, ...], span: float, within: float
 ) -> tuple[tuple[float, ...], float]:
-    """One curve of `family` with τ = `factor` spans: its values at `rel`, and what it still rises
+    """One curve of `family` with τ = `factor` spans (a hinge's bend there): its values at `rel`, and what it still rises
     over `within` after `span` (per unit of its coefficient)."""
     tau = factor * span
+    if family == "hinge":  # flat, then a line from `factor` spans on
+        return tuple(max(0.0, x - tau) for x in rel), within
     if family == "exp":
         return (
             tuple(-math.exp(-x / tau) for x in rel),
