@@ -285,3 +285,41 @@ def test_bad_requests_are_described_not_raised(kwargs, problem):
 def test_fuzz_request_validation_never_raises(instance, kind, deadline):
     result = RemediationRequest(instance, kind, "f", "r", deadline=deadline).problem()  # type: ignore[arg-type]
     assert result is None or isinstance(result, str)
+
+
+@pytest.mark.parametrize("kind", ["leak", "oom-risk"])
+@pytest.mark.parametrize("severity", ["warning", "error"])
+def test_a_leak_that_is_not_critical_is_watched_not_restarted(kind, severity):
+    """Only a critical finding stands on evidence that the growth does not level off below the
+    limit: the others are shown as watched, with the detector's reason, and nothing is planned."""
+    why = "levelling not ruled out: a curve that stays below the limit for 1d (exp 0.6) fits"
+    finding = {"severity": severity, "evidence": {"not_critical": why}}
+    intent = decide(
+        request(kind, T0 + 9000, finding=finding), case(kind), [], LADDER, T0 + 10, can_purge=True
+    )
+    assert (intent.action, intent.code) == ("wait", "watched")
+    assert "not yet critical" in intent.reason and why in intent.reason and intent.deadline is None
+
+
+def test_a_critical_leak_is_planned_by_its_deadline_and_a_returning_one_must_be_critical_again():
+    critical = {"severity": "critical", "evidence": {}}
+    intent = decide(request("leak", T0 + 9000, finding=critical), case(), [], LADDER, T0 + 10, can_purge=True)
+    assert (intent.action, intent.code, intent.deadline) == ("restart", "leak", T0 + 9000)
+    back = request("leak", T0 + 30 * HOUR, finding={"severity": "error"})
+    intent = decide(back, restarted(deadline=BEFORE), [], LADDER, T0 + 40, can_purge=True, plan=PLAN)
+    assert (intent.action, intent.code) == ("wait", "watched")
+    # the finding a restart was made for, still there after it: judged as before (not a new case)
+    same = request("leak", T0 + 30 * HOUR, finding={"severity": "error"})
+    intent = decide(same, restarted(finding="F1"), [], LADDER, T0 + 700, can_purge=True)
+    assert (intent.action, intent.code) == ("escalate", "restart-did-not-help")
+
+
+@given(
+    severity=st.sampled_from(["info", "warning", "error", "critical"]),
+    kind=st.sampled_from(["leak", "oom-risk"]),
+)
+def test_no_restart_is_planned_for_a_finding_below_critical(severity, kind):
+    intent = decide(
+        request(kind, T0 + 9000, finding={"severity": severity}), case(kind), [], LADDER, T0, can_purge=True
+    )
+    assert (intent.action == "restart") == (severity == "critical")

@@ -4,7 +4,7 @@ Remediation restarts only for a critical `leak` or `oom-risk` finding, so critic
 statistical statement: on some scale of the series the curves that stay below the limit over
 the horizon (slower lines, and every levelling curve of `agent.detect.reach`) are rejected at
 `FALSE_RATE`, shared among the scales tested (Bonferroni), on a fit that spans at least the
-horizon over `max_extrapolation` (growth seen over a real fraction of what is projected).
+time to OOM over `max_extrapolation` (growth seen over a real fraction of what is projected).
 Everything else that fires is an error or a warning: shown, watched, not restarted.
 """
 
@@ -31,9 +31,10 @@ class Critical:
     evidence: dict[str, Any]
 
 
-def critical_reach(ctx: Context, metric: str) -> Critical:
+def critical_reach(ctx: Context, metric: str, ttoom: float) -> Critical:
     """The reach test on every fit of `metric` that spans enough: critical when one of them rejects
-    the curves that stay below the limit at `FALSE_RATE` over the number of fits tested. The room
+    the curves that stay below the limit at `FALSE_RATE` over the number of fits tested, among
+    the fits that may project the point estimate `ttoom` (`Fit.long_enough`). The room
     left is the limit less the RSS peaks now (a fitted daily swing still to come is a projection,
     not evidence)."""
     p = ctx.params
@@ -42,7 +43,7 @@ def critical_reach(ctx: Context, metric: str) -> Critical:
         return Critical(False, "no memory limit known", {})
     tested: list[tuple[Fit, Reach]] = []
     for fit in ctx.fits(metric):
-        if fit.scale == "daily" or fit.coverage < p.horizon / p.max_extrapolation - 1e-6:
+        if fit.scale == "daily" or not fit.long_enough(p, ttoom):
             continue
         found = fit.reach(limit - peak, p.horizon, p.season)
         if found is None or not found.reaches:
@@ -58,7 +59,7 @@ def critical_reach(ctx: Context, metric: str) -> Critical:
     if not tested:
         return Critical(
             False,
-            f"levelling not ruled out: no fit spans {format_duration(p.horizon / p.max_extrapolation)} "
+            f"levelling not ruled out: no fit spans {format_duration(ttoom / p.max_extrapolation)} "
             "with enough buckets to test it",
             {},
         )

@@ -234,7 +234,7 @@ def _leak_observation(ctx: Context, fit: Fit, ttoom: float | None, native: bool)
     }
     reaches = False
     if ttoom is not None and ttoom < ctx.params.horizon:
-        crit = critical_reach(ctx, fit.metric)
+        crit = critical_reach(ctx, fit.metric, ttoom)
         reaches = crit.reaches
         evidence["critical_test"] = crit.evidence
         if not reaches:

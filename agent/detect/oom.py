@@ -90,7 +90,7 @@ def judge_oom(ctx: Context) -> Observation:
         # critical (the reach test rejects every curve that stays below the limit): the raw
         # trend test at the clearing bar suffices (growth that accelerates lowers the corrected one)
         if ttoom < p.horizon and crit is None:
-            crit = critical_reach(ctx, RSS)
+            crit = critical_reach(ctx, RSS, ttoom)
         critical = ttoom < p.horizon and crit is not None and crit.reaches and fit.confidence >= p.confidence
         if (
             (t.confidence >= p.confidence or (critical and t.confidence >= p.confidence_clear))

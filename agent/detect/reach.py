@@ -14,8 +14,9 @@ The statistic is the constrained fit's extra squared residuals over the best fre
 variances, the noise inflated by the residuals' lag-one autocorrelation `(1+ρ)/(1-ρ)` (a memory
 floor wanders: buckets are not independent). With the true curve in the null family, it is at
 most about χ² with two degrees of freedom (one for the constraint, one for the search over the
-shapes), so `p = exp(-stat/2)` bounds the chance that a curve that stays below the limit is
-called a reach (`FALSE_RATE` per judgement). Buckets far off the best fit (a burst that filled
+shapes), and with the noise estimated from the same buckets, half of it is at most F(2, n - k):
+its tail bounds the chance that a curve that stays below the limit is called a reach
+(`FALSE_RATE` per judgement). Buckets far off the best fit (a burst that filled
 a bucket) are left out first, as `saturation.levelling` does.
 """
 
@@ -43,12 +44,17 @@ class Reach:
     stat: float  # the constrained fit's extra squared residuals, in (autocorrelated) noise variances
     rho: float  # lag-one autocorrelation of the best fit's residuals
     points: int  # buckets used (after leaving bursts out)
+    dof: int  # the residuals' degrees of freedom the noise is estimated with
     shape: str  # the closest curve that stays below the limit ("line", "exp 0.6", "log 1.6": τ in spans)
 
     @property
     def p_value(self) -> float:
-        """Upper bound on the chance of a statistic this large from a curve that stays below."""
-        return math.exp(-0.5 * self.stat)
+        """Upper bound on the chance of a statistic this large from a curve that stays below: the
+        tail of F(2, dof) at stat / 2, `(1 + stat/dof)^(-dof/2)` (the noise is estimated from the
+        same few buckets: with 8 of them, what looks like 4 sigmas is not)."""
+        if math.isinf(self.stat):
+            return 0.0
+        return (1 + self.stat / self.dof) ** (-0.5 * self.dof) if self.dof > 0 else 1.0
 
     @property
     def reaches(self) -> bool:
@@ -65,7 +71,7 @@ def reach_test(
     if n < MIN_POINTS or xs[-1] <= xs[0] or within <= 0:
         return None
     if rise <= 0:
-        return Reach(math.inf, 0.0, n, "none")  # already at the limit
+        return Reach(math.inf, 0.0, n, 1, "none")  # already at the limit
     rel = tuple(x - xs[0] for x in xs)
     keep = list(range(n))
     fitted = _fits(rel, ys, extra, keep, rise, within)
@@ -86,8 +92,8 @@ def reach_test(
     rho = _lag_one(residuals)
     inflation = (1 + rho) / (1 - rho)
     if noise <= 0:
-        return Reach(math.inf if bound > free else 0.0, rho, len(keep), shape)
-    return Reach(max(0.0, bound - free) / (noise * inflation), rho, len(keep), shape)
+        return Reach(math.inf if bound > free else 0.0, rho, len(keep), dof, shape)
+    return Reach(max(0.0, bound - free) / (noise * inflation), rho, len(keep), dof, shape)
 
 
 def _fits(
