@@ -35,8 +35,9 @@ def critical_reach(ctx: Context, metric: str, ttoom: float) -> Critical:
     """The reach test on every fit of `metric` that spans enough: critical when one of them rejects
     the curves that stay below the limit at `FALSE_RATE` over the number of fits tested, among
     the fits that may project the point estimate `ttoom` (`Fit.long_enough`). The room
-    left is the limit less the RSS peaks now (a fitted daily swing still to come is a projection,
-    not evidence)."""
+    left is the limit less the RSS peaks now, less what a learned daily profile still rises within
+    the horizon on a fit it was removed from (a sine fitted without a profile is a projection, not
+    evidence: it leaves the room whole)."""
     p = ctx.params
     limit, peak = ctx.limit, ctx.peak
     if limit is None or peak is None:
@@ -45,7 +46,8 @@ def critical_reach(ctx: Context, metric: str, ttoom: float) -> Critical:
     for fit in ctx.fits(metric):
         if fit.scale == "daily" or not fit.long_enough(p, ttoom):
             continue
-        found = fit.reach(limit - peak, p.horizon, p.season)
+        room = limit - peak - (_daily_rise(ctx, fit) if fit.seasonal else 0.0)
+        found = fit.reach(room, p.horizon, p.season)
         if found is None or not found.reaches:
             if found is not None:
                 tested.append((fit, found))
@@ -54,7 +56,7 @@ def critical_reach(ctx: Context, metric: str, ttoom: float) -> Critical:
         # `BURST_BUCKETS` of the window scale, and looks like growth that just began: the evidence
         # must hold without them too (the shorter series must rise as far: the stricter test)
         drop = math.ceil(BURST_BUCKETS * p.bucket / fit.width - 1e-9)
-        older = fit.reach(limit - peak, p.horizon, p.season, len(fit.idx) - drop)
+        older = fit.reach(room, p.horizon, p.season, len(fit.idx) - drop)
         tested.append((fit, found if older is None else max(found, older, key=lambda r: r.p_value)))
     if not tested:
         return Critical(
@@ -85,3 +87,21 @@ def critical_reach(ctx: Context, metric: str, ttoom: float) -> Critical:
         f"fits the {fit.scale} scale with p {p_value:.2g} (critical needs {FALSE_RATE:g})"
     )
     return Critical(False, why, evidence)
+
+
+def _daily_rise(ctx: Context, fit: Fit) -> float:
+    """How far the daily profile removed from `fit` still rises within the horizon above where it
+    is now: the peaks reach the limit by the trend and the day's swing together, and the trend
+    need only cover the rest (0 when the profile does not rise, or is not known)."""
+    p = ctx.params
+    env = ctx.prep.base(fit.metric)
+    profile = ctx.prep.profile(fit.metric, ctx.tick, env, ctx.life)
+    if profile is None or profile.amplitude <= 0:
+        return 0.0
+    table, width = profile.values, env.width
+    end = math.floor(ctx.tick / width + 1e-9) - 1  # the last complete bucket
+    ahead = range(end + 1, end + 1 + max(1, round(p.horizon / width)))
+    rise = max(table[b % len(table)] for b in ahead) - table[end % len(table)]
+    if profile.relative:  # a workload's prior: fractions of the fit's level
+        rise *= fit.level - fit.offset
+    return max(rise, 0.0)

@@ -12,11 +12,10 @@ shape still rises over `within`) costs `(ĉ - c₀)²·S` more squared residuals
 
 The statistic is the constrained fit's extra squared residuals over the best free fit, in noise
 variances, the noise inflated by the residuals' lag-one autocorrelation `(1+ρ)/(1-ρ)` (a memory
-floor wanders: buckets are not independent). With the true curve in the null family, it is at
-most about χ² with two degrees of freedom (one for the constraint, one for the search over the
-shapes), and with the noise estimated from the same buckets, half of it is at most F(2, n - k):
-its tail bounds the chance that a curve that stays below the limit is called a reach
-(`FALSE_RATE` per judgement). Buckets far off the best fit (a burst that filled
+floor wanders: buckets are not independent). With the true curve on the null family's
+bound, its square root is about Student's t with n - k degrees (one constraint on one
+coefficient, one-sided; the noise estimated from the same buckets), so the t tail bounds the
+chance that a curve that stays below the limit is called a reach (`FALSE_RATE` per judgement). Buckets far off the best fit (a burst that filled
 a bucket) are left out first, as `saturation.levelling` does.
 """
 
@@ -29,7 +28,7 @@ from functools import lru_cache
 from operator import mul
 
 from agent.detect.saturation import MAX_OUTLIERS, MIN_POINTS, OUTLIER_SIGMAS, TAUS, least_squares
-from agent.detect.trend import MAX_RHO, median
+from agent.detect.trend import MAX_RHO, median, normal_cdf
 
 FALSE_RATE = 1e-4  # the chance per judgement that growth levelling below the limit is called a reach
 LOG_TAUS = (0.1, 0.25, 0.6, 1.6, 4.0)  # the log shapes' scales, in spans of the fit
@@ -50,11 +49,16 @@ class Reach:
     @property
     def p_value(self) -> float:
         """Upper bound on the chance of a statistic this large from a curve that stays below: the
-        tail of F(2, dof) at stat / 2, `(1 + stat/dof)^(-dof/2)` (the noise is estimated from the
-        same few buckets: with 8 of them, what looks like 4 sigmas is not)."""
+        one-sided tail of Student's t with `dof` degrees at √stat (the bound is one constraint on
+        one coefficient; the noise is estimated from the same few buckets, so with 8 of them what
+        looks like 4 sigmas is not), by Fisher's normal approximation of t."""
         if math.isinf(self.stat):
             return 0.0
-        return (1 + self.stat / self.dof) ** (-0.5 * self.dof) if self.dof > 0 else 1.0
+        if self.dof <= 0:
+            return 1.0
+        t = math.sqrt(self.stat)
+        z = t * (1 - 1 / (4 * self.dof)) / math.sqrt(1 + self.stat / (2 * self.dof))
+        return normal_cdf(-z)
 
     @property
     def reaches(self) -> bool:
