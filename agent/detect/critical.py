@@ -19,6 +19,7 @@ from agent.detect.context import Context
 from agent.detect.growth import Fit
 from agent.detect.reach import FALSE_RATE, Reach
 
+PROFILE_Z = 3.7  # the profile's rise counts at its one-sided 10⁻⁴ lower bound, like the test
 BURST_BUCKETS = 3  # a burst lasts up to this many buckets of the window scale (45 min at the defaults)
 
 
@@ -102,6 +103,9 @@ def _daily_rise(ctx: Context, fit: Fit) -> float:
     end = math.floor(ctx.tick / width + 1e-9) - 1  # the last complete bucket
     ahead = range(end + 1, end + 1 + max(1, round(p.horizon / width)))
     rise = max(table[b % len(table)] for b in ahead) - table[end % len(table)]
+    # its lower bound: each slot is a median of `days` values (standard error ~1.25 noise/√days),
+    # and the largest of many noisy slots ahead is biased up
+    rise -= PROFILE_Z * math.sqrt(2) * 1.25 * profile.noise / math.sqrt(max(profile.days, 1))
     if profile.relative:  # a workload's prior: fractions of the fit's level
         rise *= fit.level - fit.offset
     return max(rise, 0.0)

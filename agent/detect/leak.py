@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from agent.core.units import format_bytes, format_duration
 from agent.detect.context import Context
-from agent.detect.critical import critical_reach
+from agent.detect.critical import Critical, critical_reach
 from agent.detect.growth import Fit, at_record, time_to_limit, traffic_explains
 from agent.detect.lifetimes import carried
 from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, PYMALLOC, RSS, Observation, Severity, State
@@ -154,6 +154,14 @@ def judge_leak(ctx: Context) -> Observation:
         elif fit.metric == ALLOCATED and ctx.present(PYMALLOC):  # objects in pymalloc's arenas
             fit, ttoom, _ = _outgrown_by_rss(ctx, fit, ttoom)
         return _leak_observation(ctx, fit, ttoom, native=native)
+    # growth the trend test only holds while the limit is within the horizon: the reach test is
+    # the stronger evidence (it rejects every curve that levels below the limit), so it fires too
+    urgent = [a for a in assessed if a[1] == "holding" and a[2] is not None and a[2] < ctx.params.horizon]
+    if urgent:
+        fit, _, ttoom, _ = max(urgent, key=lambda a: a[0].trend.span)
+        crit = critical_reach(ctx, fit.metric, ttoom)  # type: ignore[arg-type]
+        if crit.reaches:
+            return _leak_observation(ctx, fit, ttoom, native=False, crit=crit)
     for metric in candidates:  # a leak cut short by restarts: the previous lifetime's evidence
         found = carried(ctx, metric)
         if found is not None:
@@ -218,7 +226,9 @@ def _envelope_rate(fit: Fit) -> float:
     return (floors[-1] - floors[0]) / ((fit.idx[-1] - fit.idx[0]) * fit.width)
 
 
-def _leak_observation(ctx: Context, fit: Fit, ttoom: float | None, native: bool) -> Observation:
+def _leak_observation(
+    ctx: Context, fit: Fit, ttoom: float | None, native: bool, crit: Critical | None = None
+) -> Observation:
     t = fit.trend
     where = " outside the Java heap" if native else ""
     summary = f"{ctx.prep.instance} leaks {format_bytes(t.slope * 3600)}/h ({fit.pct_per_hour:.2f} %/h) in {fit.metric}{where}"
@@ -234,7 +244,7 @@ def _leak_observation(ctx: Context, fit: Fit, ttoom: float | None, native: bool)
     }
     reaches = False
     if ttoom is not None and ttoom < ctx.params.horizon:
-        crit = critical_reach(ctx, fit.metric, ttoom)
+        crit = crit or critical_reach(ctx, fit.metric, ttoom)
         reaches = crit.reaches
         evidence["critical_test"] = crit.evidence
         if not reaches:

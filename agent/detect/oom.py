@@ -91,11 +91,18 @@ def judge_oom(ctx: Context) -> Observation:
         # trend test at the clearing bar suffices (growth that accelerates lowers the corrected one)
         if ttoom < p.horizon and crit is None:
             crit = critical_reach(ctx, RSS, ttoom)
-        critical = ttoom < p.horizon and crit is not None and crit.reaches and fit.confidence >= p.confidence
+        critical = (
+            ttoom < p.horizon
+            and crit is not None
+            and crit.reaches
+            and fit.confidence >= p.confidence
+            and t.confidence >= p.confidence_clear
+        )
+        # the reach test rejects every curve that levels below the limit: what `fit_holds` guards
+        # against (projecting a warm-up that levels off, a daily rise) is ruled out already
         if (
-            (t.confidence >= p.confidence or (critical and t.confidence >= p.confidence_clear))
+            (critical or (t.confidence >= p.confidence and fit_holds(fit, ttoom, p)))
             and ttoom < p.horizon
-            and fit_holds(fit, ttoom, p)
             and not traffic_explains(ctx.prep, fit, ctx.life, p.confidence)
         ):
             if best is None or state != "firing" or ttoom < best[1]:
