@@ -1,15 +1,25 @@
-"""What histograms and heap profiles cost: one `jcmd` class histogram of a JVM holding 1M live objects, and
-parsing plus symbolizing a 10 MB heap profile.
+"""What histograms and heap profiles cost: one `jcmd` class histogram of a JVM holding 1M live objects,
+parsing plus symbolizing a 10 MB heap profile, and the Python hook's type walk and allocation sites on
+large Python heaps.
 
     python benchmarks/histogram_cost.py [--objects 1000000] [--profile-mb 10] [--repeat 5] [--json]
+    python benchmarks/histogram_cost.py --only python [--python-objects 3000000,277000]
 
 JVM part (needs a JDK): a program compiled here with javac keeps `--objects` small objects of four classes
 live in a heap of `--heap`, plus churning garbage. Measured per run: wall time and CPU time of the jcmd
 process (itself a JVM), for `GC.class_histogram -all`, the live `GC.class_histogram` (with the full-GC
-pause the target logs with -Xlog:gc), and the jvm probe's own run (heap_info + NMT + `-all` histogram in
-one `jcmd -f`, parsed). Profile part (needs cc): a program with 2000 functions is started, its real memory
+pause the target logs with -Xlog:gc), the jvm probe's own run (heap_info + NMT + `-all` histogram in
+one `jcmd -f`, parsed, and the heap's resident pages), and that read of smaps alone. Profile part (needs cc): a program with 2000 functions is started, its real memory
 map and function addresses make a jemalloc heap_v2 dump of `--profile-mb` MB with 8-24-frame
 backtraces; measured: parse, and parse + symbolize + aggregate by site with a cold and a warm symbol cache.
+
+Python part: a child process builds a heap of `--python-objects` GC-tracked objects (instances with a
+list each, dicts of records; below a million objects it also imports numpy, onnxruntime, FastAPI and
+pydantic, for the modules and classes of a TensorFlow-sized serving process), plus a module-level
+dict of 20,000 responses (`int -> bytes`, untracked), then times in the child, as the hook is timed
+(CPU time of the walking thread): `gc.get_objects()`, the hook's walk at the default budget (1 s:
+sampled past what fits), the whole walk (budget 10 s), and, while a tracemalloc session traces 200,000
+new live allocations, the walk again and one `sites` snapshot with its holders.
 """
 
 from __future__ import annotations
@@ -62,6 +72,53 @@ public class LiveObjects {
 """
 
 C_FUNCTIONS = 2000
+PYTHON_HEAP = r"""
+import gc, json, os, statistics, sys, time
+sys.path.insert(0, sys.argv[1])
+objects, repeat, libraries = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+if libraries:
+    import fastapi, numpy, onnxruntime, pydantic  # the modules and classes of a serving stack
+from medic_hook import histogram, sites
+
+class Record:
+    def __init__(self, i):
+        self.id, self.tags = i, [i]
+
+RESPONSES = {i: os.urandom(256) for i in range(20_000)}  # untracked: found from the module's globals
+HEAP = []
+while (missing := objects - len(gc.get_objects())) > 0:
+    HEAP += [Record(i) for i in range(min(100_000, missing // 4 + 1))]  # an instance and its list each
+    HEAP += [{"a": i, "b": [i]} for i in range(min(50_000, missing // 8 + 1))]
+gc.collect()
+
+def cpu(call, times=None):
+    spent, result = [], None
+    for _ in range(times or repeat):
+        started = time.thread_time()
+        result = call()
+        spent.append(time.thread_time() - started)
+    return statistics.median(spent), result
+
+def walk(times=None, **params):
+    seconds, reply = cpu(lambda: histogram.type_histogram(top=50, **params), times)
+    keep = ("walked", "sample_fraction", "contents_complete", "elapsed_s")
+    return {"cpu_s": seconds, **{k: reply[k] for k in keep}}
+
+out = {"gc_objects": len(gc.get_objects()), "modules": len(sys.modules)}
+out["get_objects_s"] = cpu(lambda: len(gc.get_objects()))[0]
+out["walk_default"] = walk(wall_s=5.0)  # what the probe allows at the default budget
+out["walk_whole"] = walk(times=1 if objects > 500_000 else None, budget_s=10, wall_s=60)
+sites.start(5, 3600, 256 * 2**20)
+LATER = [Record(i) for i in range(100_000)]  # 200,000 traced live allocations
+out["walk_tracing"] = walk(wall_s=5.0)
+seconds, reply = cpu(lambda: sites.snapshot(50))
+out["sites_snapshot"] = {
+    "cpu_s": seconds, "tracemalloc_bytes": reply["tracemalloc_bytes"], "holders": len(reply["holders"])
+}
+out["sites_without_holders_s"] = cpu(lambda: sites.snapshot(50, holders=False))[0]
+sites.stop()
+print(json.dumps(out))
+"""
 
 
 def _child_cpu() -> float:
@@ -139,12 +196,30 @@ def bench_jvm(objects: int, heap: str, repeat: int, work: Path) -> dict:
             "full_gc_pause_ms": _median(pauses) if pauses else None,
         }
         results["probe_run"] = _pair(probe_runs)
+        results["heap_resident_ms"] = _heap_resident_ms(pid, repeat)
         results["parse_histogram_ms"] = 1000 * _median(parse_runs)
         results["histogram"] = {"classes": histogram_rows, "objects": total}
         return results
     finally:
         jvm.kill()
         jvm.wait()
+
+
+def _heap_resident_ms(pid: int, repeat: int) -> float:
+    """The jvm probe's read of the heap's resident pages: smaps of the range `GC.heap_info` names."""
+    from probes.jvmtext import parse_heap_info
+    from probes.linux.maps import resident_within
+
+    span = parse_heap_info(
+        subprocess.run(["jcmd", str(pid), "GC.heap_info"], capture_output=True, text=True).stdout
+    ).span
+    assert span is not None
+    runs = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        resident_within(pid, *span)
+        runs.append(time.perf_counter() - started)
+    return 1000 * _median(runs)
 
 
 def _pair(runs: list[tuple[float, float, float]]) -> dict:
@@ -220,6 +295,44 @@ def bench_profile(megabytes: float, repeat: int, work: Path) -> dict:
     }
 
 
+def bench_python(objects: int, repeat: int) -> dict:
+    """The Python hook's costs on a heap of `objects` GC-tracked objects, measured in a child."""
+    libraries = "1" if objects < 1_000_000 else "0"
+    argv = [sys.executable, "-c", PYTHON_HEAP, str(Path(__file__).resolve().parent.parent)]
+    done = subprocess.run(
+        [*argv, str(objects), str(repeat), libraries], capture_output=True, text=True, timeout=3600
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def print_python(runs: dict, repeat: int) -> None:
+    for figures in runs.values():
+        print(
+            f"Python heap of {figures['gc_objects']:,} GC objects ({figures['modules']} modules), "
+            f"median CPU of {repeat}:"
+        )
+        print(f"  {'gc.get_objects()':<38} {1000 * figures['get_objects_s']:7.0f} ms")
+        for key, label in (
+            ("walk_default", "walk, budget 1 s (the default)"),
+            ("walk_whole", "walk whole (budget 10 s)"),
+            ("walk_tracing", "walk, budget 1 s, while tracing"),
+        ):
+            row = figures[key]
+            print(
+                f"  {label:<38} {1000 * row['cpu_s']:7.0f} ms  walked {row['walked']:,} "
+                f"({100 * row['sample_fraction']:.0f} %), wall {1000 * row['elapsed_s']:.0f} ms"
+                + ("" if row["contents_complete"] else ", contents cut short")
+            )
+        snap = figures["sites_snapshot"]
+        print(
+            f"  {'sites snapshot + holders':<38} {1000 * snap['cpu_s']:7.0f} ms  "
+            f"({snap['tracemalloc_bytes'] / 2**20:.1f} MiB of tracemalloc tables, {snap['holders']} holders; "
+            f"without holders {1000 * figures['sites_without_holders_s']:.0f} ms)"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--objects", type=int, default=1_000_000)
@@ -228,16 +341,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--skip-jvm", action="store_true")
+    parser.add_argument("--only", choices=["jvm", "profile", "python"], help="one part only")
+    parser.add_argument(
+        "--python-objects",
+        default="3000000,277000",
+        help="GC-tracked objects of each Python heap (comma-separated)",
+    )
     args = parser.parse_args(argv)
     out: dict = {"cores": os.cpu_count(), "python": sys.version.split()[0]}
+    wanted = {args.only} if args.only else {"jvm", "profile", "python"}
     with tempfile.TemporaryDirectory(prefix="medic-bench-") as tmp:
         work = Path(tmp)
-        if not args.skip_jvm and shutil.which("javac") and shutil.which("jcmd"):
+        if "jvm" in wanted and not args.skip_jvm and shutil.which("javac") and shutil.which("jcmd"):
             out["jvm"] = bench_jvm(args.objects, args.heap, args.repeat, work)
-        out["profile"] = bench_profile(args.profile_mb, args.repeat, work)
+        if "profile" in wanted:
+            out["profile"] = bench_profile(args.profile_mb, args.repeat, work)
+    if "python" in wanted:
+        sizes = [int(n) for n in args.python_objects.split(",") if n]
+        out["python_heaps"] = {str(n): bench_python(n, args.repeat) for n in sizes}
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
+    if "python_heaps" in out:
+        print_python(out["python_heaps"], args.repeat)
     if "jvm" in out:
         jvm = out["jvm"]
         print(
@@ -256,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"JVM CPU {row['target_cpu_ms']:4.0f} ms{extra}"
             )
         print(f"  {'parse the histogram':<38} {jvm['parse_histogram_ms']:7.2f} ms")
+        print(f"  {'the heap resident pages (smaps)':<38} {jvm['heap_resident_ms']:7.2f} ms")
+    if "profile" not in out:
+        return 0
     prof = out["profile"]
     print(
         f"heap profile of {prof['bytes'] / 1e6:.1f} MB ({prof['stacks']:,} backtraces, "

@@ -14,7 +14,7 @@ from typing import Any
 from medic_hook import sites
 from medic_hook.allocator import local_allocator, process_memory, rss_bytes
 from medic_hook.errors import AllocatorError, RequestError
-from medic_hook.histogram import DEFAULT_CONTENTS, type_histogram
+from medic_hook.histogram import DEFAULT_CONTENTS, MAX_OBJECTS, type_histogram
 from medic_hook.protocol import (
     OPS,
     PROTOCOL_VERSION,
@@ -116,10 +116,13 @@ def op_prof_active(request: dict[str, Any]) -> dict[str, Any]:
 def op_histogram(request: dict[str, Any]) -> dict[str, Any]:
     result = type_histogram(
         top=optional_int(request, "top", 50, 1, 1000),
-        max_objects=optional_int(request, "max_objects", 2_000_000, 1, 100_000_000),
+        max_objects=optional_int(request, "max_objects", MAX_OBJECTS, 1, MAX_OBJECTS)
+        if "max_objects" in request
+        else None,
         budget_s=optional_float(request, "budget_s", 1.0, 0.001, 10.0),
         referents=request.get("referents", False) is True,
         contents=optional_int(request, "contents", DEFAULT_CONTENTS, 0, 64),
+        wall_s=optional_float(request, "wall_s", 1.0, 0.001, 60.0) if "wall_s" in request else None,
     )
     return {**_common("histogram"), **result, "sites_tracing": sites.tracing()}
 
@@ -134,7 +137,8 @@ def op_sites_start(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def op_sites(request: dict[str, Any]) -> dict[str, Any]:
-    return {**_common("sites"), **sites.snapshot(top=optional_int(request, "top", 50, 1, 500))}
+    top = optional_int(request, "top", 50, 1, 500)
+    return {**_common("sites"), **sites.snapshot(top=top, holders=request.get("holders", True) is not False)}
 
 
 def op_sites_stop(request: dict[str, Any]) -> dict[str, Any]:

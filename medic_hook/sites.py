@@ -19,7 +19,9 @@ that they can be, tracing records at least `OWN_DEPTH` frames whatever was asked
 encoded three frames deep inside the json module); a traceback shown keeps the frames asked for.
 A snapshot copies the trace table and groups it under the GIL, a few µs per live traced allocation
 (docs/performance.md); the memory budget bounds that too (about 50 bytes of tracemalloc's tables per
-trace: 16 MiB is some 300,000 traces).
+trace: 16 MiB is some 300,000 traces). It also names the containers that hold what was allocated and
+the line that adds to them (`medic_hook.holders`, within `HOLDERS_BUDGET_S` of CPU for the scan of
+module globals; 5-8 % of a snapshot's cost).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ MAX_DURATION_S = 6 * 3600.0
 DEFAULT_MAX_MEMORY = 16 * 2**20
 MAX_MEMORY = 256 * 2**20
 CHECK_EVERY_S = 1.0  # how often the server loop looks at the budgets while tracing
+HOLDERS_BUDGET_S = 0.25  # CPU seconds a snapshot spends looking for the containers that hold its sites
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -168,8 +171,9 @@ def _site_frame(traceback: Any) -> Any:
     return traceback[-1]
 
 
-def snapshot(top: int) -> dict[str, Any]:
-    """The `top` sites by live bytes allocated since tracing started, each with a short traceback.
+def snapshot(top: int, holders: bool = True) -> dict[str, Any]:
+    """The `top` sites by live bytes allocated since tracing started, each with a short traceback,
+    and (with `holders`) the containers that hold what was allocated (`medic_hook.holders`).
 
     A site is the line that allocated (`file:line`); the traceback shown is the heaviest of the
     call paths that reached it, innermost first.
@@ -181,11 +185,12 @@ def snapshot(top: int) -> dict[str, Any]:
         raise RequestError("unavailable", f"not tracing allocations ({reason}): send sites_start first")
     started = time.perf_counter()
     taken = tracemalloc.take_snapshot()
+    own = (_PACKAGE_DIR + os.sep, tracemalloc.__file__)
+    held = _holders(getattr(taken.traces, "_traces", None), own) if holders else []
     # grouped first (one dict lookup per trace), filtered after, per distinct call path: a
     # `Filter` matches every frame of every trace with fnmatch, seconds under the GIL for a big table
     statistics = taken.statistics("traceback")
     del taken
-    own = (_PACKAGE_DIR + os.sep, tracemalloc.__file__)
     sites: dict[tuple[str, int], list[Any]] = {}  # (file, line) -> [bytes, count, heaviest bytes, traceback]
     total_bytes = total_count = 0
     for stat in statistics:
@@ -223,5 +228,14 @@ def snapshot(top: int) -> dict[str, Any]:
         "distinct_sites": distinct,
         "total_bytes": total_bytes,
         "total_count": total_count,
+        "holders": held,
         "elapsed_s": round(time.perf_counter() - started, 6),
     }
+
+
+def _holders(traces: Any, own: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The containers holding what was allocated while tracing, within `HOLDERS_BUDGET_S` of CPU."""
+    from medic_hook.holders import holders
+
+    started = time.thread_time()
+    return holders(traces, own, _stdlib, lambda: time.thread_time() - started > HOLDERS_BUDGET_S)

@@ -32,6 +32,8 @@ _G1_REGIONS = re.compile(
 _ZHEAP = re.compile(rf"\s*ZHeap\s+used\s+{_SIZE},\s+capacity\s+{_SIZE}")
 _SHENANDOAH = re.compile(rf"\s*{_SIZE}\s+max,.*?{_SIZE}\s+committed,\s+{_SIZE}\s+used")
 _METASPACE = re.compile(rf"\s*Metaspace\s+used\s+{_SIZE},\s+committed\s+{_SIZE}")
+# the heap's address range, as a generation line ends: `[start, end)` or `[start, committed, end)`
+_SPAN = re.compile(r".*\[(0x[0-9a-fA-F]{1,16}),(?:\s*0x[0-9a-fA-F]{1,16},)?\s*(0x[0-9a-fA-F]{1,16})\)\s*")
 _NMT_TOTAL = re.compile(r"Total:\s+reserved=(\d+)(KB|MB|GB|B)?,\s+committed=(\d+)(KB|MB|GB|B)?")
 _NMT_MALLOC = re.compile(r"\s*malloc:\s+(\d+)(KB|MB|GB|B)?\b")
 _NMT_CATEGORY = re.compile(
@@ -144,6 +146,7 @@ class HeapInfo:
     after_gc: int | None  # what survived the last young collection (None: no generations to tell)
     metaspace_used: int | None = None
     metaspace_committed: int | None = None
+    span: tuple[int, int] | None = None  # the heap's reserved addresses [start, end), where it says
 
 
 def parse_heap_info(text: str, source: str = "GC.heap_info") -> HeapInfo:
@@ -160,17 +163,22 @@ def parse_heap_info(text: str, source: str = "GC.heap_info") -> HeapInfo:
     gens = {}
     spaces = {}
     region = None
+    spans = []
     for line in lines:
         if match := _GEN.match(line):
             gens[match.group("name").strip()] = (_bytes(*match.group(2, 3)), _bytes(*match.group(4, 5)))
+            spans.append(_SPAN.fullmatch(line))
+        elif line.lstrip().startswith("- [") and (found := _SPAN.fullmatch(line)):
+            spans.append(found)  # Shenandoah's reserved range
         elif match := _SPACE.match(line):
             spaces.setdefault(match.group("name"), (_bytes(*match.group(2, 3)), int(match.group("pct"))))
         elif match := _G1_REGIONS.match(line):
             region = (_bytes(*match.group(3, 4)), _bytes(*match.group(5, 6)))
+    span = _span(spans)
     if "garbage-first heap" in gens:
         committed, used = gens["garbage-first heap"]
         after = max(0, used - (region[0] - region[1])) if region else None
-        return HeapInfo("G1", used, committed, after, meta_used, meta_committed)
+        return HeapInfo("G1", used, committed, after, meta_used, meta_committed, span)
     young = gens.get("PSYoungGen") or gens.get("def new generation")
     old = gens.get("ParOldGen") or gens.get("tenured generation")
     if young and old:
@@ -183,6 +191,7 @@ def parse_heap_info(text: str, source: str = "GC.heap_info") -> HeapInfo:
             old[1] + size * pct // 100,
             meta_used,
             meta_committed,
+            span,
         )
     for line in lines:
         if match := _ZHEAP.match(line):
@@ -191,11 +200,20 @@ def parse_heap_info(text: str, source: str = "GC.heap_info") -> HeapInfo:
             )
         if match := _SHENANDOAH.match(line):
             used, committed = _bytes(*match.group(5, 6)), _bytes(*match.group(3, 4))
-            return HeapInfo("Shenandoah", used, committed, None, meta_used, meta_committed)
+            return HeapInfo("Shenandoah", used, committed, None, meta_used, meta_committed, span)
     raise JcmdOutputError(
         f"{source}: no heap figures recognised (G1, Parallel, Serial, ZGC or Shenandoah); first line "
         f"{(lines[1] if len(lines) > 1 else text)[:80]!r}"
     )
+
+
+def _span(found: list[re.Match[str] | None]) -> tuple[int, int] | None:
+    """The addresses every generation's range covers; None when a generation names no range."""
+    if not found or any(match is None for match in found):
+        return None
+    starts = [int(m.group(1), 16) for m in found if m is not None]
+    ends = [int(m.group(2), 16) for m in found if m is not None]
+    return (min(starts), max(ends)) if min(starts) < max(ends) else None
 
 
 # ------------------------------------------------------------------------------- native memory tracking

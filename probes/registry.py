@@ -26,6 +26,9 @@ PROBES: dict[str, ProbeEntry] = {
     "latency": ProbeEntry("probes.latency", "LatencyProbe", True, "quantiles from the instance's /metrics"),
     "canary": ProbeEntry("probes.canary", "CanaryProbe", True, "an active request on a schedule, timed"),
     "jvm": ProbeEntry("probes.jvm", "JvmProbe", True, "JVM heap, NMT and class histograms via jcmd, slow"),
+    "jvm_limits": ProbeEntry(
+        "probes.jvmlimits", "JvmLimitsProbe", True, "a JVM's own ceilings (-Xmx, direct, metaspace), slow"
+    ),
     "pyhist": ProbeEntry(
         "probes.pyhist", "PythonHistogramProbe", True, "Python type histograms and allocation sites (hook)"
     ),

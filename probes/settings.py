@@ -21,6 +21,14 @@ from agent.core.types import DAY, HOUR, MAX_DURATION, Duration, Size, Strict, wi
 M = TypeVar("M", bound=Strict)
 
 
+class JvmRetainers(Strict):
+    """What holds a JVM heap leak: a JFR recording of old-object samples, dumped with their paths to the
+    GC roots (docs/histograms.md)."""
+
+    on_leak: bool = True  # record when a leak finding opens on the instance
+    record: Annotated[Duration, within(1, HOUR)] = 300.0  # leaked objects allocated meanwhile are sampled
+
+
 class JvmHistograms(Strict):
     """JVM targets (docs/histograms.md): class histograms, heap figures and NMT through jcmd."""
 
@@ -30,6 +38,7 @@ class JvmHistograms(Strict):
     live_floor: Annotated[Duration, within(60, MAX_DURATION)] = 3600.0  # at most one live histogram so often
     timeout: Annotated[Duration, within(1, HOUR)] = 60.0
     jcmd: str | None = None  # default: the jcmd beside the target's java, else PATH
+    retainers: JvmRetainers = Field(default_factory=JvmRetainers)
 
 
 class PythonSites(Strict):
@@ -44,12 +53,14 @@ class PythonSites(Strict):
 
 
 class PythonHistograms(Strict):
-    """Python targets with the in-process hook: type histograms (gc-tracked objects, and the contents
-    of the largest dicts) and, while a session runs, allocation sites."""
+    """Python targets with the in-process hook: type histograms (gc-tracked objects, and what the
+    longest containers hold), the containers module globals name and, while a session runs,
+    allocation sites with what holds them."""
 
     interval: Annotated[Duration, within(1, DAY)] = 300.0
     top: int = Field(200, ge=1, le=1000)
-    budget: Annotated[Duration, within(0.001, 60)] = 1.0  # the walk holds the GIL at most this long
+    # the walk's CPU in the target (it holds the GIL): a larger heap is sampled to stay within it
+    budget: Annotated[Duration, within(0.001, 60)] = 1.0
     sites: PythonSites = Field(default_factory=PythonSites)
 
 

@@ -8,7 +8,9 @@ Four limits, all per fleet except the cooldown, which is per instance:
   cooldown        after an instance's last restart ended, before it may be restarted again
 
 The state comes from the coordinator (every agent's restarts), so it survives an agent restart.
-Nothing here reads a clock: tests drive it with tables of times.
+Dry-run's would-be restarts (`WOULD_RESTART`) count like restarts for the fleet-wide limits, as
+enforce mode's real ones would, but never for the instance's own cooldown: its process was not
+restarted. Nothing here reads a clock: tests drive it with tables of times.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from remediation.model import Decision, RestartRecord
+from remediation.model import WOULD_RESTART, Decision, RestartRecord
 from remediation.text import at, span
 
 HOUR = 3600.0
@@ -40,6 +42,14 @@ class BudgetLimits:
             raise ValueError("max_per_hour must be at least 1 (or None for no hourly limit)")
         if self.min_interval < 0 or self.cooldown < 0 or not self.hour > 0:
             raise ValueError("min_interval and cooldown must not be negative, and the hour must be positive")
+
+    def describe(self) -> str:
+        """The budget in one line, the one text `medic plan`, the dashboard and the API show."""
+        at_once = f"{self.max_concurrent} restart{'s' if self.max_concurrent > 1 else ''} at a time"
+        apart = f"starts {span(self.min_interval)} apart" if self.min_interval > 0 else "no spacing"
+        hourly = f"at most {self.max_per_hour} an hour" if self.max_per_hour else "no hourly limit"
+        cooldown = f"cooldown {span(self.cooldown)} per instance" if self.cooldown > 0 else "no cooldown"
+        return f"{at_once}, {apart}, {hourly}, {cooldown}"
 
     def gap(self, restart_duration: float) -> float:
         """The even spacing between starts that keeps every fleet-wide limit on a long run."""
@@ -95,6 +105,8 @@ class BudgetState:
         bisect.insort(fleet.intervals, (record.started_at, end, record.instance))
         fleet.longest = max(fleet.longest, end - record.started_at)
         fleet.starters[record.started_at] = record.instance
+        if record.outcome == WOULD_RESTART:
+            return  # nothing was restarted: no cooldown for the instance
         previous = self._last_end.get(record.instance)
         self._last_end[record.instance] = max(end, previous) if previous is not None else end
 

@@ -9,9 +9,11 @@
                    evidence → drain → act → verify → release
 
 Every instance with a request ends the step with one Decision (stage, code, reason); the ledger
-keeps it when it changes, and the event log says what a person needs to know. Dry-run walks the
-same path and stops before the lock, recording what it would have done and counting that against
-a local copy of the budget, so its plan advances as it would in enforce mode. The pause (the kill
+keeps it when it changes, the action of a person's request says whether it is held and why, and
+the event log says what a person needs to know. Dry-run walks the same path and stops before the
+lock, recording once per process the restart it would make (`remediation.dry_run`): the process
+still runs and is judged as it is, and the other instances are planned as enforce would plan them
+after that restart. The pause (the kill
 switch, `remediation.pause`) holds in memory at once, even when the ledger cannot be written; the
 fleet-wide pause (`pause_fleet`) lives in the coordinator, and every agent of the namespace holds
 while it lasts (read each step, with the leader, by the elected planner).
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -32,9 +33,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agent.core.errors import StoreError
 from agent.core.ports import EventSink, TableStore
-from remediation import planner, policy
+from remediation import dry_run, planner, policy
 from remediation.budget import HOUR
 from remediation.config import RemediationSection
 from remediation.coordinator import Coordinator, create_coordinator
@@ -43,7 +43,7 @@ from remediation.errors import CoordinatorError, NotShared
 from remediation.fleet_view import history_window, local_entries
 from remediation.grants import ElectedPlanner
 from remediation.hooks import EngineHooks, PurgeFn
-from remediation.intake import SUBMITTED_TTL, Intake
+from remediation.intake import DB_ERRORS, SUBMITTED_TTL, Intake
 from remediation.ladder_actions import LadderActions
 from remediation.ledger import Ledger
 from remediation.model import (
@@ -61,7 +61,6 @@ from remediation.restarts import UNAVAILABLE, Restarts
 from remediation.text import at
 
 log = logging.getLogger("medic.remediation")
-_DB_ERRORS = (sqlite3.Error, StoreError)
 
 
 class Engine:
@@ -267,21 +266,33 @@ class Engine:
         return self.paused(now) or self.fleet_paused(now)
 
     def submit(self, request: RemediationRequest) -> Decision:
-        """A one-shot request (manual, external): kept until carried out or `SUBMITTED_TTL` passes."""
-        decision = self.intake.submit(request)
+        """A one-shot request (a person's restart): kept until carried out or `SUBMITTED_TTL` passes,
+        with its action in the ledger from now on (`data.action_id`)."""
+        if self.mode == "off":
+            return Decision.block(
+                "mode",
+                "off",
+                "remediation is off (remediation.mode: off): nothing would carry the restart out; set "
+                "mode: enforce to restart, or dry-run to see what would be done",
+            )
+        decision = self.intake.submit(request, self.mode)
+        if not decision.ok:
+            return decision
+        action_id = decision.data["action_id"]
         held = self._pause_gate(self.clock())
-        if decision.ok and held is not None:  # kept, but nothing happens before the pause ends
+        if held is not None:  # kept, but nothing happens before the pause ends
             lift = "`medic resume --fleet`" if held.data.get("scope") == "fleet" else "`medic resume`"
-            return Decision.allow(
+            return Decision.allow(  # accepted, and kept
                 "pause",
                 f"request held: {held.reason}; it goes through the {self.mode} "
                 f"pipeline after {lift} or when the pause expires (dropped if still paused "
                 f"{SUBMITTED_TTL / 60:g} min after it was made)",
                 code="held",
+                action_id=action_id,
             )
-        if decision.ok:
-            return Decision.allow("check", f"request accepted; it goes through the {self.mode} pipeline")
-        return decision
+        return Decision.allow(
+            "check", f"request accepted; it goes through the {self.mode} pipeline", action_id=action_id
+        )
 
     def clear_escalation(self, instance: str, by: str | None = None) -> bool:
         """A person looked: automatic remediation of `instance` may act again (crash-loop count reset too)."""
@@ -295,8 +306,9 @@ class Engine:
         with self._lock:
             try:
                 report = self._step(now, requests, {v.name: v for v in instances})
+                self.last = report  # whole: `snapshot` never shows a step half made
                 self._store_error = None
-            except _DB_ERRORS as exc:  # disk full: a step that cannot record starts nothing more
+            except DB_ERRORS as exc:  # disk full: a step that cannot record starts nothing more
                 if str(exc) != self._store_error:
                     log.error("remediation step cut short: the state database cannot be written: %s", exc)
                 self._store_error = str(exc)
@@ -312,7 +324,6 @@ class Engine:
     ) -> StepReport:
         self._reap()
         report = StepReport(now=now, mode=self.mode, plan=Plan(computed_at=now))
-        self.last = report
         if self.mode == "off":
             return report
         for view in views.values():
@@ -331,7 +342,8 @@ class Engine:
                 report.decisions[name] = Decision.block("policy", intent.code, intent.reason)
         wanted = {n: i for n, i in report.intents.items() if i.action == "restart"}
         settings = replace(self.plan_settings, step=self._step_length(now))
-        fleet, history = self._shared_view(now, views, primary, wanted, report, settings)
+        answered = dry_run.answered(self.ledger, wanted, views, primary) if self.mode == "dry-run" else {}
+        fleet, history = self._shared_view(now, views, primary, wanted, report, settings, answered)
         self._report_plan_problems(report.plan)
         for name in sorted(wanted, key=lambda n: _slot(report.plan, n)):
             report.decisions[name] = self._guard(
@@ -339,6 +351,7 @@ class Engine:
             )
         for name, decision in report.decisions.items():
             self.ledger.record_decision(name, decision, now)
+        self.intake.note(report.decisions)
         if now - self._pruned_at >= HOUR:
             self.ledger.prune(now, self.config.retention)
             self._pruned_at = now
@@ -418,8 +431,13 @@ class Engine:
         gate = self._gate(view, now)
         if gate is not None:
             return gate
+        entry = report.plan.entry(view.name)
+        would = self.ledger.would_restart(view.name, view.start_time) if entry and entry.dry_run else None
+        if would is not None:  # dry-run would already have restarted this process
+            return dry_run.decision(would, request, view)
+        action_id = self.intake.action_id(request)
         decision = self.restarts.decide(
-            view, request, intent, report.plan, fleet, history, now, report.coordinator_error
+            view, request, intent, report.plan, fleet, history, now, report.coordinator_error, action_id
         )
         if decision.code == UNAVAILABLE and not report.coordinator_error:
             self._note_coordinator(decision.reason)  # it failed at the lock itself
@@ -438,8 +456,10 @@ class Engine:
         wanted: Mapping[str, Intent],
         report: StepReport,
         settings: planner.PlanSettings,
+        answered: Mapping[str, dry_run.WouldRestart],
     ) -> tuple[list[FleetEntry], list[RestartRecord]]:
-        """Publish, and plan: as the elected leader for the fleet, or from the leader's grants."""
+        """Publish, and plan: as the elected leader for the fleet, or from the leader's grants; in
+        dry-run alone, with its would-be restarts in the history and in the plan (`remediation.dry_run`)."""
 
         def first_seen(instance: str, finding_id: str) -> float | None:
             case = self.ledger.case(instance, finding_id)
@@ -447,10 +467,14 @@ class Engine:
 
         mine = local_entries(self.agent_id, views, primary, wanted, first_seen, now)
         since = now - history_window(self.config)
-        dry_run = self.mode == "dry-run"  # its would-be restarts count: its plan advances as enforce's
-        extra = self.ledger.dry_run_restarts(since, self.agent_id) if dry_run else []
-        planned = self.planning.step(now, mine, since, settings, dry_run=dry_run, extra_history=extra)
-        report.plan = planned.plan
+        in_dry_run = self.mode == "dry-run"
+        extra = self.ledger.would_restarts(since, self.agent_id) if in_dry_run else []
+        planned = self.planning.step(
+            now, mine, since, settings, dry_run=in_dry_run, extra_history=extra, skip=frozenset(answered)
+        )
+        report.plan = dry_run.with_would_be(
+            planned.plan, answered, views, primary, wanted, self.agent_id, settings
+        )
         self._note_coordinator(planned.error)
         report.coordinator_error = planned.error
         self._note_fleet_pause(now)
@@ -559,12 +583,14 @@ class Engine:
                 "min_interval": self.limits.min_interval,
                 "max_per_hour": self.limits.max_per_hour,
                 "cooldown": self.limits.cooldown,
+                "text": self.limits.describe(),
             },
             "windows": self.windows.describe(),
             "escalations": [
                 {**e, "expires_at": self.actions.expires_at(e), "hold": self.actions.hold_reason(e)}
                 for e in self.ledger.escalations()
             ],
+            "requests": [p.to_dict() for p in self.intake.pending()],
             "in_progress": self.in_progress(),
             "restarts_in_flight": self.restarts.describe(),
             "step": last.to_dict() if last else None,

@@ -14,8 +14,9 @@ Each step every agent publishes its own entries (written only when they change) 
 Budget, stagger by deadline, cooldowns and windows are the planner's and the budget's, unchanged;
 the budget is still checked atomically at `acquire`, so even two leaders at once (a partition
 healing) cannot put more restarts in flight than it allows. Dry-run keeps every agent planning for
-itself from the whole view (its would-be restarts are known only to itself). Without the
-coordinator, nothing is granted and the error says why.
+itself from the whole view (its would-be restarts are known only to itself, and count for the
+fleet-wide limits as enforce's restarts would). Without the coordinator, nothing is granted and
+the error says why.
 
 Each step also reads the namespace's controls, the fleet-wide pause and the leader (in etcd from
 the watched `control/` prefix: no request), and keeps them as `control` for the engine's gate and
@@ -113,12 +114,17 @@ class ElectedPlanner:
         *,
         dry_run: bool = False,
         extra_history: Sequence[RestartRecord] = (),
+        skip: frozenset[str] = frozenset(),
     ) -> Planned:
+        """One step's plan. In dry-run every agent plans alone, with its would-be restarts in
+        `extra_history`, leaving out the instances in `skip` (those a would-be restart already
+        answered: `remediation.dry_run`)."""
         writes = self._control_writes
         if dry_run:
             fleet, history, error = shared_view(self.coordinator, self.agent_id, mine, self.fleet_ttl, since)
             history = [*history, *extra_history]
-            plan = planner.plan(fleet, history, self.limits, settings, now, self.windows)
+            planned = [e for e in fleet if e.instance not in skip]
+            plan = planner.plan(planned, history, self.limits, settings, now, self.windows)
             try:
                 self._read_control(now, writes, "alone")
             except CoordinatorError as exc:

@@ -1,7 +1,9 @@
 """The restart ledger and the engine's memory, kept in the agent's SQLite store (tables `remediation_*`).
 
-    remediation_actions    every purge, restart (done or only planned in dry-run) and escalation:
-                           reason, finding, mode, timings, outcome, verification, evidence
+    remediation_actions    every purge, restart (done, or `would-restart` in dry-run), escalation,
+                           and a person's restart request from the moment it is asked (`requested`,
+                           `held` with the reason): reason, finding, mode, timings, outcome,
+                           verification, evidence
     remediation_decisions  each instance's decisions, one row whenever its verdict changes
     remediation_cases      per (instance, finding): first/last seen, purge, restart, escalation
     remediation_starts     every process start seen per instance (crash-loop counting)
@@ -22,7 +24,8 @@ from typing import Any
 from agent.core.ports import TableStore
 from agent.core.sql import where_clause
 from probes.linux.procfs import CLOCK_TICKS
-from remediation.model import Decision, RemediationRequest, RestartRecord
+from remediation.dry_run import WouldRestart
+from remediation.model import WOULD_RESTART, Decision, RemediationRequest, RestartRecord
 from remediation.policy import CaseHistory, related_kinds
 
 _SCHEMA = """
@@ -102,7 +105,18 @@ _ADDED_COLUMNS = [
     ("remediation_cases", "restart_finding", "TEXT"),
 ]
 START_TOLERANCE = 1.0 / CLOCK_TICKS + 1e-6
-FINISHED = ("succeeded", "failed", "interrupted", "dry-run", "purged", "escalated", "abandoned")
+FINISHED = (
+    "succeeded",
+    "failed",
+    "interrupted",
+    "dry-run",
+    WOULD_RESTART,
+    "purged",
+    "escalated",
+    "abandoned",
+    "replaced",
+)
+_WOULD = f"('{WOULD_RESTART}', 'dry-run')"  # 'dry-run': what an older medic called a would-be restart
 
 
 class Ledger:
@@ -184,27 +198,46 @@ class Ledger:
         )
         return _decode(dict(zip(_ACTION_COLUMNS, rows[0]))) if rows else None
 
-    def dry_run_restarts(self, since: float, holder: str) -> list[RestartRecord]:
-        """Restarts dry-run mode "did", so that its budget and plan advance as enforce mode's would."""
+    def would_restarts(self, since: float, holder: str) -> list[RestartRecord]:
+        """The restarts dry-run mode would have made since `since`, as the budget counts them
+        (fleet-wide as enforce's would be, never for the instance's own cooldown: `remediation.dry_run`)."""
         rows = self.store.query(
             "SELECT instance, fleet, started_at, finished_at FROM remediation_actions "
-            "WHERE action = 'restart' AND outcome = 'dry-run' AND started_at >= ?",
+            f"WHERE action = 'restart' AND outcome IN {_WOULD} AND started_at >= ?",
             (since,),
         )
         return [
-            RestartRecord(instance, fleet or "default", holder, started, finished, "dry-run")
+            RestartRecord(instance, fleet or "default", holder, started, finished, WOULD_RESTART)
             for instance, fleet, started, finished in rows
         ]
 
+    def would_restart(self, instance: str, start_time: float | None) -> WouldRestart | None:
+        """The would-be restart dry-run recorded for the process of `instance` started at `start_time`."""
+        if start_time is None:
+            return None
+        rows = self.store.query(
+            "SELECT id, started_at, old_start_time, reason FROM remediation_actions WHERE instance = ? "
+            f"AND action = 'restart' AND outcome IN {_WOULD} AND abs(old_start_time - ?) <= ? "
+            "ORDER BY id DESC LIMIT 1",
+            (instance, start_time, START_TOLERANCE),
+        )
+        return WouldRestart(*rows[0]) if rows else None
+
     def interrupt_unfinished(self, now: float) -> list[dict[str, Any]]:
-        """Actions left running by an agent that stopped mid-restart: closed as `interrupted`."""
-        rows = self.store.query("SELECT id FROM remediation_actions WHERE outcome IN ('running', 'planned')")
-        for (action_id,) in rows:
+        """Actions left open by an agent that stopped: a restart it was running, or a person's request
+        it had not carried out yet (requests are kept in memory only), closed as `interrupted`."""
+        rows = self.store.query(
+            "SELECT id, outcome FROM remediation_actions WHERE outcome IN ('running', 'planned', 'requested', 'held')"
+        )
+        for action_id, outcome in rows:
+            asked = outcome in ("requested", "held")
             self.update_action(
                 action_id,
                 outcome="interrupted",
                 finished_at=now,
-                detail="the agent stopped during this restart; its coordinator slot expires with its lease",
+                detail="the agent stopped before this request was carried out; ask again (`medic restart`)"
+                if asked
+                else "the agent stopped during this restart; its coordinator slot expires with its lease",
             )
         return [a for a in (self.action(r[0]) for r in rows) if a]
 
@@ -262,7 +295,7 @@ class Ledger:
         A new case of the same kind (leak and oom-risk count as one) as a restart that ended less
         than `inherit_window` ago inherits that restart, its deadline and its finding: the finding
         came back on the new process, and the ladder decides whether that means the restart did
-        not help (`policy.decide`).
+        not help (`policy.decide`). A person's request inherits none: it is a new ask.
         """
         existing = self.case(request.instance, request.finding_id)
         kinds = related_kinds(request.kind)

@@ -38,6 +38,8 @@ KIND_PRIORITY: dict[str, int] = {
     "fragmentation": 5,
 }
 DEFAULT_FLEET = "default"
+# a restart dry-run mode reached and recorded without doing it (`remediation.dry_run`)
+WOULD_RESTART = "would-restart"
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +250,8 @@ class PlanEntry:
     hopeless: bool  # even its earliest slot ends after the projected OOM: not acted on
     reason: str
     after: str | None = None  # the instance planned just before in the same fleet
+    held_by: str | None = None  # the budget limit or window that moved the slot later (its code)
+    dry_run: bool = False  # a would-be restart dry-run recorded at `slot_at`: nothing was restarted
 
     @property
     def actionable(self) -> bool:

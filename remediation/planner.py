@@ -136,20 +136,22 @@ def _plan_fleet(
         target = tentative[entry.instance] if entry is not None else math.inf
         while asap:
             candidate = asap[0]
-            slot, why, _ = _earliest(state, fleet, candidate.instance, max(asap_cursor, now), limits, windows)
+            slot, why, _, code = _earliest(
+                state, fleet, candidate.instance, max(asap_cursor, now), limits, windows
+            )
             if entry is not None and slot + gap > target:
                 break
             asap.popleft()
-            out.append(_entry(candidate, slot, None, previous, why, settings, explain))
+            out.append(_entry(candidate, slot, None, previous, (why, code), settings, explain))
             previous, asap_cursor = candidate.instance, slot
             _occupy(state, candidate, slot, settings)
         if entry is None:
             break
         wanted = max(target, now, blocked_until)
-        slot, why, fleet_wide = _earliest(state, fleet, entry.instance, wanted, limits, windows)
+        slot, why, fleet_wide, code = _earliest(state, fleet, entry.instance, wanted, limits, windows)
         if fleet_wide and slot > blocked_until:
             blocked_until = slot
-        pushed = why if slot > max(target, now) else None
+        pushed = (why, code) if slot > max(target, now) else (None, None)
         hopeless = slot + settings.restart_duration > entry.deadline  # type: ignore[operator]
         planned = _entry(entry, slot, latest[entry.instance], previous, pushed, settings, explain, hopeless)
         out.append(planned)
@@ -163,28 +165,29 @@ def _plan_fleet(
 
 def _earliest(
     state: BudgetState, fleet: str, instance: str, t: float, limits: BudgetLimits, windows: Windows
-) -> tuple[float, str | None, bool]:
-    """The first time at or after `t` that both the budget and the windows allow; why it moved; and
-    whether only fleet-wide limits moved it (then every time before it is taken for everyone)."""
-    why = None
+) -> tuple[float, str | None, bool, str | None]:
+    """The first time at or after `t` that both the budget and the windows allow; why it moved;
+    whether only fleet-wide limits moved it (then every time before it is taken for everyone); and
+    the code of the last limit that moved it (`cooldown`, `min-interval`, ..., `window`)."""
+    why = code = None
     fleet_wide = True
     for _ in range(100_000):
         decision = admit(state, fleet, instance, t, limits)
         if decision.ok:
             opened = windows.next_open(t)
             if opened == t:
-                return t, why, fleet_wide
-            why = f"outside the restart windows ({windows.describe()})"
+                return t, why, fleet_wide, code
+            why, code = f"outside the restart windows ({windows.describe()})", "window"
             t = opened
             if not math.isfinite(t):
-                return t, why, fleet_wide
+                return t, why, fleet_wide, code
             continue
-        why = decision.reason
+        why, code = decision.reason, decision.code
         if decision.retry_at is None:
-            return math.inf, why, False
+            return math.inf, why, False, code
         fleet_wide = fleet_wide and decision.code in FLEET_WIDE
         t = max(decision.retry_at, t + 1e-6)
-    return math.inf, why, False
+    return math.inf, why, False, code
 
 
 def _occupy(state: BudgetState, entry: FleetEntry, slot: float, settings: PlanSettings) -> None:
@@ -205,11 +208,12 @@ def _entry(
     slot: float,
     latest: float | None,
     previous: str | None,
-    why: str | None,
+    pushed: tuple[str | None, str | None],
     settings: PlanSettings,
     explain: bool = True,
     hopeless: bool = False,
 ) -> PlanEntry:
+    why, held_by = pushed
     due = None if latest is None or entry.deadline is None else on_time_until(entry.deadline, settings)
     late = due is not None and slot > due
     if not explain:
@@ -247,6 +251,7 @@ def _entry(
         reason=reason,
         after=previous,
         hopeless=hopeless,
+        held_by=held_by,
     )
 
 

@@ -65,7 +65,10 @@ class CaseHistory:
 
 
 def related_kinds(kind: str) -> tuple[str, ...]:
-    """The kinds whose restart a new finding of `kind` inherits (a leak restart also answers an OOM risk)."""
+    """The kinds whose restart a new finding of `kind` inherits (a leak restart also answers an OOM
+    risk); none for a person's request: a new ask, never "the last restart did not help"."""
+    if kind == "manual":
+        return ()
     return OOM_KINDS if kind in OOM_KINDS else (kind,)
 
 
@@ -111,12 +114,15 @@ def crash_loop_run(
 
 
 def primary_request(requests: Sequence[RemediationRequest]) -> RemediationRequest:
-    """The request that leads an instance's case: forced first, then earliest deadline, then kind."""
+    """The request that leads an instance's case: forced first, then a crash loop, then a person's
+    (they asked for now: held behind a finding's later slot, their request would wait unseen),
+    then the earliest deadline, then kind."""
     return min(
         requests,
         key=lambda r: (
             not r.force,
             r.kind != "crash-loop",
+            r.kind != "manual",
             r.deadline if r.deadline is not None else float("inf"),
             KIND_PRIORITY.get(r.kind, 99),
             r.finding_id,

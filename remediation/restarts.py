@@ -5,7 +5,8 @@
 The engine applies the pause and the exclusion list before calling `decide`; everything after the
 lock (evidence → drain → act → verify → release) runs in an `Execution`. A forced manual request
 skips the window, the plan, the blockers and the budget, but still takes a coordinator slot so that
-the other agents see it.
+the other agents see it. A person's request already has its action in the ledger (opened when it
+was asked): the restart, or dry-run's would-be restart, is recorded in that same action.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from remediation.execution import Execution, RestartJob
 from remediation.hooks import EngineHooks
 from remediation.ledger import Ledger
 from remediation.model import (
+    WOULD_RESTART,
     Decision,
     FleetEntry,
     InstanceView,
@@ -108,7 +110,9 @@ class Restarts:
         history: list[RestartRecord],
         now: float,
         coordinator_error: str | None,
+        action_id: int | None = None,
     ) -> Decision:
+        """The restart's verdict at `now`; `action_id`: the action a person's request opened."""
         ctx = BlockerContext(view=view, now=now, fleet=fleet, in_flight=[r for r in history if r.in_flight])
         entry = plan.entry(view.name)
         if not request.force:
@@ -122,7 +126,7 @@ class Restarts:
             if entry.hopeless:
                 return Decision.block("plan", "cannot-save", entry.reason, slot_at=entry.slot_at)
             if entry.slot_at > now:
-                return Decision.block("plan", "scheduled", entry.reason, entry.slot_at, slot_at=entry.slot_at)
+                return _waiting(entry)
             for blocker in self.blockers:
                 decision = blocker.check(ctx)
                 if not decision.ok:
@@ -134,7 +138,9 @@ class Restarts:
         check = self._admit_for(view, request)
         if self.config.mode == "dry-run":
             decision = check(history, now)
-            return decision if not decision.ok else self._dry_run(view, request, intent, entry, now)
+            return (
+                decision if not decision.ok else self._dry_run(view, request, intent, entry, now, action_id)
+            )
         try:
             actuator = self._actuator(view)
         except ActuatorError as exc:
@@ -146,7 +152,7 @@ class Restarts:
             return Decision.block("lock", UNAVAILABLE, f"{exc}; no restart without the coordinator")
         if result.grant is None:
             return result.decision
-        return self._start(view, request, intent, entry, actuator, result.grant, now)
+        return self._start(view, request, intent, entry, actuator, result.grant, now, action_id)
 
     def _admit_for(self, view: InstanceView, request: RemediationRequest) -> Admit:
         if request.force:
@@ -165,31 +171,52 @@ class Restarts:
         intent: Intent,
         entry: PlanEntry | None,
         now: float,
+        action_id: int | None,
     ) -> Decision:
-        """Record the restart dry-run mode would do now; its budget counts it (`Ledger.dry_run_restarts`)."""
-        self.ledger.open_action(
-            instance=view.name,
-            action="restart",
-            mode="dry-run",
-            reason=intent.reason,
-            outcome="dry-run",
-            now=now,
-            request=request,
-            started_at=now,
-            finished_at=now + self.settings.restart_duration,
-            slot_at=entry.slot_at if entry else now,
-            fleet=view.fleet,
-            old_pid=view.pid,
-            old_start_time=view.start_time,
-            detail="dry-run: nothing was restarted",
-        )
+        """Record, once for this process, the restart dry-run mode would do now (`remediation.dry_run`)."""
+        fields: dict[str, Any] = {
+            "mode": "dry-run",
+            "reason": intent.reason,
+            "outcome": WOULD_RESTART,
+            "started_at": now,
+            "finished_at": now + self.settings.restart_duration,
+            "slot_at": entry.slot_at if entry else now,
+            "fleet": view.fleet,
+            "old_pid": view.pid,
+            "old_start_time": view.start_time,
+            "detail": "dry-run: nothing was restarted; the process runs on",
+        }
+        action_id = self._record(view, request, action_id, now, fields)
         self.events.emit(
             "remediation_dry_run",
             f"dry-run: would restart now: {intent.reason}",
             instance=view.name,
             finding_id=request.finding_id,
+            action_id=action_id,
         )
-        return Decision.allow("act", f"dry-run: would restart now ({intent.reason})", code="dry-run")
+        return Decision.allow(
+            "act",
+            f"dry-run: would restart now (action {action_id}; nothing is restarted): {intent.reason}",
+            code="dry-run",
+            action_id=action_id,
+            would_restart_at=now,
+        )
+
+    def _record(
+        self,
+        view: InstanceView,
+        request: RemediationRequest,
+        action_id: int | None,
+        now: float,
+        fields: dict[str, Any],
+    ) -> int:
+        """Write a restart into the action a person's request opened, else into a new one."""
+        if action_id is None:
+            return self.ledger.open_action(
+                instance=view.name, action="restart", now=now, request=request, **fields
+            )
+        self.ledger.update_action(action_id, **fields)
+        return action_id
 
     def _actuator(self, view: InstanceView) -> Actuator:
         spec = self.config.for_instance(view.name).actuator or self.config.actuator
@@ -217,25 +244,24 @@ class Restarts:
         actuator: Actuator,
         grant: Grant,
         now: float,
+        action_id: int | None,
     ) -> Decision:
         drain = self.config.for_instance(view.name).drain or self.config.drain
-        action_id = self.ledger.open_action(
-            instance=view.name,
-            action="restart",
-            mode=self.config.mode,
-            reason=intent.reason,
-            outcome="running",
-            now=now,
-            request=request,
-            started_at=grant.started_at,
-            slot_at=entry.slot_at if entry else now,
-            fleet=view.fleet,
-            actuator=actuator.kind,
-            old_pid=view.pid,
-            old_start_time=view.start_time,
-            holder=self.agent_id,
-            token=grant.token,
-        )
+        fields: dict[str, Any] = {
+            "mode": self.config.mode,
+            "reason": intent.reason,
+            "outcome": "running",
+            "started_at": grant.started_at,
+            "slot_at": entry.slot_at if entry else now,
+            "fleet": view.fleet,
+            "actuator": actuator.kind,
+            "old_pid": view.pid,
+            "old_start_time": view.start_time,
+            "holder": self.agent_id,
+            "token": grant.token,
+            "detail": "",
+        }
+        action_id = self._record(view, request, action_id, now, fields)
         job = RestartJob(
             action_id=action_id,
             view=view,
@@ -294,3 +320,12 @@ class Restarts:
         deadline = None if timeout is None else time.monotonic() + timeout
         for execution in list(self.executions.values()):
             execution.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+
+def _waiting(entry: PlanEntry) -> Decision:
+    """A slot still ahead: `scheduled`, or held by the budget limit or the window that moved it
+    (`cooldown`, `min-interval`, ...), so that a person's request says what holds it."""
+    if entry.held_by is None:
+        return Decision.block("plan", "scheduled", entry.reason, entry.slot_at, slot_at=entry.slot_at)
+    stage = "window" if entry.held_by == "window" else "budget"
+    return Decision.block(stage, entry.held_by, entry.reason, entry.slot_at, slot_at=entry.slot_at)

@@ -15,16 +15,14 @@ pytestmark = pytest.mark.slow
 LIMIT = 320 * 2**20
 
 
-def config() -> dict:
+def config(leaky_pid: int) -> dict:
     return {
         "agent": {"interval": "0.2s", "slow_interval": "2s", "flush_interval": "0.3s"},
         "detect": DETECT,
         "instances": [
             {
-                "name": "leaky",
-                "match": {
-                    "command": workload_argv("leak", "--rate", "2Mi", "--every", "0.05s", "--cap", "200Mi")
-                },
+                "name": "leaky",  # started by the test: its process outlives the agent's restart
+                "match": {"pid": leaky_pid},
                 "memory_limit": LIMIT,
             },
             {
@@ -36,8 +34,9 @@ def config() -> dict:
     }
 
 
-def test_one_leak_finding_with_time_to_oom(agent):
-    agent.start(config())
+def test_one_leak_finding_with_time_to_oom(agent, workload):
+    leaky = workload("leak", "--rate", "2Mi", "--every", "0.05s", "--cap", "200Mi")
+    agent.start(config(leaky.pid))
     wait_until(lambda: agent.get("/api/v1/findings", kind="leak")["findings"], 90)
     findings = agent.get("/api/v1/findings")["findings"]
     leaks = [f for f in findings if f["kind"] == "leak"]
@@ -74,9 +73,9 @@ def test_one_leak_finding_with_time_to_oom(agent):
     assert not any(line.startswith("stable") for line in leaks_cli.stdout.splitlines())
 
     assert agent.stop() == 0
-    agent.start(config())
+    agent.start(config(leaky.pid))
     still = agent.get("/api/v1/findings", kind="leak")["findings"]
-    assert [f["id"] for f in still] == [leak["id"]]  # restored, not re-opened
+    assert [f["id"] for f in still] == [leak["id"]]  # restored (the same process), not re-opened
 
 
 def test_a_leak_that_stops_is_resolved_although_its_flat_memory_is_no_longer_stored_each_tick(agent):

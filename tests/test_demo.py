@@ -173,6 +173,10 @@ def test_narration_tells_leak_rate_plan_and_memory_back():
     assert (
         describe_finding(finding) == "serving-2 leaks 120.0 MiB/min, projected OOM in 2m30s (limit 384.0 MiB)"
     )
+    past = {**finding, "evidence": {**finding["evidence"], "time_to_oom_seconds": None, "above_limit": True}}
+    assert describe_finding(past) == "serving-2 leaks 120.0 MiB/min, already past its limit 384.0 MiB"
+    would = {"instance": "serving-2", "slot_at": 200.0, "kind": "leak", "dry_run": True}
+    assert describe_plan_entry(would).startswith("dry-run: would have restarted serving-2 at ")
     answers = {
         "/api/v1/events": [
             {"id": 1, "ts": 100.0, "kind": "probe_error", "instance": "serving-2", "message": "noise"},

@@ -55,9 +55,15 @@ def test_histogram_counts_a_known_class(server: medic_hook.HookServer) -> None:
 
 
 def test_histogram_referents_add_untracked_objects(server: medic_hook.HookServer) -> None:
-    # bytes are not tracked by gc; in a set (unlike the longest lists and dicts) nor are they counted
-    kept = {b"x" * 100 + str(i).encode() for i in range(20000)}
-    with HookClient(server.path) as client:
+    class Slotted:
+        __slots__ = ("payload",)
+
+        def __init__(self, payload: bytes) -> None:
+            self.payload = payload
+
+    # bytes are not tracked by gc; held in the slots of tracked objects, nor are they counted
+    kept = [Slotted(b"x" * 100 + str(i).encode()) for i in range(20000)]
+    with HookClient(server.path, 30.0) as client:  # a 10 s budget of CPU may take longer on a busy host
         plain = {r["type"]: r["count"] for r in client.request("histogram", top=200)["types"]}
         # the walk covers the whole test process: its time budget at the most, for a loaded machine
         deep = client.request("histogram", top=200, referents=True, budget_s=10)["types"]
@@ -65,12 +71,19 @@ def test_histogram_referents_add_untracked_objects(server: medic_hook.HookServer
     assert plain.get("bytes", 0) < 1000 <= len(kept) <= deep["bytes"]
 
 
-def test_histogram_refuses_a_heap_larger_than_its_budget(server: medic_hook.HookServer) -> None:
-    with HookClient(server.path) as client:
-        with pytest.raises(HookOpUnavailable, match="heap too large to walk"):
-            client.request("histogram", max_objects=10)
-        kept = [{} for _ in range(300_000)]
-        with pytest.raises(HookOpUnavailable, match="exceeded its budget"):
+def test_a_heap_past_max_objects_is_sampled_and_a_budget_too_small_for_one_pass_refused(
+    server: medic_hook.HookServer,
+) -> None:
+    class Kept:
+        pass
+
+    kept = [Kept() for _ in range(300_000)]
+    with HookClient(server.path, 30.0) as client:
+        sampled = client.request("histogram", max_objects=20_000, top=50)
+        assert sampled["walked"] <= 20_000 and sampled["sample_fraction"] < 0.1
+        count = next(r["count"] for r in sampled["types"] if r["type"].endswith("Kept"))
+        assert 0.9 * len(kept) < count < 1.1 * len(kept)  # every 17th object, scaled back up
+        with pytest.raises(HookOpUnavailable, match=r"histograms\.python\.budget"):
             client.request("histogram", budget_s=0.001)
         assert client.request("ping")["pong"] is True
     del kept
@@ -78,7 +91,15 @@ def test_histogram_refuses_a_heap_larger_than_its_budget(server: medic_hook.Hook
 
 @pytest.mark.parametrize(
     "params",
-    [{"top": 0}, {"top": "5"}, {"top": True}, {"budget_s": 11}, {"max_objects": -1}],
+    [
+        {"top": 0},
+        {"top": "5"},
+        {"top": True},
+        {"budget_s": 11},
+        {"max_objects": -1},
+        {"wall_s": 0},
+        {"wall_s": 61},
+    ],
 )
 def test_histogram_parameters_are_validated(server: medic_hook.HookServer, params: dict) -> None:
     with HookClient(server.path) as client, pytest.raises(HookRequestError, match="must be"):

@@ -18,7 +18,8 @@ from agent.core.errors import ProbeError
 from agent.core.records import ProbeTarget
 from native_hooks.client import HookClient
 from native_hooks.errors import HookOpUnavailable, HookRequestError
-from probes.pyhist import sites_snapshot_from_reply
+from probes import pyhist
+from probes.pyhist import PythonHistogramProbe, sites_snapshot_from_reply
 from probes.settings import PythonHistograms, settings_for
 from support.histo import clean_env
 from support.procs import PYTHON, REPO, wait_ready, wait_until
@@ -127,6 +128,44 @@ def test_the_session_stops_itself_when_a_budget_runs_out(host):
     wait_until(lambda: not host.counts()["tracing"], 10)
     with pytest.raises(HookOpUnavailable, match="memory budget"):
         host.hook.request("sites")
+
+
+def test_the_probe_says_when_a_session_starts_and_which_setting_ended_it(host, sock_dir):
+    host = host("leak", size=64)
+    settings = {"python": {"interval": 3600, "sites": {"interval": 0.5, "max_memory": "1Mi", "frames": 3}}}
+    target = ProbeTarget(
+        "svc", host.pid, 1.0, {}, {"hook": {"socket": f"{sock_dir}/h.%p.sock"}, "histograms": settings}
+    )
+    probe = PythonHistogramProbe()
+    probe.want_sites("svc")
+    first = probe.collect(target, 1000.0)
+    assert [e.kind for e in first.events] == ["sites_started"], first.events
+    assert "3 frames" in first.events[0].message and "1.0 MiB" in first.events[0].message
+    assert [s.source for s in first.snapshots] == ["tracemalloc", "python", "containers"]
+    host.command("fill 30000")  # 60,000 traced allocations: about 3 MiB of tracemalloc's tables
+    wait_until(lambda: not host.counts()["tracing"], 10)
+    ended = probe.collect(target, 1001.0)
+    assert [e.kind for e in ended.events] == ["sites_stopped"], ended.events
+    event = ended.events[0]
+    assert event.severity == "warning" and event.data["snapshots"] == 1, event
+    assert (
+        event.data["setting"] == "histograms.python.sites.max_memory"
+        and "memory budget" in event.data["reason"]
+    )
+    assert "raise histograms.python.sites.max_memory (now 1.0 MiB)" in event.message
+    assert not probe.collect(target, 1002.0).events  # said once
+
+
+def test_an_older_hook_s_refusal_names_the_setting_medic_has():
+    old = "heap too large to walk: about 2400000 objects > max_objects 2000000; raise max_objects"
+    said = pyhist._with_setting(old, 1.0)
+    assert (
+        said.startswith(old) and "histograms.python.budget, now 1.0s" in said and "update medic_hook" in said
+    )
+    new = (
+        "histogram walk exceeded its budget ...; raise budget_s (histograms.python.budget in medic's config)"
+    )
+    assert pyhist._with_setting(new, 1.0) == new
 
 
 @pytest.mark.parametrize(

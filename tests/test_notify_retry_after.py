@@ -84,7 +84,9 @@ def test_a_garbled_retry_after_falls_back_to_the_normal_backoff(tmp_path, hook_s
     events.emit("instance_down", "pid of a is gone", instance="a", severity="warning")
     deliver_until(notifier, lambda: server.received)
     first, second = server.attempts
-    assert 0.05 <= second - first < 1.0, second - first
+    assert 0.05 <= second - first < 5.0, (
+        second - first
+    )  # the backoff, not a guessed wait (a loaded host adds to it)
 
 
 def test_the_hold_is_the_sinks_a_dead_letter_does_not_let_the_next_item_in_early(tmp_path, hook_server):

@@ -49,12 +49,18 @@ def test_the_leaking_type_is_named_first(agent, spawn, tmp_path):
 
     def named() -> list[dict]:
         snapshots = agent.get("/api/v1/instances/py0/histograms", kind="type")["snapshots"]
-        return (
-            agent.get("/api/v1/instances/py0/suspects", since="5m")["suspects"] if len(snapshots) >= 5 else []
-        )
+        if len(snapshots) < 5:
+            return []
+        suspects = agent.get("/api/v1/instances/py0/suspects", since="5m")["suspects"]
+        # the list that holds the records grows too: once both stand out (the list among the ~20
+        # containers compared needs a few more snapshots) it is shown as what holds them
+        record = next((s for s in suspects if s["name"] == "__main__.LeakyRecord"), None)
+        return suspects if record and record["held_by"] else []
 
     suspects = wait_until(named, timeout=60, interval=0.5)
     assert suspects[0]["name"] == "__main__.LeakyRecord" and suspects[0]["kind"] == "type"
+    assert suspects[0]["held_by"][0]["name"] == "__main__.RETAINED", suspects[0]
+    assert "__main__.RETAINED" not in [s["name"] for s in suspects]
     assert not any(s["name"].startswith("__main__.Churn") for s in suspects)
     latest = agent.get("/api/v1/instances/py0/histograms", kind="type", top=5)["latest"]["type"]
     assert latest["source"] == "python" and latest["pid"] == pid and len(latest["rows"]) == 5

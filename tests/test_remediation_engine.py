@@ -258,17 +258,23 @@ def test_dry_run_records_what_it_would_do_and_touches_nothing(made):
     (action,) = engine.ledger.actions()
     assert (
         action["mode"] == "dry-run"
-        and action["outcome"] == "dry-run"
+        and action["outcome"] == "would-restart"
         and "nothing was restarted" in action["detail"]
+        and action["old_pid"] == old_pid
     )
     assert report.decisions["leaky"].code == "dry-run"
     assert fleet.locate("leaky").pid == old_pid and fleet.restarts == []
     assert "remediation_dry_run" in kinds(store)
     assert engine.coordinator.restarts(since=0) == []  # dry-run never takes a real slot
-    # the next steps see its own would-be restart in the budget: no second one within the cooldown
+    # the process still runs and leaks: the next steps judge it as it is, against the deadline its
+    # finding projects now, and show the would-be restart; no second one, no "cannot be saved"
     later = run(engine, fleet, 1.0)
     assert len(engine.ledger.actions()) == 1
-    assert later.decisions["leaky"].stage in ("budget", "plan"), later.decisions["leaky"]
+    decision = later.decisions["leaky"]
+    assert decision.code == "dry-run" and "nothing was restarted" in decision.reason, decision
+    (entry,) = later.plan.entries
+    assert entry.dry_run and not entry.hopeless and entry.slot_at == action["started_at"]
+    assert entry.deadline == later.intents["leaky"].deadline
 
 
 def test_paused_means_untouched_until_resumed(made):

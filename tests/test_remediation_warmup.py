@@ -64,7 +64,8 @@ def test_a_slow_starting_server_holds_its_slot_until_warm(agent, tmp_path):
 
     def finished() -> dict | None:
         actions = agent.get("/api/v1/actions", instance="server")["actions"]
-        return next((a for a in actions if a["action"] == "restart" and a["outcome"] != "running"), None)
+        waiting = ("requested", "held", "running")  # the request's action, until its restart ends
+        return next((a for a in actions if a["action"] == "restart" and a["outcome"] not in waiting), None)
 
     action = wait_until(finished, 60, interval=0.2)
     assert action["outcome"] == "succeeded", action["stages"]

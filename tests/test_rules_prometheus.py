@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import socket
 import time
-from datetime import datetime
 
 import httpx
 import pytest
 import yaml
 
-from support.notify import fast_rules, start_prometheus
+from support.notify import fast_rules, firing, rules_evaluated_after, start_prometheus
 from support.procs import REPO, wait_until
 
 pytestmark = pytest.mark.slow
@@ -44,21 +43,6 @@ def closed_port() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return f"127.0.0.1:{sock.getsockname()[1]}"
-
-
-def firing(prom, name: str) -> list[dict]:
-    return [a for a in prom.alerts() if a["labels"]["alertname"] == name and a["state"] == "firing"]
-
-
-def rules_evaluated_after(prom, when: float) -> bool:
-    """Whether every rule group was last evaluated after `when` (unix seconds)."""
-    groups = httpx.get(f"{prom.url}/api/v1/rules", timeout=5).json()["data"]["groups"]
-    return bool(groups) and all(_unix(g["lastEvaluation"]) > when for g in groups)
-
-
-def _unix(stamp: str) -> float:
-    """An RFC 3339 time of Prometheus's API (`2026-12-02T04:05:06.123456789Z`), its fraction dropped."""
-    return datetime.fromisoformat(stamp.split(".")[0].removesuffix("Z") + "+00:00").timestamp()
 
 
 def test_medic_agent_down_fires_under_every_scrape_setup(agent, workload, spawn, tmp_path):

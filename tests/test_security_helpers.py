@@ -28,7 +28,8 @@ from native_hooks.heapprofile import MAPS_MARKER, HeapProfileRefused, Mapping, r
 from native_hooks.sockets import candidate_paths, find_socket
 from native_hooks.symbolize import Symbolizer
 from probes.heapprof import HeapProfileProbe, newest_dump
-from probes.jvm import JvmProbe, find_jcmd
+from probes.jcmd import find_jcmd
+from probes.jvm import JvmProbe
 from support.histo import build_java, clean_env, read_ready
 from support.procs import wait_until
 

@@ -1,7 +1,7 @@
 """The histogram part of the JSON API: snapshots, diffs, heap diffs, suspects and memory attribution.
 
     GET /api/v1/instances/{name}/histograms           snapshots in a window, and the latest one's top rows
-    GET /api/v1/instances/{name}/histograms/diff      ?from=1h&to=… (or from_id/to_id), kind=class|type|nmt
+    GET /api/v1/instances/{name}/histograms/diff      ?from=1h&to=… (or from_id/to_id), kind=class|type|container|nmt
     GET /api/v1/instances/{name}/heap/diff            the same over native allocation sites
     GET /api/v1/instances/{name}/suspects             ?since=6h: what grows, ranked
     GET /api/v1/instances/{name}/attribution          ?since=6h: RSS split into layers, where it grows
@@ -24,13 +24,22 @@ from agent.core.errors import ProbeError
 from agent.core.histograms import Snapshot
 from agent.detect.attribution import attribution_for
 from agent.detect.histodiff import diff
+from agent.detect.retainers import with_held_by
 from agent.detect.suspects import SUSPECT_KINDS, suspects_for
 from agent.state.histograms import HistogramStore
 
-KIND_PATTERN = "^(class|type|site|nmt)$"
+KIND_PATTERN = "^(class|type|container|site|nmt|retainer)$"
+SUSPECT_PATTERN = "^(class|type|container|site|nmt)$"  # retainers name holders, not what grows
 DEFAULT_WINDOW = 6 * 3600.0
 MAX_ID = 2**63 - 1  # SQLite's INTEGER: a larger id would fail in the query, not answer 404
-PROBE_OF_KIND = {"class": "jvm", "nmt": "jvm", "type": "pyhist", "site": "heapprof"}
+PROBE_OF_KIND = {
+    "class": "jvm",
+    "nmt": "jvm",
+    "retainer": "jvm",
+    "type": "pyhist",
+    "container": "pyhist",
+    "site": "heapprof",
+}
 
 
 class NotYet(Exception):
@@ -172,14 +181,16 @@ def histogram_routes(ctx: Any) -> APIRouter:
     def suspects(
         name: str,
         since: str | None = Query(None, description="unix time or a duration ago (default 6h)"),
-        kind: str | None = Query(None, pattern=KIND_PATTERN),
+        kind: str | None = Query(None, pattern=SUSPECT_PATTERN),
         limit: int = Query(10, ge=1, le=200),
     ) -> dict[str, Any]:
         now = time.time()
         known(name)
         start = parse_time(since, now, DEFAULT_WINDOW)
         kinds = (kind,) if kind else SUSPECT_KINDS
-        found = suspects_for(ctx.store, name, start, now, kinds=kinds, limit=limit)
+        found = with_held_by(
+            ctx.store, name, start, now, suspects_for(ctx.store, name, start, now, kinds=kinds, limit=limit)
+        )
         return {"now": now, "instance": name, "since": start, "suspects": [s.to_dict() for s in found]}
 
     @router.get("/api/v1/instances/{name}/attribution")
@@ -207,6 +218,8 @@ def _howto(kind: str) -> str:
     return {
         "class": "JVM targets get class histograms from the jvm probe every histograms.jvm.interval",
         "type": "Python targets need the in-process hook (docs/allocators.md) for type histograms",
+        "container": "Python targets need the in-process hook (docs/allocators.md) for named containers",
         "site": "configure histograms.heap_profiles with a directory (docs/histograms.md)",
         "nmt": "start the JVM with -XX:NativeMemoryTracking=summary",
+        "retainer": "the jvm probe records what holds a JVM's leak when a leak finding opens on it",
     }[kind]

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from agent import __version__
 from agent.config.model import InstanceSpec
 from agent.core.catalog import CATALOG, ExportedFamily, exported_families, exported_sample
+from agent.detect.lifecycle import earlier_process
 from agent.watch.tracker import Tracker
 
 # the page's gzip stream: gzip.compress's level, with a 4 KiB window and a small hash table (72 KiB of
@@ -191,10 +192,25 @@ def _catalog_family(
 
 
 class FindingCollector(Collector):
-    """Open findings, and the slope and time-to-OOM of memory findings, for alert rules."""
+    """Open findings, and the slope and time-to-OOM of memory findings, for alert rules.
 
-    def __init__(self, detection) -> None:
+    A time to OOM is exported only while its instance runs the process it was measured on, and only
+    when it is known: after a restart (or while the instance is down) it is unknown until the new
+    process is measured, and the series is absent, so `medic_time_to_oom_seconds < X` cannot fire
+    on it; past a limit set only in medic's config it is unknown too (`agent.detect.oom`)."""
+
+    def __init__(self, detection, tracker: Tracker) -> None:
         self.detection = detection
+        self.tracker = tracker
+
+    def _running(self) -> dict[str, float]:
+        """The start time of the process each instance that is up runs now."""
+        with self.tracker.lock:
+            return {
+                s.name: s.start_time
+                for s in self.tracker.states.values()
+                if s.status == "up" and s.start_time is not None
+            }
 
     def collect(self) -> Iterator[Metric]:
         findings = GaugeMetricFamily(
@@ -214,6 +230,7 @@ class FindingCollector(Collector):
         )
         counts: dict[tuple[str, str, str], int] = {}
         soonest: dict[str, float] = {}
+        running = self._running()
         for finding in self.detection.open_findings():
             key = (finding.instance, finding.kind, finding.severity)
             counts[key] = counts.get(key, 0) + 1
@@ -221,7 +238,15 @@ class FindingCollector(Collector):
             if finding.kind == "leak" and isinstance(evidence.get("slope_bytes_per_second"), (int, float)):
                 slope.add_metric([finding.instance], evidence["slope_bytes_per_second"])
             value = evidence.get("time_to_oom_seconds")
-            if finding.kind in ("leak", "oom-risk") and isinstance(value, (int, float)) and value == value:
+            measured = finding.instance in running and not earlier_process(
+                finding.instance, finding.lifetime_start, running
+            )
+            if (
+                finding.kind in ("leak", "oom-risk")
+                and measured
+                and isinstance(value, (int, float))
+                and value == value
+            ):
                 soonest[finding.instance] = min(value, soonest.get(finding.instance, float("inf")))
         for key, count in sorted(counts.items()):
             findings.add_metric(list(key), count)
@@ -236,6 +261,7 @@ class Telemetry:
 
     def __init__(self, tracker: Tracker, *, agent: str | None = None, fleet_label: str = "fleet") -> None:
         self.registry = CollectorRegistry(auto_describe=False)
+        self.tracker = tracker
         self.registry.register(InstanceCollector(tracker, fleet_label))
         ProcessCollector(registry=self.registry)
         self.probe_duration = Histogram(
@@ -258,7 +284,7 @@ class Telemetry:
 
     def watch_findings(self, detection) -> None:
         """Export the open findings of `detection` (an `agent.jobs.detection.Detection`)."""
-        self.registry.register(FindingCollector(detection))
+        self.registry.register(FindingCollector(detection, self.tracker))
 
     def count_skipped_run(self, job: str) -> None:
         self.job_skipped_runs.labels(job).inc()

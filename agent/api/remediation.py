@@ -6,7 +6,9 @@ client sends: that one (`note`, or `by` as older CLIs send it) follows as `(note
 and resume take a `scope`: `agent` (this agent, the default) or `fleet` (every agent of the
 namespace, through the coordinator: 409 when this agent shares none, 503 when it cannot be
 written). A manual restart goes through the same budget and coordinator as any other unless
-`force` is given with a reason, which is logged. Clearing an escalation (`POST /instances/{name}/clear`) lets remediation
+`force` is given with a reason, which is logged; it is judged by a step run at once, so the answer
+says whether it started, would start (dry-run), or is held and why (its action in the ledger keeps
+saying so until it is carried out). Clearing an escalation (`POST /instances/{name}/clear`) lets remediation
 and the supervisor's relaunches act on the instance again; the evidence of an action is read back
 item by item (`GET /actions/{id}/evidence/{item}`).
 """
@@ -27,7 +29,7 @@ from agent.api.auth import TokenGuard
 from agent.core.units import parse_duration
 from agent.jobs.remediation import Remediation
 from remediation.errors import CoordinatorError, NotShared
-from remediation.model import RemediationRequest
+from remediation.model import Decision, RemediationRequest
 
 Scope = Literal["agent", "fleet"]
 SCOPE = "agent: this agent only (the default); fleet: every agent of the namespace, through the coordinator"
@@ -101,6 +103,18 @@ def fleet_errors(what: str) -> Iterator[None]:
         raise HTTPException(400, str(exc)) from None
 
 
+def request_status(decision: Decision | None) -> str:
+    """A person's restart request after the step that judged it: `started`, `would-restart`
+    (dry-run), `held` (kept, and the decision says why), or `requested` (not judged yet)."""
+    if decision is None:
+        return "requested"
+    if decision.code == "started":
+        return "started"
+    if decision.code == "dry-run":
+        return "would-restart"
+    return "held" if not decision.ok else "requested"
+
+
 def remediation_routes(remediation: Remediation, guard: TokenGuard, instance_or_404) -> APIRouter:
     """The routes; `guard` checks the admin token and names the caller for the audit trail."""
     router = APIRouter(prefix="/api/v1")
@@ -168,10 +182,17 @@ def remediation_routes(remediation: Remediation, guard: TokenGuard, instance_or_
             force=body.force,
             requested_by=audit_by(who, body),
         )
-        decision = engine.submit(request)
-        if not decision.ok:
-            raise HTTPException(409, f"restart of {name} refused: {decision.reason}")
-        return {"instance": name, "accepted": decision.to_dict(), "mode": engine.snapshot().get("mode")}
+        accepted, decision = remediation.ask(request)
+        if not accepted.ok:
+            raise HTTPException(409, f"restart of {name} refused: {accepted.reason}")
+        return {
+            "instance": name,
+            "accepted": accepted.to_dict(),
+            "action_id": accepted.data.get("action_id"),
+            "decision": decision.to_dict() if decision is not None else None,
+            "status": request_status(decision),
+            "mode": engine.mode,
+        }
 
     @router.post("/pause")
     def pause(body: PauseRequest, who: str = Depends(guard)) -> dict[str, Any]:

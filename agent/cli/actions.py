@@ -1,5 +1,7 @@
-"""`medic actions [NAME]`: what remediation did (purges, restarts, dry-run restarts, escalations),
-newest first, with each restart's stages (evidence → drain → act → verify → warm-up) and evidence."""
+"""`medic actions [NAME]`: what remediation did (purges, restarts, dry-run's would-be restarts,
+escalations) and people's restart requests from the moment they were asked (`held` with what holds
+them), newest first, with each restart's stages (evidence → drain → act → verify → warm-up) and
+evidence."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 from agent.cli.client import agent_url, get_json
 from agent.core.text import echo, printable, render
 
-HELP = "list remediation actions (restarts, purges, escalations) with their stages and evidence"
+HELP = "list remediation actions (restarts, purges, escalations, held requests), stages and evidence"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ import json
 
 from agent.cli.client import agent_url, get_json
 from agent.cli.options import when
-from agent.core.text import echo, printable, render
+from agent.core.text import echo, held_by_text, printable, render
 from agent.core.units import format_bytes, format_duration
 
 HELP = "show an instance's object histogram (JVM classes, Python types) and what grows"
@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--diff", type=when, metavar="AGO", help="compare the latest histogram with the one AGO (e.g. 1h)"
     )
     parser.add_argument(
-        "--kind", choices=["class", "type", "nmt"], help="histogram kind (default: the newest)"
+        "--kind", choices=["class", "type", "container", "nmt"], help="histogram kind (default: the newest)"
     )
     parser.add_argument("--since", type=when, default="6h", help="window for suspects (default 6h)")
     parser.add_argument("--top", type=int, default=20, help="rows to show (default 20)")
@@ -115,13 +115,18 @@ def render_suspects(suspects: list[dict]) -> str:
             f"{s['count_per_second'] * 3600:+.0f}/h",
             "-" if s["share"] is None else f"{100 * s['share']:.0f}%",
             f"{s['confidence']:.3f}",
-            s["name"],
+            " ".join(filter(None, (s["name"], held_by_text(s.get("held_by")) or _filled_at(s)))),
         ]
         for i, s in enumerate(suspects)
     ]
     return "suspects:\n" + render(
         ["#", "KIND", "GROWTH", "OBJECTS", "SHARE", "CONF", "NAME"], rows, numeric={0, 2, 3, 4, 5}
     )
+
+
+def _filled_at(suspect: dict) -> str:
+    """Where a Python container suspect is filled (`filled at app.py:41`)."""
+    return f"filled at {suspect['added_at']}" if suspect.get("added_at") else ""
 
 
 def _signed(value: float) -> str:

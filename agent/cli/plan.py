@@ -1,5 +1,6 @@
 """`medic plan`: the restart plan (who, when, why, before which deadline), the budget, this agent's
-and the fleet's pause, the namespace's elected planner, and escalations."""
+and the fleet's pause, the namespace's elected planner, people's restart requests and what holds
+them, every other instance the last step held (and why), and escalations."""
 
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
     if coordinator and not coordinator.get("ok", True):
         line += f"   COORDINATOR DOWN: {printable(coordinator.get('error'))} (no restarts until it answers)"
     echo(line)
+    budget = body.get("budget") or {}
+    if budget.get("text"):
+        echo(f"budget: {printable(budget['text'])}")
     fleet = body.get("fleet")
     if isinstance(fleet, dict):
         for fleet_line in _fleet(fleet, now):
@@ -62,6 +66,12 @@ def run(args: argparse.Namespace) -> int:
         echo("no restarts planned")
     for problem in plan.get("problems") or []:
         echo(f"! {printable(problem)}")
+    for request in body.get("requests") or []:
+        echo(_request(request, now))
+    planned = {e.get("instance") for e in entries}
+    for name, decision in sorted(decisions.items()):
+        if name not in planned and isinstance(decision, dict) and not decision.get("ok"):
+            echo(f"held: {printable(name)}: {_held(decision, now)}")
     flights = {r.get("instance"): r for r in body.get("restarts_in_flight") or []}
     for name in body.get("in_progress") or []:
         flight = flights.get(name) or {}
@@ -105,10 +115,34 @@ def _fleet(fleet: dict, now: float) -> list[str]:
     return lines
 
 
+def _request(request: dict, now: float) -> str:
+    """A person's restart request still waiting: who asked, when, and what holds it."""
+    by = printable(request.get("requested_by") or "an operator")
+    detail = printable(request.get("detail") or "waiting for the next remediation step")
+    return (
+        f"request: {printable(request.get('instance'))}: {printable(request.get('kind'))} restart asked by "
+        f"{by} {_when(request.get('requested_at'), now)} ({printable(request.get('reason'))}; action "
+        f"{printable(request.get('action_id'))}): {detail}"
+    )
+
+
+def _held(decision: dict, now: float) -> str:
+    """A refusal in a few words: its stage and code, its reason, and when it is tried again."""
+    text = f"{printable(decision.get('stage'))}/{printable(decision.get('code'))}: {printable(decision.get('reason'))}"
+    retry = decision.get("retry_at")
+    if isinstance(retry, (int, float)):
+        text += f" (tried again {_when(retry, now)})"
+    return text
+
+
 def _row(entry: dict, decision: dict | None, now: float) -> list[str]:
-    """One planned restart; a slot that is due but held (a blocker, the pause, the lock) says so."""
+    """One planned restart; a slot held (a blocker, the pause, the lock, or the budget limit that
+    moved it: `held: cooldown`) says so, and so does dry-run's would-be restart (nothing was
+    restarted)."""
     status = "hopeless" if entry.get("hopeless") else ("late" if entry.get("late") else "on time")
     reason = entry.get("reason") or ""
+    if entry.get("dry_run"):
+        status = "would restart (dry-run)"
     if decision and not decision.get("ok") and decision.get("stage") not in ("plan", None):
         status = f"{status}, held: {decision.get('code')}"
         retry = decision.get("retry_at")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+from datetime import datetime
 
 from agent.cli.client import admin_token, agent_url, post_json
 from agent.cli.options import free_text
@@ -33,8 +34,29 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         echo(json.dumps(reply, indent=2))
     else:
-        echo(
-            f"{args.name}: restart requested ({printable(reply['accepted']['reason'])}); "
-            f"mode {printable(reply.get('mode'))}; see `medic plan`"
-        )
+        echo(answer(args.name, reply))
     return 0
+
+
+def answer(name: str, reply: dict) -> str:
+    """What became of the request, in one line: started, would restart (dry-run), or held and why."""
+    decision = reply.get("decision") or reply.get("accepted") or {}
+    action = f" (action {reply['action_id']})" if isinstance(reply.get("action_id"), int) else ""
+    mode = printable(reply.get("mode"))
+    reason = printable(decision.get("reason") or "")
+    status = reply.get("status")
+    if status == "held":
+        retry = decision.get("retry_at")
+        when = f"; tried again at {datetime.fromtimestamp(retry):%H:%M:%S}" if _is_time(retry) else ""
+        return (
+            f"{printable(name)}: restart requested{action} but HELD ({printable(decision.get('stage'))}/"
+            f"{printable(decision.get('code'))}): {reason}{when}; mode {mode}; "
+            f"`medic plan` and `medic actions {printable(name)}` keep saying why"
+        )
+    if status in ("started", "would-restart"):
+        return f"{printable(name)}: {reason}; mode {mode}"
+    return f"{printable(name)}: restart requested{action} ({reason}); mode {mode}; see `medic plan`"
+
+
+def _is_time(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 4102444800

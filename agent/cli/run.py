@@ -112,6 +112,10 @@ def build_config(args: argparse.Namespace) -> tuple[object, str | None, bool]:
 # acts only on the workloads it launched itself, so the demo runs in enforce mode.
 DEMO_LIMIT = "160Mi"
 DEMO_LEAK_RATE = "2Mi"
+# the leak stops growing here, past the limit, so that a forgotten demo cannot take the host down; in
+# dry-run it ends there, above a limit only its config sets (the kernel does not enforce it), its
+# oom-risk finding open and saying so, and the would-be restart in the plan and the actions
+DEMO_LEAK_CAP = "192Mi"
 DEMO_SLOW_DELAY = "150ms"
 DEMO_TIME_SCALE = 360
 DEMO_AGENT = {
@@ -135,9 +139,9 @@ DEMO_HISTOGRAMS = {"python": {"interval": "2s", "sites": {"interval": "2s", "fra
 DEMO_REMEDIATION = {"mode": "enforce", "interval": "1s"}  # production's budget, plan and ladder, compressed
 
 
-def demo_instances() -> list[dict]:
+def demo_instances(rate: str = DEMO_LEAK_RATE, cap: str = DEMO_LEAK_CAP) -> list[dict]:
     """demo-leaky and demo-stable (memory), demo-fast and demo-slow: four peers whose latency a canary
-    times, one of them 150 ms slow."""
+    times, one of them 150 ms slow; `rate` and `cap` of the leak (a test runs the demo faster)."""
     from agent.demo.fleet import free_ports
 
     py = sys.executable
@@ -145,7 +149,7 @@ def demo_instances() -> list[dict]:
     # the memory workloads run medic's in-process hook, so that the leak's finding names what grows
     hooked = {"histograms": DEMO_HISTOGRAMS}
     workloads = {
-        "demo-leaky": (["leak", "--rate", DEMO_LEAK_RATE, "--cap", "192Mi", "--hook"], hooked),
+        "demo-leaky": (["leak", "--rate", rate, "--cap", cap, "--hook"], hooked),
         "demo-stable": (["stable", "--size", "48Mi", "--hook"], hooked),
         "demo-fast": (["stable", "--size", "16Mi"], {}),
         "demo-slow": (["stable", "--size", "16Mi", "--delay", DEMO_SLOW_DELAY], {}),

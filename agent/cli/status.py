@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
                 format_duration(inst.get("uptime_seconds")),
                 format_bytes(inst.get("memory_bytes", inst.get("rss_bytes"))),
                 _processes(inst),
-                f"{format_bytes(limit)} {inst.get('memory_limit_source') or ''}".strip() if limit else "-",
+                _limit(inst, limit),
                 f"{100 * ratio:.1f}%" if ratio is not None else "-",
                 f"{cpu:.1f}" if cpu is not None else "-",
                 _ms(inst.get("latest", {}).get("latency_p99_seconds")),
@@ -119,6 +119,15 @@ def _one(args: argparse.Namespace) -> int:
     echo("")
     echo(render(["PID", "ROLE", "AGE", "RSS", "PSS", "COUNTS", "COMMAND"], rows, numeric={0, 3, 4, 5}))
     return 0
+
+
+def _limit(inst: dict, limit: float | None) -> str:
+    """The memory limit and where it came from; for a JVM, its heap's own ceiling too."""
+    text = f"{format_bytes(limit)} {inst.get('memory_limit_source') or ''}".strip() if limit else "-"
+    heap = next((c for c in inst.get("ceilings") or [] if c.get("layer") == "jvm_heap"), None)
+    if heap is None:
+        return text
+    return f"{text}, -Xmx {format_bytes(heap['bytes'])}" if heap.get("bytes") else f"{text}, -Xmx unknown"
 
 
 def _ms(seconds: float | None) -> str:

@@ -212,8 +212,29 @@ _SPECS = [
     MetricSpec(
         "jvm_nmt_heap_committed_bytes", "gauge", "Java heap committed, per Native Memory Tracking.", "jvm"
     ),
+    MetricSpec(
+        "jvm_heap_resident_bytes", "gauge", "Java heap pages resident in RAM (smaps of its range).", "jvm"
+    ),
+    MetricSpec("jvm_native_bytes", "gauge", "Resident memory outside the Java heap (RSS less it).", "jvm"),
+    MetricSpec(
+        "jvm_direct_bytes", "gauge", "Direct buffers and other Unsafe memory (NMT category Other).", "jvm"
+    ),
     MetricSpec("jvm_histogram_bytes", "gauge", "Bytes of the objects in the last class histogram.", "jvm"),
     MetricSpec("jvm_histogram_instances", "gauge", "Objects in the last class histogram.", "jvm"),
+    # jvm_limits probe: jcmd VM.flags, else the options the JVM started with; docs/jvm.md
+    MetricSpec("jvm_heap_max_bytes", "gauge", "The Java heap's ceiling (MaxHeapSize, -Xmx).", "jvm_limits"),
+    MetricSpec(
+        "jvm_direct_max_bytes",
+        "gauge",
+        "The ceiling of direct buffers (MaxDirectMemorySize, else the heap's).",
+        "jvm_limits",
+    ),
+    MetricSpec(
+        "jvm_metaspace_max_bytes",
+        "gauge",
+        "The ceiling of metaspace (MaxMetaspaceSize, when set).",
+        "jvm_limits",
+    ),
     # pyhist probe: the in-process hook's type histogram
     MetricSpec("python_gc_objects", "gauge", "Objects tracked by Python's garbage collector.", "pyhist"),
     MetricSpec("python_gc_objects_bytes", "gauge", "Shallow size of the gc-tracked objects.", "pyhist"),

@@ -1,4 +1,4 @@
-"""Histogram snapshots (JVM classes, Python types, native allocation sites, NMT categories) as records,
+"""Histogram snapshots (JVM classes, Python types and containers, allocation sites, NMT categories) as records,
 and their compaction to the rows worth keeping.
 
 A probe returns its snapshots in `ProbeResult.snapshots`; the collector stores them
@@ -21,7 +21,9 @@ KINDS = {
     "jemalloc": "site",
     "gperftools": "site",
     "tracemalloc": "site",  # Python allocation sites (file:line) from the hook's tracemalloc session
+    "containers": "container",  # Python containers named by where they live (`cache_service.cache`)
     "nmt": "nmt",
+    "jfr": "retainer",  # what holds a JVM's leaked objects: JFR old-object samples and their GC roots
 }
 
 
@@ -38,7 +40,7 @@ class Snapshot:
     """One histogram of one process at one time; `rows` may be only the top of it (see `rows_total`)."""
 
     instance: str
-    source: str  # jvm | python | jemalloc | gperftools | tracemalloc | nmt
+    source: str  # jvm | python | containers | jemalloc | gperftools | tracemalloc | nmt
     ts: float
     rows: list[HistogramRow]
     total_count: float

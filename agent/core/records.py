@@ -49,7 +49,10 @@ class ProbeTarget:
 @dataclass(slots=True)
 class ProbeResult:
     """Samples a probe read, the histogram snapshots it took (the collector stores both), plus the
-    figures it could not read (partial failure) and the per-process figures of a process tree."""
+    figures it could not read (partial failure), the per-process figures of a process tree, `notes`:
+    what it read that is not a number (where a figure came from), kept beside the instance's latest
+    figures, and what it saw happen in the target (events the collector records, such as a tracing
+    session that ended)."""
 
     samples: list[Sample] = field(default_factory=list)
     problems: list[Exception] = field(default_factory=list)
@@ -57,6 +60,8 @@ class ProbeResult:
     # figures of each process of the instance (its own and its workers'), metric → value; the
     # collector sums them into the instance's `tree_*` figures and keeps them for the breakdown
     processes: dict[ProcessIdentity, dict[str, float]] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -45,3 +45,19 @@ def render(headers: Sequence[str], rows: Sequence[Sequence[object]], numeric: se
         ]
         lines.append("  ".join(parts).rstrip())
     return "\n".join(lines)
+
+
+def held_by_text(held_by: object) -> str:
+    """`held by static field Cache.ENTRIES (java.util.HashMap of 10800 entries)`, or `held by
+    cache_service.CACHE (dict of 5000 int -> bytes), added at cache_service.py:16`, from a suspect's
+    `held_by` (records with `where`, `what` and, for a Python container, `added_at`; or short strings);
+    "" when nothing is known."""
+    if not isinstance(held_by, list) or not held_by:
+        return ""
+    first = held_by[0]
+    if isinstance(first, dict):
+        where, what, added = first.get("where"), first.get("what"), first.get("added_at")
+        if not where:
+            return ""
+        return f"held by {where}" + (f" ({what})" if what else "") + (f", added at {added}" if added else "")
+    return f"held by {first}"

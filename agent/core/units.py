@@ -92,6 +92,18 @@ def format_bytes(value: float | None) -> str:
     raise AssertionError("unreachable")
 
 
+def format_rate(bytes_per_second: float | None) -> str:
+    """`12.0 MiB/min` style: per second, per minute or per hour, the shortest that reads as at least 1 MiB
+    (per hour below that)."""
+    if bytes_per_second is None or not math.isfinite(bytes_per_second):
+        return "-"
+    if abs(bytes_per_second) >= 2**20:
+        return f"{format_bytes(bytes_per_second)}/s"
+    if abs(bytes_per_second) * 60 >= 2**20:
+        return f"{format_bytes(bytes_per_second * 60)}/min"
+    return f"{format_bytes(bytes_per_second * 3600)}/h"
+
+
 def format_duration(seconds: float | None) -> str:
     """`3d4h`, `5h40m`, `12m3s`, `45s`, `-` for unknown: two most significant units."""
     if seconds is None or (isinstance(seconds, float) and not math.isfinite(seconds)):

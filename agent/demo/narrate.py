@@ -84,7 +84,9 @@ def describe_finding(finding: Any) -> str | None:
         line = f"{name} leaks {format_bytes(slope * 60)}/min"
         tto = _number(evidence.get("time_to_oom_seconds"))
         limit = _number(evidence.get("limit_bytes"))
-        if tto is not None:
+        if evidence.get("above_limit"):
+            line += ", already past its limit" + (f" {format_bytes(limit)}" if limit is not None else "")
+        elif tto is not None:
             line += f", projected OOM in {format_duration(tto)}"
             if limit is not None:
                 line += f" (limit {format_bytes(limit)})"
@@ -151,6 +153,8 @@ def describe_plan_entry(entry: Any) -> str | None:
     slot = _number(entry.get("slot_at"))
     if slot is None or slot in (float("inf"), float("-inf")):
         return _short(f"restart of {name} cannot be scheduled: {_text(entry.get('reason'))}")
+    if entry.get("dry_run"):
+        return _short(f"dry-run: would have restarted {name} at {clock(slot)} (nothing was restarted)")
     line = f"restart of {name} planned at {clock(slot)}"
     why = [_text(entry.get("kind"))] if entry.get("kind") else []
     deadline = _number(entry.get("deadline"))

@@ -3,7 +3,8 @@
 Layers, each from the probes that see it, stacked without double counting:
 
 - `file_mapped`: `rss_file_bytes + rss_shmem_bytes` (code, mapped model files, shared memory);
-- `jvm_heap`: the resident part of the Java heap: committed (NMT "Java Heap", else `GC.heap_info`),
+- `jvm_heap`: the resident part of the Java heap: its pages resident in smaps (`jvm_heap_resident_bytes`);
+  without that figure, committed (NMT "Java Heap", else `GC.heap_info`),
   but no more than the most the heap has used in this lifetime (committed pages never touched are not
   resident, and would otherwise absorb growth that is elsewhere). Pages touched are the young
   generation's (every allocation burst fills it before a collection empties it: the widest span seen
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.core.units import format_bytes
+from agent.detect.retainers import with_held_by
 from agent.detect.suspects import MIN_CONFIDENCE, growth, suspects_for
 from agent.state.histograms import HistogramStore
 from agent.state.store import Aggregate, Store
@@ -44,6 +46,7 @@ INPUTS = (
     "jvm_heap_committed_bytes",
     "jvm_heap_used_bytes",
     "jvm_heap_after_gc_bytes",
+    "jvm_heap_resident_bytes",
     "jvm_nmt_committed_bytes",
     "jvm_nmt_heap_committed_bytes",
     "jvm_nmt_malloc_bytes",
@@ -151,7 +154,9 @@ def explain(store: Store, instance: str, since: float, now: float, limit: int = 
     where the growth is (outside the Java heap: the classes whose counts rise with the native bytes)."""
     attribution = attribution_for(store, instance, since, now)
     native = attribution.growth_layer in ("unexplained", "jvm_native") and _is_jvm(attribution)
-    suspects = suspects_for(store, instance, since, now, limit=limit, native=native)
+    suspects = with_held_by(
+        store, instance, since, now, suspects_for(store, instance, since, now, limit=limit, native=native)
+    )
     return {"attribution": attribution.to_dict(), "suspects": [s.to_dict() for s in suspects]}
 
 
@@ -192,7 +197,9 @@ def split(
         take("file_mapped", (value["rss_file_bytes"] or 0.0) + (value["rss_shmem_bytes"] or 0.0))
         heap = value["jvm_nmt_heap_committed_bytes"] or value["jvm_heap_committed_bytes"]
         used = value.get("jvm_heap_used_peak") or value["jvm_heap_used_bytes"]
-        if heap is not None and used is not None:
+        if value["jvm_heap_resident_bytes"] is not None:
+            heap = value["jvm_heap_resident_bytes"]  # read from smaps: no estimate needed
+        elif heap is not None and used is not None:
             heap_touched = max(heap_touched, used)
             floor = value["jvm_heap_after_gc_bytes"]
             if floor is not None:
@@ -220,7 +227,7 @@ def split(
             rss - sum(figures[name][-1] for name in TITLES if name != "unexplained")
         )
     wanted = {"file_mapped", "unexplained"}
-    if present & {"jvm_heap_committed_bytes", "jvm_nmt_heap_committed_bytes"}:
+    if present & {"jvm_heap_committed_bytes", "jvm_nmt_heap_committed_bytes", "jvm_heap_resident_bytes"}:
         wanted.add("jvm_heap")
     if "jvm_nmt_committed_bytes" in present:
         wanted.add("jvm_native")

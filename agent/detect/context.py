@@ -2,14 +2,36 @@
 
 from __future__ import annotations
 
-from agent.detect.growth import Fit, fits, peak
-from agent.detect.model import RSS, Kind, Observation, Severity, State, Verdict
+import math
+from dataclasses import dataclass
+
+from agent.core.units import format_bytes
+from agent.detect.growth import PEAK_BUCKETS, Fit, fits, peak, time_to_limit
+from agent.detect.jvm import HEAP_MAX, HEAP_USABLE, LAYERS, NATIVE, value_at
+from agent.detect.model import JVM_HEAP_AFTER_GC, RSS, Kind, Observation, Severity, State, Verdict
 from agent.detect.params import DetectParams
 from agent.detect.prepared import Prepared
 
 
+@dataclass(frozen=True, slots=True)
+class Projection:
+    """Where a growing series is projected to (`limit`) from where it is now (`start`), how that
+    ceiling reads (`against`), and what reaching it does (`ends`; None: the memory limit's kill, as for
+    any process). `ceiling` is the ceiling as set (the heap is projected to a share of it)."""
+
+    limit: float | None
+    start: float | None
+    against: str
+    ends: str | None = None
+    ceiling: float | None = None
+    layer: str | None = None
+
+    def time_to(self, slope: float) -> float | None:
+        return time_to_limit(self.limit, self.start, slope)
+
+
 class Context:
-    __slots__ = ("_fits", "_peak", "life", "prep", "tick")
+    __slots__ = ("_fits", "_peak", "_projections", "life", "prep", "tick")
 
     def __init__(self, prep: Prepared, life: int, tick: float) -> None:
         self.prep = prep
@@ -17,6 +39,7 @@ class Context:
         self.tick = tick
         self._fits: dict[str, list[Fit]] = {}
         self._peak: float | bool | None = False
+        self._projections: dict[str, Projection] = {}
 
     @classmethod
     def at(cls, prep: Prepared, tick: float) -> Context | None:
@@ -41,6 +64,64 @@ class Context:
     @property
     def lifetime_start(self) -> float:
         return self.prep.starts[self.life]
+
+    def ceiling(self, metric: str) -> float | None:
+        """The newest value of a ceiling series in this process lifetime (a JVM's `-Xmx`)."""
+        return value_at(self.prep.series, metric, self.lifetime_start, self.tick)
+
+    def projection(self, metric: str) -> Projection:
+        """The ceiling growth of `metric` hits first: the memory limit for the process's memory, the
+        layer's own for a JVM's heap, direct buffers and metaspace (agent/detect/jvm.py)."""
+        found = self._projections.get(metric)
+        if found is None:
+            found = self._projections[metric] = self._project(metric)
+        return found
+
+    def _project(self, metric: str) -> Projection:
+        limit = self.limit
+        container = Projection(limit, self.peak, format_bytes(limit))
+        layer = LAYERS.get(metric)
+        if layer is None:
+            return container
+        heap_max = self.ceiling(HEAP_MAX)
+        if metric == NATIVE:
+            if heap_max is None or limit is None or heap_max >= limit:
+                return container  # the heap may not reach -Xmx before the kill: RSS against the limit
+            return Projection(
+                limit - heap_max,
+                self.peak_of(metric),
+                f"the memory limit {format_bytes(limit)} less -Xmx {format_bytes(heap_max)}",
+                layer.ends,
+                limit,
+                layer.name,
+            )
+        ceiling = self.ceiling(layer.ceiling)
+        if ceiling is None:
+            if metric == JVM_HEAP_AFTER_GC:  # flags unread: the container's limit, and say so
+                return Projection(
+                    limit, self.peak, f"{format_bytes(limit)} (the JVM's heap ceiling is unknown)"
+                )
+            return Projection(None, None, f"no {layer.flag}", None, None, layer.name)
+        heap = metric == JVM_HEAP_AFTER_GC
+        return Projection(
+            ceiling * HEAP_USABLE if heap else ceiling,
+            self.floor_of(metric) if heap else self.peak_of(metric),
+            f"{layer.flag} {format_bytes(ceiling)}",
+            layer.ends,
+            ceiling,
+            layer.name,
+        )
+
+    def peak_of(self, metric: str) -> float | None:
+        """Where the peaks of `metric` are now (the median of its last bucket maxima)."""
+        return peak(self.prep, metric, self.life, self.tick)
+
+    def floor_of(self, metric: str) -> float | None:
+        """Where the floor of `metric` is now (the median of its last bucket minima)."""
+        env = self.prep.base(metric)
+        end = math.floor(self.tick / env.width + 1e-9)
+        _, lows, _ = env.select(self.life, end - PEAK_BUCKETS, end)
+        return sorted(lows)[len(lows) // 2] if lows else None
 
     def present(self, metric: str) -> bool:
         """Whether `metric` has samples in the current lifetime before this tick."""

@@ -36,13 +36,15 @@ def critical_reach(ctx: Context, metric: str, ttoom: float) -> Critical:
     """The reach test on every fit of `metric` that spans enough: critical when one of them rejects
     the curves that stay below the limit at `FALSE_RATE` over the number of fits tested, among
     the fits that may project the point estimate `ttoom` (`Fit.long_enough`). The room
-    left is the limit less the RSS peaks now, less what a learned daily profile still rises within
+    left is the ceiling less where the series is now (`Context.projection`: the RSS peaks against
+    the memory limit, a JVM's layer against its own ceiling), less what a learned daily profile still rises within
     the horizon on a fit it was removed from (a sine fitted without a profile is a projection, not
     evidence: it leaves the room whole)."""
     p = ctx.params
-    limit, peak = ctx.limit, ctx.peak
+    projection = ctx.projection(metric)  # a JVM's layer against its own ceiling
+    limit, peak = projection.limit, projection.start
     if limit is None or peak is None:
-        return Critical(False, "no memory limit known", {})
+        return Critical(False, f"no ceiling known for {metric}: {projection.against}", {})
     tested: list[tuple[Fit, Reach]] = []
     for fit in ctx.fits(metric):
         if fit.scale == "daily" or not fit.long_enough(p, ttoom):

@@ -18,6 +18,7 @@ from agent.detect.context import Context
 from agent.detect.coverage import Interval, seen_from, steps_seen
 from agent.detect.fragmentation import judge_fragmentation, note_both
 from agent.detect.growth import time_to_limit
+from agent.detect.jvm import oom_series
 from agent.detect.leak import judge_leak, leak_series
 from agent.detect.lifecycle import update
 from agent.detect.lifetimes import ended_growing
@@ -90,8 +91,9 @@ def _quiet(ctx: Context) -> bool:
         return False
     p = ctx.params
     settled = ctx.tick - ctx.lifetime_start >= ctx.prep.settle(ctx.life)
-    unlimited = ctx.limit is None
-    for metric in {RSS, *leak_series(ctx)}:
+    for metric in {RSS, *leak_series(ctx), *oom_series(ctx)}:
+        limit = ctx.projection(metric).limit
+        unlimited = limit is None
         for fit in ctx.fits(metric):
             if fit.confidence < p.confidence or fit.trend.slope <= 0:
                 continue
@@ -102,7 +104,7 @@ def _quiet(ctx: Context) -> bool:
                 continue  # no time to a limit, and no settled wider scale
             if strong and fit.scale != "window" and settled:
                 return False
-            ttoom = time_to_limit(ctx.limit, oom_peak(ctx, fit), fit.trend.slope)
+            ttoom = time_to_limit(limit, oom_peak(ctx, fit), fit.trend.slope)
             if ttoom is not None and ttoom < (p.horizon if strong else p.horizon / 4):
                 return False
     return True

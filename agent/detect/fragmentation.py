@@ -22,6 +22,7 @@ import math
 
 from agent.core.units import format_bytes
 from agent.detect.context import Context
+from agent.detect.jvm import HEAP_COMMITTED, HEAP_MAX
 from agent.detect.model import ACTIVE, ALLOCATED, JVM_HEAP_AFTER_GC, RESIDENT, RSS, Observation
 from agent.detect.trend import median
 
@@ -39,6 +40,8 @@ def judge_fragmentation(ctx: Context, leak: Observation | None = None) -> Observ
             p.frag_ratio,
             False,
         )
+    elif ctx.present(JVM_HEAP_AFTER_GC) and ctx.present(HEAP_COMMITTED):
+        return _jvm_sizes_its_heap(ctx)
     elif ctx.present(JVM_HEAP_AFTER_GC):
         live, resident, ratio_needed, jvm = JVM_HEAP_AFTER_GC, RSS, p.frag_ratio_jvm, True
     else:
@@ -147,6 +150,22 @@ def _live_growth(pairs: list[tuple[float, float]], jvm: bool) -> bool:
         excess = median([r - lv for r, lv in early])
         return resident_rise - live_rise > 0.1 * max(excess, 0.0)
     return resident_rise > 0 and live_rise >= LIVE_SHARE * resident_rise
+
+
+def _jvm_sizes_its_heap(ctx: Context) -> Observation:
+    """A JVM whose committed heap is known: heap committed above the live floor is the JVM's own sizing
+    within `-Xmx` (it grows the heap as the GC sawtooth widens, and keeps it), and what lies outside the
+    heap is the native layer the leak detector judges: neither is memory a purge or a restart returns."""
+    committed = ctx.peak_of(HEAP_COMMITTED)
+    live = ctx.floor_of(JVM_HEAP_AFTER_GC)
+    ceiling = ctx.ceiling(HEAP_MAX)
+    within = f" within -Xmx {format_bytes(ceiling)}" if ceiling is not None else ""
+    summary = (
+        f"the JVM sizes its heap itself: {format_bytes(committed)} committed for {format_bytes(live)} live "
+        f"after GC{within}; not fragmentation"
+    )
+    evidence = {"heap_committed_bytes": committed, "live_bytes": live, "heap_max_bytes": ceiling}
+    return ctx.observation("fragmentation", "clear", summary, evidence=evidence)
 
 
 def _grows(ctx: Context) -> bool:

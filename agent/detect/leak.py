@@ -1,7 +1,8 @@
 """The leak detector: steady growth of the live bytes within one process lifetime.
 
-The series judged is the most specific one present: allocator live bytes, else the JVM heap
-after GC (and then RSS too, for native growth outside the heap), else RSS. A fit fires when
+The series judged is the most specific one present: allocator live bytes, else a JVM's layers
+(the heap after GC, the memory outside the heap, direct buffers, metaspace: each projected to its
+own ceiling, the earliest deadline reported; agent/detect/jvm.py), else RSS. A fit fires when
 its lower envelope grows with Mann-Kendall confidence above `confidence`, faster than
 `min_rate`, without decelerating, over enough history for its projection, and when its scale
 may speak (see `assess`): hours of growth are also what a daily traffic rise or a slow drift
@@ -12,12 +13,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agent.core.units import format_bytes, format_duration
-from agent.detect.context import Context
+from agent.core.units import format_bytes, format_duration, format_rate
+from agent.detect.context import Context, Projection
 from agent.detect.critical import Critical, critical_reach
 from agent.detect.growth import Fit, at_record, time_to_limit, traffic_explains
+from agent.detect.jvm import LAYERS, NATIVE, Layer, leak_layers
 from agent.detect.lifetimes import carried
 from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, PYMALLOC, RSS, Observation, Severity, State
+from agent.detect.oom import past_the_limit, reported_time_to_oom
 from agent.detect.params import DetectParams
 
 CLEAR_DECEL = 0.5  # clear only when the recent slope is below half of `decel_ratio` of the window's
@@ -31,12 +34,13 @@ NATIVE_DOMINANCE = 4.0
 
 
 def leak_series(ctx: Context) -> list[str]:
-    """The series a leak is judged on, most specific first."""
+    """The series a leak is judged on, most specific first; a JVM's layers (agent/detect/jvm.py) when
+    its memory outside the heap is known."""
     if ctx.present(ALLOCATED):
         # Python's small objects live in pymalloc's arenas, which malloc's figures do not count
         return [ALLOCATED, RSS] if ctx.present(PYMALLOC) else [ALLOCATED]
     if ctx.present(JVM_HEAP_AFTER_GC):
-        return [JVM_HEAP_AFTER_GC, RSS]
+        return leak_layers(ctx) or [JVM_HEAP_AFTER_GC, RSS]
     return [RSS]
 
 
@@ -64,7 +68,7 @@ def assess(fit: Fit, ctx: Context) -> tuple[State, float | None, bool]:
     if fit.confidence < p.confidence_clear:
         return "clear", None, False
     t = fit.trend
-    ttoom = time_to_limit(ctx.limit, ctx.peak, t.slope)
+    ttoom = ctx.projection(fit.metric).time_to(t.slope)
     growing = t.slope > 0 and fit.pct_per_hour >= p.min_rate
     # the daily scale's sign test over 48 autocorrelated differences, corrected as AR(1), is
     # rougher than Mann-Kendall over independent buckets: it must clear a stricter bar
@@ -133,10 +137,11 @@ def severity_for(ttoom: float | None, horizon: float, reaches: bool) -> Severity
 
 def judge_leak(ctx: Context) -> Observation:
     candidates = leak_series(ctx)
+    layered = NATIVE in candidates  # a JVM's layers: each is judged, the earliest deadline reported
     assessed: list[tuple[Fit, State, float | None, bool]] = []
     for metric in candidates:
         assessed += _corroborated([(fit, *assess(fit, ctx)) for fit in ctx.fits(metric)], ctx)
-        if any(state == "firing" for _, state, _, _ in assessed):
+        if not layered and any(state == "firing" for _, state, _, _ in assessed):
             break
     if not assessed:
         return ctx.observation(
@@ -146,6 +151,9 @@ def judge_leak(ctx: Context) -> Observation:
             f"buckets of {format_duration(ctx.params.bucket)} after a warm-up of {format_duration(ctx.params.warmup)})",
         )
     firing = [a for a in assessed if a[1] == "firing"]
+    if firing and layered:
+        fit, _, ttoom, _ = min(firing, key=lambda a: (a[2] is None, a[2] or 0.0, -a[0].trend.span))
+        return _leak_observation(ctx, fit, ttoom, native=fit.metric != JVM_HEAP_AFTER_GC)
     if firing:
         fit, _, ttoom, _ = max(firing, key=lambda a: a[0].trend.span)
         native = fit.metric == RSS and candidates[0] == JVM_HEAP_AFTER_GC and _outgrows_heap(ctx, fit)
@@ -161,7 +169,9 @@ def judge_leak(ctx: Context) -> Observation:
         fit, _, ttoom, _ = max(urgent, key=lambda a: a[0].trend.span)
         crit = critical_reach(ctx, fit.metric, ttoom)  # type: ignore[arg-type]
         if crit.reaches:
-            return _leak_observation(ctx, fit, ttoom, native=False, crit=crit)
+            return _leak_observation(
+                ctx, fit, ttoom, native=layered and fit.metric != JVM_HEAP_AFTER_GC, crit=crit
+            )
     for metric in candidates:  # a leak cut short by restarts: the previous lifetime's evidence
         found = carried(ctx, metric)
         if found is not None:
@@ -230,17 +240,31 @@ def _leak_observation(
     ctx: Context, fit: Fit, ttoom: float | None, native: bool, crit: Critical | None = None
 ) -> Observation:
     t = fit.trend
-    where = " outside the Java heap" if native else ""
-    summary = f"{ctx.prep.instance} leaks {format_bytes(t.slope * 3600)}/h ({fit.pct_per_hour:.2f} %/h) in {fit.metric}{where}"
-    if ttoom is not None:
-        summary += f"; projected OOM in {format_duration(ttoom)} against {format_bytes(ctx.limit)}"
+    projection = ctx.projection(fit.metric)
+    layer = LAYERS.get(fit.metric)
+    layered = layer is not None and projection.layer is not None
+    above = not layered and ttoom is not None and ttoom <= 0
+    if layered:
+        summary = f"{ctx.prep.instance} leaks {layer.title}: " + _layer_text(layer, projection, fit, ttoom)
+    else:
+        where = " outside the Java heap" if native else ""
+        summary = f"{ctx.prep.instance} leaks {format_bytes(t.slope * 3600)}/h ({fit.pct_per_hour:.2f} %/h) in {fit.metric}{where}"
+        if above:
+            summary += f"; its peaks are already at or above its limit {format_bytes(ctx.limit)}{past_the_limit(ctx)}"
+        elif ttoom is not None:
+            summary += f"; projected OOM in {format_duration(ttoom)} against {projection.against}"
     summary += f"; confidence {t.confidence:.3f}"
     evidence = fit.evidence() | {
-        "time_to_oom_seconds": ttoom,
-        "limit_bytes": ctx.limit,
-        "peak_bytes": ctx.peak,
+        "time_to_oom_seconds": ttoom if layered else reported_time_to_oom(ctx, ttoom),
+        "above_limit": above,
+        "limit_bytes": projection.limit,
+        "peak_bytes": projection.start,
         "lifetime_start": ctx.lifetime_start,
         "outside_java_heap": native,
+        "layer": projection.layer,
+        "ceiling": projection.against,
+        "ceiling_bytes": projection.ceiling,
+        "ends_in": projection.ends,
     }
     reaches = False
     if ttoom is not None and ttoom < ctx.params.horizon:
@@ -257,3 +281,12 @@ def _leak_observation(
         verdict="leak",
         evidence=evidence,
     )
+
+
+def _layer_text(layer: Layer, projection: Projection, fit: Fit, ttoom: float | None) -> str:
+    """`java.lang.OutOfMemoryError: Java heap space in 2h10m: heap after GC grows 12.0 MiB/min towards
+    -Xmx 384.0 MiB` (the ending first, when the growth is projected to reach it)."""
+    growth = f"{layer.series_title} grows {format_rate(fit.trend.slope)} towards {projection.against}"
+    if ttoom is None:
+        return f"{growth} (not projected to reach it)"
+    return f"{projection.ends} in {format_duration(ttoom)}: {growth}"

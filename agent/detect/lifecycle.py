@@ -6,7 +6,8 @@ fleet confirms it: several instances of its rollout firing at once are a stronge
 than one series firing twice), and
 resolves after `resolve_after` clear judgements in a row; `holding` judgements (between the two
 confidence thresholds) change nothing, so a finding near the threshold does not flap. A new
-process lifetime resolves the findings of the old one: the restart was the remedy.
+process lifetime resolves the findings of the old one: the restart was the remedy (the agent does
+so as soon as it sees the new process, `restarted`, rather than at the next judgement).
 
 Streaks count distinct judgement ticks, not calls: the agent may call `update` as often as it
 likes (a repeated tick is ignored), and a replay that calls it once per tick gets the same
@@ -15,13 +16,19 @@ findings at the same times.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+from agent.core.units import format_bytes
 from agent.detect.model import Finding, Observation, Transition, Verdict
 from agent.detect.params import DetectParams
 
-EXPLANATION_KEYS = ("suspects", "attribution")  # added by the detection job, not by the detectors
+EXPLANATION_KEYS = (
+    "suspects",
+    "attribution",
+    "collecting",
+)  # added by the detection job, not by the detectors
 
 
 def update(
@@ -63,6 +70,67 @@ def update(
                 del active[key]
                 transitions.append(_resolve(finding, obs.tick, obs.summary, obs.verdict))
     return list(active.values()), transitions
+
+
+RESTART_TOLERANCE = 1.0  # a process that started this long after a finding's lifetime is another one
+MEMORY_KINDS = ("leak", "oom-risk", "fragmentation")
+
+
+def earlier_process(instance: str, lifetime_start: float, starts: Mapping[str, float]) -> bool:
+    """Whether a lifetime of `instance` began before the process it runs now (`starts`) started:
+    a judgement or a finding about it speaks of a process that is gone."""
+    start = starts.get(instance)
+    return start is not None and start > lifetime_start + RESTART_TOLERANCE
+
+
+def restarted(
+    findings: Iterable[Finding], starts: Mapping[str, float], now: float
+) -> tuple[list[Finding], list[Transition]]:
+    """Memory findings about a process the instance no longer runs (`starts`: the process each
+    instance runs now), resolved at once with the verdict the next judgement would give ("the process
+    restarted"), without waiting for it: until the new process is measured its time to OOM is
+    unknown, and no view may go on showing the old one's. Returns (the findings kept, transitions)."""
+    kept: list[Finding] = []
+    transitions: list[Transition] = []
+    for finding in findings:
+        if finding.kind in MEMORY_KINDS and earlier_process(finding.instance, finding.lifetime_start, starts):
+            if finding.state == "open":
+                transitions.append(_resolve(replace(finding), now, "the process restarted", None))
+            continue
+        kept.append(finding)
+    return kept, transitions
+
+
+def past_the_limit(findings: Iterable[Finding]) -> list[Finding]:
+    """Findings as they stand once an instance's peaks are past its limit (its open oom-risk finding
+    says `above_limit`): the OOM its open leak finding projected (as of its last firing judgement,
+    "in 0.5s") has come, so the leak finding carries the oom-risk's time to OOM instead (0 at an
+    enforced limit, unknown past a config-only one) and its summary says the limit was reached, so
+    no view goes on counting down to an OOM that is past. A finding's own judgement replaces it when
+    it fires again."""
+    findings = list(findings)
+    above = {
+        f.instance: f
+        for f in findings
+        if f.kind == "oom-risk" and f.state == "open" and f.evidence.get("above_limit")
+    }
+    out = []
+    for finding in findings:
+        past = above.get(finding.instance)
+        if past is not None and finding.kind == "leak" and not finding.evidence.get("above_limit"):
+            limit = past.evidence.get("limit_bytes")
+            reached = f"; its peaks have since reached its limit {format_bytes(limit)}" if limit else ""
+            finding = replace(
+                finding,
+                summary=_PROJECTION.sub(reached, finding.summary),
+                evidence=finding.evidence
+                | {"time_to_oom_seconds": past.evidence.get("time_to_oom_seconds"), "above_limit": True},
+            )
+        out.append(finding)
+    return out
+
+
+_PROJECTION = re.compile(r"; projected OOM in [^;]+")
 
 
 def _fire(finding: Finding | None, obs: Observation, params: DetectParams, out: list[Transition]) -> Finding:

@@ -64,6 +64,9 @@ class InstanceSeries:
     started_at: float | None = None
     prior: WorkloadProfile | None = None
     """What the instance's workload is known to do (`agent.detect.priors`), for a new process."""
+    limit_source: str | None = None
+    """Where the limit comes from: `config` (medic's config only: the kernel does not enforce it),
+    `cgroup`, `host`; None when unknown (a recorded series, `medic analyze --limit`)."""
 
     def __post_init__(self) -> None:
         tree = self.series.get(TREE_MEMORY)

@@ -5,16 +5,24 @@ grows with confidence and its peaks, projected at the more cautious of the windo
 the recent slope, reach the limit before `horizon`. This is the safety net of a process of any
 age: it is gated on the quality of the fit (`fit_holds`), never on having learned a daily
 profile, so a new process bound for its limit is flagged in its first hours. The cautious slope
-keeps a warm-up that is levelling off from projecting its early rate.
+keeps a warm-up that is levelling off from projecting its early rate. A JVM's layers are projected
+to their own ceilings instead of its RSS to the limit (`jvm.oom_series`); the earliest is reported.
+
+Peaks already at or above the limit are no projection: they fire at once and say what that means
+(`above_limit`). A cgroup limit is enforced: RSS cannot run past it, the kernel reclaims and swaps
+there and OOM-kills when it can do no more, so the time to OOM is 0. A limit set only in medic's
+config is not enforced: the process runs on past it and when the kernel would kill it is not known,
+so the time to OOM is unknown (None), never 0 for a process that keeps running.
 """
 
 from __future__ import annotations
 
-from agent.core.units import format_bytes, format_duration
+from agent.core.units import format_bytes, format_duration, format_rate
 from agent.detect.context import Context
 from agent.detect.critical import Critical, critical_reach
 from agent.detect.growth import Fit, time_to_limit, traffic_explains
-from agent.detect.model import RSS, Observation, State
+from agent.detect.jvm import LAYERS, oom_series
+from agent.detect.model import Observation, State
 from agent.detect.params import DetectParams
 from agent.detect.saturation import Levelling
 
@@ -42,7 +50,7 @@ def fit_holds(fit: Fit, ttoom: float, p: DetectParams) -> bool:
 def oom_peak(ctx: Context, fit: Fit) -> float | None:
     """Where the peaks start the projection from: now, plus on the cycle scale the part of the
     fitted daily swing still to come today (the upper envelope covers the daily peak)."""
-    peak = ctx.peak
+    peak = ctx.projection(fit.metric).start
     if fit.wave and peak is not None:
         peak += max(0.0, fit.wave - fit.offset)
     return peak
@@ -51,10 +59,57 @@ def oom_peak(ctx: Context, fit: Fit) -> float | None:
 def levelled_time(ctx: Context, fit: Fit, curve: Levelling) -> float | None:
     """Seconds until the peaks reach the limit along a levelling curve: the peaks rise by what the
     floor's curve still rises (None: it levels off below the limit)."""
-    peak = oom_peak(ctx, fit)
-    if ctx.limit is None or peak is None:
+    peak, limit = oom_peak(ctx, fit), ctx.projection(fit.metric).limit
+    if limit is None or peak is None:
         return None
-    return curve.time_to(curve.now + ctx.limit - peak)
+    return curve.time_to(curve.now + limit - peak)
+
+
+def enforced(ctx: Context) -> bool:
+    """Whether the kernel enforces the limit: not one set only in medic's config."""
+    return ctx.prep.series.limit_source != "config"
+
+
+def reported_time_to_oom(ctx: Context, ttoom: float | None) -> float | None:
+    """The time to OOM a finding reports: 0 at an enforced limit, unknown past a config-only one."""
+    return None if ttoom is not None and ttoom <= 0 and not enforced(ctx) else ttoom
+
+
+def past_the_limit(ctx: Context) -> str:
+    """What peaks at or above the limit mean, in words that fit after "…limit 160.0 MiB"."""
+    source = ctx.prep.series.limit_source
+    if source == "config":
+        return (
+            ": a limit set only in medic's config, which the kernel does not enforce, so the process runs "
+            "on past it (when the kernel would kill it is not known); restart it or raise the limit"
+        )
+    if source in ("cgroup", "host"):
+        what = "its cgroup" if source == "cgroup" else "the host"
+        return f" ({what}): the kernel reclaims and swaps what it can there, and OOM-kills when it can do no more"
+    return ""
+
+
+def above_limit(ctx: Context) -> Observation | None:
+    """Peaks at or above the limit, said as they are (no projection needed); None below it."""
+    peak, limit = ctx.peak, ctx.limit
+    if peak is None or limit is None or peak < limit:
+        return None
+    ttoom = reported_time_to_oom(ctx, 0.0)
+    verb = "are above" if peak > limit and not enforced(ctx) else "have reached"
+    summary = (
+        f"{ctx.prep.instance} RSS peaks {format_bytes(peak)} {verb} its memory limit {format_bytes(limit)} "
+        f"({peak / limit:.0%} of it){past_the_limit(ctx)}"
+    )
+    evidence = {
+        "time_to_oom_seconds": ttoom,
+        "above_limit": True,
+        "limit_bytes": limit,
+        "limit_source": ctx.prep.series.limit_source,
+        "peak_bytes": peak,
+        "lifetime_start": ctx.lifetime_start,
+    }
+    severity = "critical" if enforced(ctx) else "error"
+    return ctx.observation("oom-risk", "firing", summary, severity=severity, evidence=evidence)
 
 
 def judge_oom(ctx: Context) -> Observation:
@@ -65,20 +120,23 @@ def judge_oom(ctx: Context) -> Observation:
             "unknown",
             "no memory limit known: configure one, or pass --limit or a memory_limit_bytes series",
         )
-    fits = ctx.fits(RSS)
+    above = above_limit(ctx)
+    if above is not None:
+        return above
+    fits = [fit for metric in oom_series(ctx) for fit in ctx.fits(metric)]
     if not fits:
         return ctx.observation(
             "oom-risk", "unknown", "not enough data in this process lifetime to project RSS"
         )
     best = None
     state: State = "clear"
-    crit: Critical | None = None
+    crits: dict[str, Critical] = {}  # the reach test, once per series (a JVM's layers each)
     for fit in fits:
         if fit.confidence < p.confidence_clear:
             continue
         t = fit.trend
         slope = min(t.slope, t.recent_slope)
-        ttoom = time_to_limit(ctx.limit, oom_peak(ctx, fit), slope)
+        ttoom = time_to_limit(ctx.projection(fit.metric).limit, oom_peak(ctx, fit), slope)
         if ttoom is None:
             continue
         near = t.confidence >= p.confidence_clear and ttoom < p.horizon * CLEAR_MARGIN
@@ -89,8 +147,9 @@ def judge_oom(ctx: Context) -> Observation:
                 continue
         # critical (the reach test rejects every curve that stays below the limit): the raw
         # trend test at the clearing bar suffices (growth that accelerates lowers the corrected one)
+        crit = crits.get(fit.metric)
         if ttoom < p.horizon and crit is None:
-            crit = critical_reach(ctx, RSS, ttoom)
+            crit = crits[fit.metric] = critical_reach(ctx, fit.metric, ttoom)
         critical = (
             ttoom < p.horizon
             and crit is not None
@@ -116,18 +175,31 @@ def judge_oom(ctx: Context) -> Observation:
             f"RSS peaks {format_bytes(ctx.peak)} are not projected to reach {format_bytes(ctx.limit)}",
         )
     fit, ttoom, slope = best
+    projection = ctx.projection(fit.metric)
     evidence = fit.evidence() | {
         "time_to_oom_seconds": ttoom,
         "projection_slope_bytes_per_second": slope,
-        "limit_bytes": ctx.limit,
-        "peak_bytes": ctx.peak,
+        "limit_bytes": projection.limit,
+        "peak_bytes": projection.start,
         "lifetime_start": ctx.lifetime_start,
+        "layer": projection.layer,
+        "ceiling": projection.against,
+        "ceiling_bytes": projection.ceiling,
+        "ends_in": projection.ends,
     }
-    summary = (
-        f"{ctx.prep.instance} RSS peaks {format_bytes(ctx.peak)} projected to reach the limit "
-        f"{format_bytes(ctx.limit)} in {format_duration(ttoom)} (+{format_bytes(slope * 3600)}/h)"
-    )
+    layer = LAYERS.get(fit.metric)
+    if layer is not None and projection.layer is not None:
+        summary = (
+            f"{ctx.prep.instance}: {projection.ends} in {format_duration(ttoom)}: {layer.series_title} "
+            f"{format_bytes(projection.start)} grows {format_rate(slope)} towards {projection.against}"
+        )
+    else:
+        summary = (
+            f"{ctx.prep.instance} RSS peaks {format_bytes(ctx.peak)} projected to reach the limit "
+            f"{format_bytes(ctx.limit)} in {format_duration(ttoom)} (+{format_bytes(slope * 3600)}/h)"
+        )
     severity = "error"
+    crit = crits.get(fit.metric)
     if ttoom < p.horizon and crit is not None:
         evidence["critical_test"] = crit.evidence
         if crit.reaches:

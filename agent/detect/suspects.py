@@ -22,7 +22,7 @@ classes rank first, by the correlation of their count floor with the RSS floor, 
 
 The share of growth explained is the suspect's slope over the process's growth in the same span:
 the first steadily growing series of the kind's reference list (JVM classes: heap after GC, then
-RSS; Python types and native sites: allocator live bytes, then RSS), else the growth of the
+RSS; Python types, containers and native sites: allocator live bytes, then RSS), else the growth of the
 histogram's total, else of the suspects together.
 """
 
@@ -50,10 +50,11 @@ STEP_FLOOR = 0.02  # as the leak detector: a level shift must exceed 2 % of the 
 REFERENCES = {
     "class": ("jvm_heap_after_gc_bytes", "jvm_heap_used_bytes", "rss_bytes"),
     "type": ("allocator_allocated_bytes", "rss_bytes"),
+    "container": ("allocator_allocated_bytes", "rss_bytes"),
     "site": ("allocator_allocated_bytes", "heap_profile_live_bytes", "rss_bytes"),
     "nmt": ("jvm_nmt_committed_bytes", "rss_bytes"),
 }
-SUSPECT_KINDS = ("class", "type", "site")
+SUSPECT_KINDS = ("class", "type", "container", "site")
 REFERENCE_CONFIDENCE = 0.9  # a reference only needs to grow, not to pass as a suspect
 CARRIER_TOLERANCE = 0.15  # how close to a whole multiple of an owner's object rate a carrier's must be
 NATIVE_CORRELATION = 0.8  # a class follows the native growth when its count floor correlates this well
@@ -74,8 +75,8 @@ REFERENCE_MACHINERY = ("jdk.internal.ref.", "java.lang.ref.")  # cleaners that c
 @dataclass(frozen=True, slots=True)
 class Suspect:
     name: str
-    kind: str  # class | type | site | nmt
-    source: str  # jvm | python | jemalloc | gperftools | nmt
+    kind: str  # class | type | container | site | nmt
+    source: str  # jvm | python | containers | jemalloc | gperftools | tracemalloc | nmt
     bytes_per_second: float
     count_per_second: float
     confidence: float  # the lower of the bytes and count trend confidences
@@ -88,6 +89,10 @@ class Suspect:
     detail: str | None = None
     carried: tuple[str, ...] = ()  # platform classes/builtins growing in step with it (its payload)
     correlation: float | None = None  # of its count floor with the native (RSS) floor, when judged so
+    # what holds it, where the process can say: records with `where` and `what` (a JVM's static field
+    # from JFR's samples; a Python container named where it lives, with `added_at`, the line adding to it)
+    held_by: tuple[dict[str, Any], ...] = ()
+    added_at: str | None = None  # a container's: the line that adds to it (`file:line`)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -107,6 +112,8 @@ class Suspect:
             "detail": self.detail,
             "carried": list(self.carried),
             "correlation": None if self.correlation is None else round(self.correlation, 4),
+            "held_by": list(self.held_by),
+            "added_at": self.added_at,
         }
 
 
@@ -164,12 +171,14 @@ def growth(xs: list[float], ys: list[float]) -> Growth:
 
 
 def current_lifetime(snapshots: list[Snapshot]) -> list[Snapshot]:
-    """The snapshots of the process that took the last one (a restart resets every series), less the
-    partial ones (a walk its budget cut short counts only part of what is there: a false drop)."""
+    """The snapshots of the process that took the last one (a restart resets every series), and of its
+    tracing session (a new session counts from zero again), less the partial ones (a walk its budget
+    cut short counts only part of what is there: a false drop)."""
     snapshots = [s for s in snapshots if not s.meta.get("partial")]
     if not snapshots:
         return []
     last = snapshots[-1]
+    session = last.meta.get("started_at")
     same = [
         s
         for s in snapshots
@@ -177,6 +186,7 @@ def current_lifetime(snapshots: list[Snapshot]) -> list[Snapshot]:
         and (
             last.pid is None or (s.pid == last.pid and abs((s.start_time or 0) - (last.start_time or 0)) < 1)
         )
+        and (session is None or s.meta.get("started_at") == session)
     ]
     return same
 
@@ -474,17 +484,10 @@ def suspects_for(
         found.sort(key=native_order)
     else:
         found.sort(key=lambda s: (-s.bytes_per_second * s.confidence, s.name))
-        found = python_sites_first(found)
+        from agent.detect.pysuspects import python_order  # the Python part, built on this module
+
+        found = python_order(found, histos, instance, since, now)
     return found[:limit]
-
-
-def python_sites_first(found: list[Suspect]) -> list[Suspect]:
-    """With Python allocation sites (tracemalloc) among the suspects, the builtin types they fill
-    (`bytes`, `str`, `dict`) are their payload: they follow the sites instead of competing with them."""
-    if not any(s.source == "tracemalloc" for s in found):
-        return found
-    payload = [s for s in found if s.kind == "type" and is_platform(s)]
-    return [s for s in found if not (s.kind == "type" and is_platform(s))] + payload
 
 
 def describe(suspect: Suspect) -> str:

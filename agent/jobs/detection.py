@@ -25,6 +25,8 @@ from agent.detect import DetectParams, Finding, InstanceSeries, Observation, Tra
 from agent.detect.attribution import explain
 from agent.detect.fleet import judge_fleet, with_priors
 from agent.detect.growth import REQUESTS
+from agent.detect.jvm import INPUT_METRICS as JVM_INPUTS
+from agent.detect.lifecycle import earlier_process, past_the_limit, restarted
 from agent.detect.model import (
     ACTIVE,
     ALLOCATED,
@@ -37,6 +39,7 @@ from agent.detect.model import (
     TREE_MEMORY,
 )
 from agent.detect.priors import PriorBook, WorkloadProfile, merge, workload_key
+from agent.detect.pysuspects import collecting, python_target, unexplained
 from agent.detect.slow import INPUT_METRICS as SLOW_METRICS
 from agent.detect.slow import Slo, SlowParams, evaluate_slow, slo_from_settings
 from agent.detect.slow import history as slow_history
@@ -56,6 +59,7 @@ MEMORY_METRICS = (
     ACTIVE,
     RESIDENT,
     JVM_HEAP_AFTER_GC,
+    *JVM_INPUTS,
     PYMALLOC,
     *LIMIT_METRICS,
     *REQUESTS,
@@ -86,6 +90,7 @@ class Detection:
         self.priors = PriorBook()  # peers' and Prometheus' profiles are offered here (`PriorBook.offer`)
         self._learned: dict[tuple[str, float], WorkloadProfile | None] = {}
         self._keys: dict[str, str] = {}  # instance -> workload key, as of the last judgement
+        self._sites_requested: set[tuple[str, float]] = set()  # (instance, lifetime) asked for sites
         self.tracker = tracker
         self.store = store
         self.events = events
@@ -113,16 +118,22 @@ class Detection:
         memory_tick = math.floor(now / self.params.step + 1e-9) * self.params.step
         slow_tick = math.floor(now / self.slow.step + 1e-9) * self.slow.step
         judge_memory, judge_slow = memory_tick > self.memory_tick, slow_tick > self.slow_tick
+        with self.tracker.lock:
+            starts = {s.name: s.start_time for s in self.tracker.states.values() if s.start_time is not None}
+        resolved = self._restarted(starts, now)  # recorded already
         if not (judge_memory or judge_slow):
-            return []
+            return resolved
         with self.tracker.lock:
             states = [(s.name, dict(s.settings), s.memory_limit) for s in self.tracker.states.values()]
+            sources = {s.name: s.memory_limit_source for s in self.tracker.states.values()}
         upto = max(memory_tick, slow_tick)
         slos = {name: slo_from_settings(settings, self.scale) for name, settings, _ in states}
         series = [
             self.load_series(name, upto, limit, judge_memory, judge_slow, slos[name])
             for name, _, limit in states
         ]
+        for item in series:  # whether the kernel enforces the limit (a config-only one it does not)
+            item.limit_source = sources.get(item.instance)
         transitions: list[Transition] = []
         keep = list(self.active)
         if judge_memory:
@@ -130,8 +141,12 @@ class Detection:
             for key, members in self._workloads(states, series).items():
                 fleet = with_priors(members, self.params, self.priors.get(key), learned=self._learned)
                 observations.extend(judge_fleet(fleet, tick_for(memory_tick, self.params), self.params))
+            # a judgement of the samples of a process that is gone would open its findings anew
+            observations = [
+                o for o in observations if not earlier_process(o.instance, o.lifetime_start, starts)
+            ]
             kept, changes = update([f for f in keep if f.kind != "slow"], observations, self.params)
-            keep = kept + [f for f in keep if f.kind == "slow"]
+            keep = past_the_limit(kept) + [f for f in keep if f.kind == "slow"]
             transitions += changes
             self.memory_tick = memory_tick
         if judge_slow:
@@ -146,6 +161,15 @@ class Detection:
         self._persist(self.active, transitions)
         for change in transitions:
             self._record(change)
+        return resolved + transitions
+
+    def _restarted(self, starts: dict[str, float], now: float) -> list[Transition]:
+        """Resolve at once the memory findings of a process its instance no longer runs (`lifecycle.restarted`)."""
+        self.active, transitions = restarted(self.active, starts, now)
+        if transitions:
+            self._persist(self.active, transitions)
+            for change in transitions:
+                self._record(change)
         return transitions
 
     def _workloads(self, states: list, series: list[InstanceSeries]) -> dict[str, list[InstanceSeries]]:
@@ -245,6 +269,7 @@ class Detection:
             self._name_process(instance, findings, since, now)
             try:
                 explanation = explain(self.store, instance, since, now)
+                explanation["collecting"] = self._collecting(instance, findings, since, now, explanation)
             except Exception:  # a bad snapshot must not stop detection
                 log.exception("cannot explain the memory growth of %s", instance)
                 continue
@@ -272,6 +297,30 @@ class Detection:
                 f"{PROCESS_TAIL}{cause['role']} pid {cause['pid']} "
                 f"(+{format_bytes(cause['growth_bytes'])}, {format_bytes(cause['growth_bytes_per_hour'])}/h)"
             )
+
+    def _collecting(
+        self, instance: str, findings: list[Finding], since: float, now: float, explanation: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """What the leak findings of `instance` wait for (`agent.detect.pysuspects.collecting`); a leak
+        the type view cannot explain asks for allocation sites once, while still pending (an open one
+        has asked already: the collector starts them when a leak opens)."""
+        leaks = [f for f in findings if f.kind == "leak"]
+        if not leaks:
+            return None
+        suspects = explanation["suspects"]
+        key = (instance, max(f.lifetime_start for f in leaks))
+        requested = key in self._sites_requested or any(f.state == "open" for f in leaks)
+        if not requested and unexplained(suspects) and python_target(self.store, instance, since, now):
+            self._sites_requested.add(key)
+            requested = True
+            self.events.emit(
+                "sites_requested",
+                f"the type histograms of {instance} name nothing that explains its growth: allocation "
+                "sites requested before the leak finding opens",
+                instance=instance,
+                finding=leaks[0].id,
+            )
+        return collecting(self.store, instance, since, now, suspects, requested, key[1])
 
     # ------------------------------------------------------------------------------ queries
     def findings(

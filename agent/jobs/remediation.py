@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -126,6 +127,7 @@ class Remediation:
             state_dir=store.dir,
             hooks=hooks,
         )
+        self._stepping = threading.Lock()
         self.crash_loops = CrashLoops(
             tracker, detection, config.ladder.crash_loop, self.engine.ledger.reset_at
         )
@@ -133,12 +135,25 @@ class Remediation:
 
     # ------------------------------------------------------------------------------ the job
     def step(self, now: float | None = None) -> None:
-        now = time.time() if now is None else now
-        self.crash_loops.check(now)  # a finding whatever the mode; only enforce mode holds relaunches
-        with self.tracker.lock:
-            views = [view_from_state(state) for state in self.tracker.states.values()]
-        self.engine.step(now, self.requests(), views)
-        self.sync_holds()
+        """One remediation step (the scheduled job; `ask` runs one at once): one at a time."""
+        with self._stepping:
+            now = time.time() if now is None else now
+            self.crash_loops.check(now)  # a finding whatever the mode; only enforce mode holds relaunches
+            with self.tracker.lock:
+                views = [view_from_state(state) for state in self.tracker.states.values()]
+            self.engine.step(now, self.requests(), views)
+            self.sync_holds()
+
+    def ask(self, request: RemediationRequest) -> tuple[Decision, Decision | None]:
+        """A person's restart request: kept by the engine, then judged by a step run at once, so the
+        answer says what happens to it (started, would restart in dry-run, or held and why).
+        Returns (the engine's acceptance, the step's decision for the instance or None)."""
+        accepted = self.engine.submit(request)
+        if not accepted.ok:
+            return accepted, None
+        self.step()
+        last = self.engine.last
+        return accepted, (last.decisions.get(request.instance) if last is not None else None)
 
     def sync_holds(self) -> None:
         """Escalated managed instances are not relaunched (enforce mode); the others are, as configured."""

@@ -18,6 +18,7 @@ from agent.core.records import Event, ProbeResult, ProbeTarget, ProcessIdentity,
 from agent.state.eventlog import EventLog
 from agent.state.histograms import HistogramStore
 from agent.state.store import Store
+from agent.watch.ceilings import announce_ceilings
 from agent.watch.instances import InstanceState, ProbeHealth
 from agent.watch.tracker import Tracker
 from agent.watch.tree import CgroupOwnership, first_pss
@@ -73,9 +74,11 @@ class Collector:
         events.subscribe(self._on_event)
 
     def _on_event(self, event: Event) -> None:
-        """A leak finding that opens asks the probes that can name allocation sites to start doing so."""
+        """A leak finding that opens, or a leak the type view cannot explain (`sites_requested`, from the
+        detection job), asks the probes that can name allocation sites to start doing so."""
         finding = event.data.get("finding") if event.kind == "finding_opened" else None
-        if not isinstance(finding, dict) or finding.get("kind") != "leak" or not event.instance:
+        opened = isinstance(finding, dict) and finding.get("kind") == "leak"
+        if not (opened or event.kind == "sites_requested") or not event.instance:
             return
         for probe in self.probes:
             want_sites = getattr(probe, "want_sites", None)
@@ -90,9 +93,11 @@ class Collector:
         for state, target in self.tracker.up_targets():
             samples: list[Sample] = []
             processes: dict[ProcessIdentity, dict[str, float]] = {}
+            notes: dict[str, str] = {}
             for probe in probes:
                 result = self._run_probe(state, target, probe, now_)
                 samples.extend(result.samples)
+                notes.update(result.notes)
                 for identity, figures in result.processes.items():
                     processes.setdefault(identity, {}).update(figures)
             samples.extend(self._tree_samples(state, target, schedule, processes, samples, now_))
@@ -104,9 +109,12 @@ class Collector:
                 if state.pid == target.pid:  # still the same process: publish
                     for sample in samples:
                         state.latest[sample.metric] = sample.value
+                    state.notes.update(notes)
                     if "cpu_seconds_total" in state.latest and schedule == "fast":
                         state.observe_cpu(now_, state.latest["cpu_seconds_total"])
                     state.last_probe = now_
+                    if schedule == "slow":
+                        announce_ceilings(state, self.events)
             changed = [sample for sample in samples if self._worth_storing(sample)]
             self.store.add_samples(changed)
             taken += len(changed)
@@ -177,6 +185,10 @@ class Collector:
             self._failed(state, probe.name, health, exc, started)
             return ProbeResult()
         self._store_snapshots(result)
+        for event in result.events:
+            self.events.emit(
+                event.kind, event.message, instance=state.name, severity=event.severity, **event.data
+            )
         elapsed = time.perf_counter() - started
         health.last_duration = elapsed
         since = self._unavailable_since.pop((state.name, probe.name), None)

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from agent.config.model import InstanceSpec
 from agent.core.records import ProcessIdentity
 from agent.state.identities import AdoptedProcess
+from agent.watch.ceilings import ceilings
 from agent.watch.tree import ProcessTree
 
 Status = Literal["up", "down", "waiting", "exited"]
@@ -43,6 +44,8 @@ class InstanceState:
     last_probe: float | None = None
     cpu_percent: float | None = None
     latest: dict[str, float] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)  # what probes read that is not a number
+    ceilings_said: str | None = None  # the JVM ceilings last announced (agent/watch/ceilings.py)
     probes: dict[str, ProbeHealth] = field(default_factory=dict)
     adopted: AdoptedProcess | None = None  # what the followed process matched when it was adopted
     refused: ProcessIdentity | None = None  # a process at the instance's pid that is not the instance
@@ -71,6 +74,8 @@ class InstanceState:
     def reset_process(self) -> None:
         """Forget figures of the previous process (after a restart or when it vanished)."""
         self.latest.clear()
+        self.notes.clear()
+        self.ceilings_said = None
         self.cpu_percent = None
         self._last_cpu = None
 
@@ -99,6 +104,7 @@ class InstanceState:
             else "rss"
             if rss
             else None,
+            "ceilings": [ceiling.to_dict() for ceiling in ceilings(self)],
             "memory_used_ratio": (memory / self.memory_limit) if memory and self.memory_limit else None,
             "cpu_percent": self.cpu_percent,
             "threads": self.latest.get("threads"),

@@ -504,7 +504,7 @@ function renderFleet() {
           inst.workers ? h("span", { class: "muted" }, ` · ${inst.workers} worker${inst.workers > 1 ? "s" : ""}`) : null,
         ),
       ),
-      timeToOomCell(projection, tto),
+      timeToOomCell(projection, tto, findings.find((f) => f.evidence && f.evidence.above_limit)),
       h("td", {}, fmtLatency((inst.latest || {}).latency_p99_seconds)),
       h("td", {}, findings.length ? findings.map(findingChip) : h("span", { class: "muted" }, "none")),
     );
@@ -537,7 +537,12 @@ function renderFleet() {
   fill("open-findings", lines);
 }
 
-function timeToOomCell(projection, tto) {
+function timeToOomCell(projection, tto, above) {
+  if (above) {
+    // as `medic leaks` says it: at an enforced limit now; past a config-only one, unknown
+    const text = isNum(above.evidence.time_to_oom_seconds) ? "0s (at its limit)" : "past its limit";
+    return h("td", { class: ["tto", "urgent"], title: above.summary || "" }, text);
+  }
   if (!projection) return h("td", { class: "tto" }, "–");
   const title = `projected OOM ${fmtClock(projection.oomAt)} (${projection.finding.kind} finding)`;
   const text = tto > 0 ? fmtDuration(tto) : "passed"; // the projection's time has come: look at the chart
@@ -630,11 +635,16 @@ function findingCard(f, now) {
   if (f.verdict) facts.push(fact("verdict", f.verdict));
   if (isNum(ev.slope_bytes_per_second)) facts.push(fact("slope", fmtRate(ev.slope_bytes_per_second)));
   if (isNum(ev.confidence)) facts.push(fact("confidence", ev.confidence.toFixed(3)));
-  if (isNum(ev.time_to_oom_seconds)) {
+  if (ev.above_limit) {
+    facts.push(fact("projected OOM", isNum(ev.time_to_oom_seconds) ? "now: at its limit" : "unknown: past a limit the kernel does not enforce"));
+  } else if (isNum(ev.time_to_oom_seconds)) {
     const at = (isNum(f.updated_at) ? f.updated_at : now) + ev.time_to_oom_seconds;
     facts.push(fact("projected OOM", fmtWhen(at, now)));
   }
-  if (isNum(ev.limit_bytes)) facts.push(fact("limit", fmtBytes(ev.limit_bytes)));
+  if (isNum(ev.limit_bytes)) {
+    const where = ev.limit_source === "config" ? " (medic's config only)" : ev.limit_source ? ` (${ev.limit_source})` : "";
+    facts.push(fact("limit", `${fmtBytes(ev.limit_bytes)}${where}${ev.above_limit ? ", above it" : ""}`));
+  }
   if (isNum(ev.resident_bytes) && isNum(ev.allocated_bytes)) {
     facts.push(fact("resident / allocated", `${fmtBytes(ev.resident_bytes)} / ${fmtBytes(ev.allocated_bytes)}`));
   }
@@ -649,12 +659,31 @@ function findingCard(f, now) {
     suspects.length
       ? h("ul", { class: "suspect-lines" }, suspects.map((sp) => h("li", {}, suspectLine(sp))))
       : null,
+    collectingLine(ev.collecting),
   );
+}
+
+// what a leak finding waits for: allocation sites being collected, or why their tracing ended
+function collectingLine(waiting) {
+  if (!waiting || typeof waiting !== "object" || !waiting.message) return null;
+  return h("p", { class: "muted" }, `collecting ${waiting.what || "allocation sites"}: ${waiting.message}`);
 }
 
 function suspectLine(sp) {
   const share = isNum(sp.share) ? `, ${fmtPercent(sp.share)} of the growth` : "";
-  return `${sp.name || "?"}: ${fmtRate(sp.bytes_per_second)}${share}`;
+  const held = heldBy(sp);
+  return `${sp.name || "?"}: ${fmtRate(sp.bytes_per_second)}${share}${held ? `; ${held}` : ""}`;
+}
+
+// what holds a suspect, where the process could say: "held by static field Cache.ENTRIES (java.util.HashMap…)",
+// "held by cache_service.CACHE (dict of 5000 int -> bytes), added at cache_service.py:16"; or where a
+// Python container is filled
+function heldBy(sp) {
+  const first = Array.isArray(sp.held_by) ? sp.held_by[0] : null;
+  if (!first) return sp.added_at ? `filled at ${sp.added_at}` : "";
+  if (typeof first === "string") return `held by ${first}`;
+  if (!first.where) return "";
+  return `held by ${first.where}${first.what ? ` (${first.what})` : ""}${first.added_at ? `, added at ${first.added_at}` : ""}`;
 }
 
 function renderSuspects(inst) {
@@ -680,7 +709,7 @@ function renderSuspects(inst) {
     h(
       "tr",
       {},
-      h("td", { class: "mono" }, sp.name || "?"),
+      h("td", { class: "mono" }, heldBy(sp) ? `${sp.name || "?"} ${heldBy(sp)}` : sp.name || "?"),
       h("td", {}, sp.kind || ""),
       h("td", { class: "num" }, fmtRate(sp.bytes_per_second)),
       h("td", { class: "num" }, fmtPercent(sp.share)),
@@ -786,6 +815,14 @@ function memoryChart(inst, series, projection, now) {
   );
 }
 
+/** An entry's status as `medic plan` words it: dry-run's would-be restart, held by the budget, or
+ * against its deadline. */
+function planStatus(e, now) {
+  if (e.dry_run) return "would-restart";
+  if (e.held_by && !isNum(e.deadline) && isNum(e.slot_at) && e.slot_at > now) return `held: ${e.held_by}`;
+  return e.hopeless ? "hopeless" : e.late ? "late" : "on-time";
+}
+
 function planTimeline(entries, now) {
   const rowH = 30;
   const left = 170;
@@ -811,7 +848,8 @@ function planTimeline(entries, now) {
   parts.push(s("text", { class: "axis", x: x(now) + 3, y: top - 10 }, "now"));
   entries.forEach((e, i) => {
     const cy = top + i * rowH + rowH / 2;
-    const status = e.hopeless ? "hopeless" : e.late ? "late" : "on-time";
+    const status = planStatus(e, now);
+    const cls = `plan-${status.split(":")[0]}`;
     const name = `${e.instance} (${e.kind || "restart"})`;
     parts.push(s("text", { class: "plan-name", x: left - 8, y: cy + 4, "text-anchor": "end" }, name));
     if (isNum(e.slot_at)) {
@@ -822,16 +860,23 @@ function planTimeline(entries, now) {
     if (isNum(e.latest_start)) parts.push(tick(e.latest_start, "plan-latest", 9, `must start by ${fmtClock(e.latest_start)}`));
     if (isNum(e.deadline)) parts.push(tick(e.deadline, "plan-deadline", 11, `projected OOM ${fmtClock(e.deadline)}`));
     if (isNum(e.slot_at)) {
-      const title = s("title", {}, `restart planned ${fmtClock(e.slot_at)}`);
-      parts.push(s("circle", { class: ["plan-slot", `plan-${status}`], cx: x(e.slot_at), cy, r: 6 }, title));
+      const said = e.dry_run ? "would restart (dry-run, nothing restarted)" : "restart planned";
+      const title = s("title", {}, `${said} ${fmtClock(e.slot_at)}`);
+      parts.push(s("circle", { class: ["plan-slot", cls], cx: x(e.slot_at), cy, r: 6 }, title));
     }
-    parts.push(s("text", { class: ["plan-status", `plan-${status}`], x: left + plotW + 8, y: cy + 4 }, status));
+    parts.push(s("text", { class: ["plan-status", cls], x: left + plotW + 8, y: cy + 4 }, status));
   });
   const attrs = { class: "chart-plan", viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": "restart plan" };
   return s("svg", attrs, parts);
 }
 
 // ---------------------------------------------------------------------------------------- remediation, events
+
+/** The last step's refusals for instances the plan does not list (escalated, in progress, paused…). */
+function heldElsewhere(step, entries) {
+  const planned = new Set(entries.map((e) => e.instance));
+  return Object.entries(step.decisions || {}).filter(([name, d]) => d && !d.ok && !planned.has(name));
+}
 
 function renderRemediation() {
   const planMissing = state.errors.plan && state.errors.plan.status === 404; // said below, not an error
@@ -859,11 +904,7 @@ function renderRemediation() {
     fleetPauseFact(plan.fleet, now),
     fleetPlannerFact(plan.fleet, now),
     fact("coordinator", coordinator.ok === false ? `DOWN: ${coordinator.error || "?"} (no restarts until it answers)` : "ok"),
-    fact(
-      "budget",
-      `${budget.max_concurrent ?? "?"} at a time, ${fmtDuration(budget.min_interval)} apart, ` +
-        `≤ ${budget.max_per_hour ?? "?"}/h, cooldown ${fmtDuration(budget.cooldown)}`,
-    ),
+    fact("budget", budget.text || "?"),
     fact("windows", plan.windows || "any time"),
   );
   const step = plan.step || {};
@@ -876,6 +917,17 @@ function renderRemediation() {
       ? h("ul", { class: "plan-reasons" }, entries.map((e) => h("li", {}, h("b", {}, e.instance || "?"), `: ${e.reason || ""}`)))
       : null,
     (planned.problems || []).map((p) => h("p", { class: "problem" }, String(p))),
+    (plan.requests || []).map((r) =>
+      h(
+        "p",
+        { class: r.status === "held" ? "problem" : "muted" },
+        `request: ${r.instance || "?"}: ${r.kind || "manual"} restart asked by ${r.requested_by || "an operator"} ` +
+          `(action ${r.action_id ?? "?"}): ${r.detail || "waiting for the next remediation step"}`,
+      ),
+    ),
+    heldElsewhere(step, entries).map(([name, d]) =>
+      h("p", { class: "problem" }, `held: ${name}: ${d.stage || "?"}/${d.code || "?"}: ${d.reason || ""}`),
+    ),
     (plan.in_progress || []).map((name) => h("p", { class: "in-progress" }, `restarting now: ${name}`)),
     (plan.escalations || []).map((e) =>
       h(

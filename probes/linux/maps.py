@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.core.errors import ProbeError
+from agent.core.figures import FIGURE_LIMIT
 from probes.linux.procfs import HOST_ROOT, proc_path, read_file
 
 _LINE = re.compile(
@@ -84,3 +85,37 @@ def parse_maps(data: bytes) -> list[Mapping]:
 def read_maps(pid: int, root: Path = HOST_ROOT) -> list[Mapping]:
     """The memory map of a live process (needs ptrace-read access: the same uid, or root)."""
     return parse_maps(read_file(proc_path(root, pid, "maps"), pid))
+
+
+# --------------------------------------------------------------------------- /proc/PID/smaps
+_SMAPS_HEAD = re.compile(rb"([0-9a-fA-F]{1,16})-([0-9a-fA-F]{1,16}) ")
+_SMAPS_RSS = re.compile(rb"Rss:\s+(\d{1,20}) kB")
+
+
+def parse_smaps_resident(data: bytes) -> list[tuple[int, int, int]]:
+    """(start, end, resident bytes) of each mapping of `/proc/PID/smaps` (a maps line, then `Key: N kB`
+    lines, of which `Rss` is kept); `ProbeError` when an `Rss` line has no mapping before it."""
+    regions: list[tuple[int, int, int]] = []
+    span: tuple[int, int] | None = None
+    for line in data.split(b"\n"):
+        if head := _SMAPS_HEAD.match(line):
+            span = int(head.group(1), 16), int(head.group(2), 16)
+        elif rss := _SMAPS_RSS.fullmatch(line.rstrip()):
+            if span is None:
+                raise ProbeError("/proc/PID/smaps: an Rss line before any mapping: not an smaps file")
+            size = int(rss.group(1)) * 1024
+            if size >= FIGURE_LIMIT:
+                raise ProbeError(
+                    f"/proc/PID/smaps: an Rss of {rss.group(1).decode()} kB is wider than 64 bits"
+                )
+            regions.append((*span, size))
+            span = None
+    return regions
+
+
+def resident_within(pid: int, start: int, end: int, root: Path = HOST_ROOT) -> tuple[int, int]:
+    """(bytes resident in the mappings that overlap [start, end), bytes resident in all of them) of a
+    live process: what part of its RSS one address range holds (a JVM's heap), from one smaps read."""
+    regions = parse_smaps_resident(read_file(proc_path(root, pid, "smaps"), pid))
+    inside = sum(rss for low, high, rss in regions if low < end and high > start)
+    return inside, sum(rss for _, _, rss in regions)

@@ -145,8 +145,13 @@ int main(int argc, char **argv) {
 
 def build_java(out_dir: Path) -> Path:
     """Compile LeakClasses.java with javac; returns the class directory."""
-    source = out_dir / "LeakClasses.java"
-    source.write_text(JAVA_LEAK)
+    return compile_java(out_dir, "LeakClasses", JAVA_LEAK)
+
+
+def compile_java(out_dir: Path, name: str, text: str) -> Path:
+    """Compile the public class `name` (its source `text`) with javac into `out_dir`; returns it."""
+    source = out_dir / f"{name}.java"
+    source.write_text(text)
     subprocess.run(["javac", "-d", str(out_dir), str(source)], check=True, capture_output=True, timeout=120)
     return out_dir
 

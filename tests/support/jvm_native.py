@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from support.histo import clean_env, read_ready
+from support.histo import clean_env, compile_java, read_ready
 from support.procs import SpawnFn
 
 JAVA_NATIVE_LEAK = r"""
@@ -62,10 +62,7 @@ JVM_FLAGS = (
 
 def build_native_leak(out_dir: Path) -> Path:
     """Compile NativeLeak.java with javac; returns the class directory."""
-    source = out_dir / "NativeLeak.java"
-    source.write_text(JAVA_NATIVE_LEAK)
-    subprocess.run(["javac", "-d", str(out_dir), str(source)], check=True, capture_output=True, timeout=120)
-    return out_dir
+    return compile_java(out_dir, "NativeLeak", JAVA_NATIVE_LEAK)
 
 
 def start_native_leak(

@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,9 @@ import httpx
 import pytest
 import yaml
 
-from support.procs import free_port, wait_until
+from support.procs import REPO, free_port, wait_until
+
+SHIPPED_RULES = REPO / "dashboards" / "prometheus" / "medic-rules.yml"
 
 
 @dataclass
@@ -208,6 +211,32 @@ class Prometheus:
         return httpx.get(f"{self.url}/api/v1/alerts", timeout=15).json()["data"]["alerts"]
 
 
+def fast_rules(tmp_path: Path) -> tuple[dict, Path]:
+    """The shipped rules with every `for:` at 1 s; the expressions are the shipped ones."""
+    rules = yaml.safe_load(SHIPPED_RULES.read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule["for"] = "1s"
+    path = tmp_path / "medic-rules.fast.yml"
+    path.write_text(yaml.safe_dump(rules))
+    return rules, path
+
+
+def firing(prom, name: str) -> list[dict]:
+    return [a for a in prom.alerts() if a["labels"]["alertname"] == name and a["state"] == "firing"]
+
+
+def rules_evaluated_after(prom, when: float) -> bool:
+    """Whether every rule group was last evaluated after `when` (unix seconds)."""
+    groups = httpx.get(f"{prom.url}/api/v1/rules", timeout=5).json()["data"]["groups"]
+    return bool(groups) and all(_unix(g["lastEvaluation"]) > when for g in groups)
+
+
+def _unix(stamp: str) -> float:
+    """An RFC 3339 time of Prometheus's API (`2026-12-02T04:05:06.123456789Z`), its fraction dropped."""
+    return datetime.fromisoformat(stamp.split(".")[0].removesuffix("Z") + "+00:00").timestamp()
+
+
 def start_prometheus(
     spawn,
     tmp_path: Path,
@@ -258,20 +287,6 @@ def start_prometheus(
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/-/ready", 30)
     return Prometheus(url, proc, log)
-
-
-def fast_rules(tmp_path: Path) -> tuple[dict, Path]:
-    """The shipped alerting rules with every `for:` at 1 s (the expressions and labels are the
-    shipped ones), written to a file for Prometheus; the rules as loaded, and the file."""
-    from support.procs import REPO
-
-    rules = yaml.safe_load((REPO / "dashboards" / "prometheus" / "medic-rules.yml").read_text())
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            rule["for"] = "1s"
-    path = tmp_path / "medic-rules.fast.yml"
-    path.write_text(yaml.safe_dump(rules))
-    return rules, path
 
 
 class ServedApp:

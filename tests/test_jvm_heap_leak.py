@@ -1,0 +1,128 @@
+"""A real agent on the compressed lab config (examples/lab.yaml) against three real JVMs whose ceilings are far
+below the memory limit medic judges them against: one leaks `byte[]` into a static `HashMap<String,
+byte[]>` (its RSS would need many minutes to reach the limit, its heap only a few to reach -Xmx), one
+widens its GC sawtooth until it has committed its whole heap and stays there, one keeps direct
+buffers up to -XX:MaxDirectMemorySize. Each leak is found while its JVM still runs, before its own
+OutOfMemoryError, with its layer's ceiling named, and the heap leak with what holds it; the JVM that
+grew its heap to -Xmx gets no finding, and none is read as memory kept by an allocator."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+
+import pytest
+import yaml
+
+from support.jvm_heap import build_heap_shapes, start_heap_shape
+from support.procs import REPO, wait_until
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("javac") is None or shutil.which("jcmd") is None, reason="needs a JDK"),
+]
+LAB = REPO / "examples" / "lab.yaml"
+MiB = 2**20
+XMX = 96 * MiB
+STEP = 20.0  # a memory judgement of the lab config (a 2 min window / 24 x 4)
+
+
+def lab_config(leaky: int, growing: int, buffers: int) -> dict:
+    lab = yaml.safe_load(LAB.read_text())
+    jvm = next(i for i in lab["instances"] if "histograms" in i)["histograms"]
+    jvm = {"jvm": {**jvm["jvm"], "retainers": {"record": "12s"}}}  # what holds the leak, soon after it opens
+    return {
+        "agent": {k: v for k, v in lab["agent"].items() if k not in ("listen", "state_dir")},
+        "detect": lab["detect"],
+        "instances": [
+            {"name": "leaky", "match": {"pid": leaky}, "memory_limit": "640Mi", "histograms": jvm},
+            {"name": "growing", "match": {"pid": growing}, "memory_limit": "240Mi", "histograms": jvm},
+            {"name": "buffers", "match": {"pid": buffers}, "memory_limit": "1Gi", "histograms": jvm},
+        ],
+    }
+
+
+def found_before_oome(agent, name: str, jvm: subprocess.Popen) -> Callable[[], dict | None]:
+    """The leak finding of `name`, once there is one; fails at once if the JVM died first (of its own
+    OutOfMemoryError: the finding came too late)."""
+
+    def found() -> dict | None:
+        leaks = [f for f in agent.get("/api/v1/findings", kind="leak")["findings"] if f["instance"] == name]
+        if leaks:
+            return leaks[0]
+        assert jvm.poll() is None, (
+            f"{name}: the JVM died of its own OutOfMemoryError before medic found the leak"
+        )
+        return None
+
+    return found
+
+
+def test_a_heap_leak_is_found_before_the_jvms_oome_and_a_heap_grown_to_xmx_is_no_finding(
+    agent, spawn, tmp_path
+):
+    classes = build_heap_shapes(tmp_path)
+    leaking, leaky = start_heap_shape(spawn, classes, "leak", 10, "-Xmx96m", "-XX:+UseG1GC")
+    _growing, growing = start_heap_shape(spawn, classes, "expand", 15000, "-Xms8m", "-Xmx96m", "-XX:+UseG1GC")
+    direct = ("-Xmx64m", "-XX:MaxDirectMemorySize=48m", "-XX:NativeMemoryTracking=summary")
+    keeping, buffers = start_heap_shape(spawn, classes, "direct", 6, *direct)
+    agent.start(lab_config(leaky, growing, buffers))
+
+    leak = wait_until(found_before_oome(agent, "leaky", leaking), 300, interval=1.0)
+    assert leaking.poll() is None  # found while the JVM still runs
+    evidence = leak["evidence"]
+    assert evidence["series"] == "jvm_heap_after_gc_bytes" and evidence["layer"] == "jvm_heap"
+    assert evidence["ceiling_bytes"] == XMX and evidence["limit_bytes"] == pytest.approx(0.9 * XMX)
+    assert not evidence["outside_java_heap"] and evidence["time_to_oom_seconds"] is not None
+    assert "leaks in the Java heap: java.lang.OutOfMemoryError: Java heap space in " in leak["summary"]
+    assert "heap after GC grows" in leak["summary"] and "towards -Xmx 96.0 MiB" in leak["summary"], leak
+    layers = {c["layer"]: c for c in agent.instance("leaky")["ceilings"]}
+    assert layers["jvm_heap"]["bytes"] == XMX and layers["jvm_heap"]["source"] == "VM.flags"
+
+    # the JVM names what holds the leaked arrays: the static map, through JFR's old-object samples
+    def held() -> list[dict]:
+        leaks = [
+            f for f in agent.get("/api/v1/findings", kind="leak")["findings"] if f["instance"] == "leaky"
+        ]
+        suspects = leaks[0]["evidence"].get("suspects") or [] if leaks else []
+        return [s for s in suspects if s.get("held_by")]
+
+    suspect = wait_until(held, 120, interval=1.0)[0]
+    assert suspect["kind"] == "class" and suspect["name"] in (
+        "[B",
+        "java.util.HashMap$Node",
+        "java.lang.String",
+    )
+    holder = suspect["held_by"][0]
+    assert holder["where"] == "static field HeapShapes.CACHE", holder
+    assert holder["what"].startswith("java.util.HashMap of ") and holder["samples"] >= 1, holder
+    table = agent.cli("leaks", timeout=60).stdout
+    assert "held by static field HeapShapes.CACHE" in table, table
+
+    # the other JVM committed its whole heap; judgements go on with it there, and none finds anything
+    def at_xmx() -> float | None:
+        series = agent.get("/api/v1/instances/growing/series", metric="jvm_heap_committed_bytes", step="1s")
+        return next((ts for ts, value in series["points"] if value >= 0.9 * XMX), None)
+
+    reached = wait_until(at_xmx, 120, interval=1.0)
+
+    def judged_since() -> bool:
+        leaks = [
+            f for f in agent.get("/api/v1/findings", kind="leak")["findings"] if f["instance"] == "leaky"
+        ]
+        return bool(leaks) and leaks[0]["updated_at"] >= reached + 3 * STEP
+
+    wait_until(judged_since, 240, interval=1.0)
+    findings = agent.get("/api/v1/findings", state="all")["findings"]
+    assert not [f for f in findings if f["instance"] == "growing"], findings
+    opened = [e for e in agent.events(kind="finding_opened") if e["instance"] == "growing"]
+    assert not opened, opened
+
+    # direct buffers hit -XX:MaxDirectMemorySize long before the memory limit, and are never "retention"
+    found = wait_until(found_before_oome(agent, "buffers", keeping), 240, interval=1.0)
+    assert keeping.poll() is None
+    assert found["evidence"]["layer"] == "jvm_direct" and found["evidence"]["ceiling_bytes"] == 48 * MiB
+    assert "java.lang.OutOfMemoryError: Direct buffer memory in " in found["summary"], found["summary"]
+    fragmentation = agent.get("/api/v1/findings", kind="fragmentation", state="all")["findings"]
+    assert not fragmentation, fragmentation
