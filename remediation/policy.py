@@ -116,13 +116,15 @@ def crash_loop_run(
 def primary_request(requests: Sequence[RemediationRequest]) -> RemediationRequest:
     """The request that leads an instance's case: forced first, then a crash loop, then a person's
     (they asked for now: held behind a finding's later slot, their request would wait unseen),
-    then the earliest deadline, then kind."""
+    then one a restart may be planned for (a watched leak or OOM risk leading would hold a critical
+    one behind it), then the earliest deadline, then kind."""
     return min(
         requests,
         key=lambda r: (
             not r.force,
             r.kind != "crash-loop",
             r.kind != "manual",
+            _watched(r),
             r.deadline if r.deadline is not None else float("inf"),
             KIND_PRIORITY.get(r.kind, 99),
             r.finding_id,
@@ -215,13 +217,20 @@ def decide(
     return Intent("restart", kind, f"{kind} request: {request.reason}")
 
 
+def _watched(request: RemediationRequest) -> bool:
+    """A leak or OOM risk that the detectors did not make critical: watched, not restarted (a
+    request that carries no finding, a person's, is not judged by severity)."""
+    severity = request.finding.get("severity")
+    return request.kind in OOM_KINDS and severity is not None and severity != "critical"
+
+
 def _not_critical(request: RemediationRequest) -> Intent | None:
     """A leak or OOM risk that the detectors did not make critical is watched, not restarted: only a
     critical one stands on evidence that the growth does not level off (a cache filling to its TTL,
-    fragmentation like log(t)). A request that carries no finding (a person's) is not judged here."""
-    severity = request.finding.get("severity")
-    if severity is None or severity == "critical":
+    fragmentation like log(t)); the finding's `not_critical` says why."""
+    if not _watched(request):
         return None
+    severity = request.finding.get("severity")
     evidence = request.finding.get("evidence")
     why = evidence.get("not_critical") if isinstance(evidence, dict) else None
     return Intent(

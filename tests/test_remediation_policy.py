@@ -323,3 +323,21 @@ def test_no_restart_is_planned_for_a_finding_below_critical(severity, kind):
         request(kind, T0 + 9000, finding={"severity": severity}), case(kind), [], LADDER, T0, can_purge=True
     )
     assert (intent.action == "restart") == (severity == "critical")
+
+
+def test_a_watched_request_never_leads_a_critical_one_on_the_same_instance():
+    """Peaks past a limit only medic's config sets: the oom-risk finding is watched (no OOM to
+    restart before) and the leak under it is critical with no time to OOM; the leak leads, or the
+    watched one would hold the restart the leak needs."""
+    watched = request(
+        "oom-risk", finding={"severity": "error", "evidence": {"not_critical": "past a config-only limit"}}
+    )
+    critical = request("leak", finding={"severity": "critical"})
+    assert primary_request([watched, critical]) is critical
+    intent = decide(critical, case(), [], LADDER, T0, can_purge=True)
+    assert (intent.action, intent.code) == ("restart", "leak")
+    intent = decide(watched, case("oom-risk"), [], LADDER, T0, can_purge=True)
+    assert intent.code == "watched" and "past a config-only limit" in intent.reason
+    person = request("manual")  # a person's request carries no finding: never judged by severity
+    assert primary_request([watched, person]) is person
+    assert decide(person, case("manual"), [], LADDER, T0, can_purge=True).action == "restart"
