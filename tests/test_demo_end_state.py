@@ -44,7 +44,8 @@ def told_by_medic_leaks(agent) -> set[str]:
     shown = agent.cli("leaks", "demo-leaky", token=False)
     assert shown.returncode == 0, shown.stderr
     assert "not projected" not in shown.stdout and NOT_ENFORCED in shown.stdout, shown.stdout
-    rows = [line for line in shown.stdout.splitlines()[1:] if line.startswith("demo-leaky")]
+    # the table's rows, not the lines under it that say what a finding's suspects are ("demo-leaky leak: …")
+    rows = [line for line in shown.stdout.splitlines()[1:] if re.match(r"demo-leaky +[a-z-]+ ", line)]
     assert all("past its limit" in row for row in rows), shown.stdout  # its TIME-TO-OOM
     return {row.split()[1] for row in rows}
 
@@ -73,9 +74,8 @@ def told_by_prometheus(prom, since: float) -> set[str]:
     near = [a for a in firing(prom, "MedicMemoryNearLimit") if a["labels"]["name"] == "demo-leaky"]
     if not near:
         return set()
-    assert re.match(
-        r"demo-leaky uses 1[23]\d(\.\d+)?% of its memory limit", near[0]["annotations"]["summary"]
-    )
+    # above the limit: by how much depends on what the Python hook's tracing costs on top of the cap
+    assert re.match(r"demo-leaky uses 1\d\d(\.\d+)?% of its memory limit", near[0]["annotations"]["summary"])
     assert not [a for a in prom.alerts() if a["labels"].get("name") == "demo-stable"]
     return {s["metric"]["kind"] for s in prom.query('medic_findings{name="demo-leaky"}')}
 

@@ -79,11 +79,17 @@ def test_the_built_in_demo_finds_the_slow_one_and_the_leak_and_restarts_the_leak
         def finding(instance: str, kind: str) -> dict | None:
             return next((f for f in opened() if f["instance"] == instance and f["kind"] == kind), None)
 
-        def named() -> dict | None:  # the allocation sites, traced once the finding opened
+        def named() -> dict | None:
+            """The line that fills the cache: the first suspect's allocation site (traced once the
+            finding opened), or the line that adds to the container it names."""
             for found in httpx.get(f"{url}/api/v1/findings", timeout=5).json()["findings"]:
                 suspects = (found.get("evidence") or {}).get("suspects") or []
-                if found["instance"] == "demo-leaky" and suspects and suspects[0]["name"] == leaking_line():
-                    return found
+                if found["instance"] == "demo-leaky" and suspects:
+                    first = suspects[0]
+                    if leaking_line() == (
+                        first["name"] if first["kind"] == "site" else first.get("added_at")
+                    ):
+                        return found
             return None
 
         # the leak detector or the OOM projection, whichever speaks first: both say it runs out
@@ -95,8 +101,7 @@ def test_the_built_in_demo_finds_the_slow_one_and_the_leak_and_restarts_the_leak
             lambda: finding("demo-slow", "slow"), max(5.0, 120 - (time.monotonic() - started)), 1.0
         )
         assert "peer" in slow["evidence"]["fired"], slow["summary"]
-        suspect = wait_until(named, max(5.0, 120 - (time.monotonic() - started)), 1.0)
-        assert suspect["evidence"]["suspects"][0]["kind"] == "site"
+        wait_until(named, max(5.0, 120 - (time.monotonic() - started)), 1.0)
 
         def restarted() -> dict | None:
             events = httpx.get(
