@@ -109,7 +109,8 @@ def above_limit(ctx: Context) -> Observation | None:
         "lifetime_start": ctx.lifetime_start,
     }
     severity = "critical" if enforced(ctx) else "error"
-    if not enforced(ctx):  # what the plan shows for it: watched, and why (a leak under it is judged on its own)
+    # what the plan shows for it: watched, and why (a leak under it is judged on its own)
+    if not enforced(ctx):
         evidence["not_critical"] = (
             "its peaks are past a limit set only in medic's config, which the kernel does not enforce: "
             "no OOM to restart it before"
