@@ -49,6 +49,8 @@ def critical_reach(ctx: Context, metric: str, ttoom: float) -> Critical:
     for fit in ctx.fits(metric):
         if fit.scale == "daily" or not fit.long_enough(p, ttoom):
             continue
+        if not fit.profile_known and fit.basis is None and fit.coverage < p.season / 2:
+            continue  # hours of a day with no profile learned: a daily rise and growth look alike
         room = limit - peak - (_daily_rise(ctx, fit) if fit.seasonal else 0.0)
         found = fit.reach(room, p.horizon, p.season)
         if found is None or not found.reaches:

@@ -110,8 +110,9 @@ class Fit:
         """The test that the step-free floor (its first `n` buckets) rises by `rise` within
         `within` seconds, against every curve that stays below (`agent.detect.reach`); None on
         the daily scale (day-over-day differences have no curve to test) or with too few buckets.
-        Where no daily profile was removed, a daily sine and cosine are fitted with every curve
-        over half a `season` or more: the rising half of a day's swing is not growth."""
+        Where no daily profile is known yet, a daily sine and cosine are fitted with every curve
+        over half a `season` or more: the rising half of a day's swing is not growth (a profile
+        learned flat says there is no swing)."""
         if self.scale == "daily":
             return None
         n = len(self.idx) if n is None else n
@@ -119,7 +120,7 @@ class Fit:
         if self.basis is not None and self.floors is not None:  # the daily wave fitted with it
             return reach_test(xs, self.floors[:n], rise, within, [col[:n] for col in self.basis])
         extra = None
-        if not self.seasonal and xs and xs[-1] - xs[0] + self.width >= season / 2:
+        if not self.profile_known and xs and xs[-1] - xs[0] + self.width >= season / 2:
             omega = 2 * math.pi / season
             extra = [[math.sin(omega * x) for x in xs], [math.cos(omega * x) for x in xs]]
         return reach_test(xs, self.steps.clean[:n], rise, within, extra)
