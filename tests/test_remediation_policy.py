@@ -285,3 +285,59 @@ def test_bad_requests_are_described_not_raised(kwargs, problem):
 def test_fuzz_request_validation_never_raises(instance, kind, deadline):
     result = RemediationRequest(instance, kind, "f", "r", deadline=deadline).problem()  # type: ignore[arg-type]
     assert result is None or isinstance(result, str)
+
+
+@pytest.mark.parametrize("kind", ["leak", "oom-risk"])
+@pytest.mark.parametrize("severity", ["warning", "error"])
+def test_a_leak_that_is_not_critical_is_watched_not_restarted(kind, severity):
+    """Only a critical finding stands on evidence that the growth does not level off below the
+    limit: the others are shown as watched, with the detector's reason, and nothing is planned."""
+    why = "levelling not ruled out: a curve that stays below the limit for 1d (exp 0.6) fits"
+    finding = {"severity": severity, "evidence": {"not_critical": why}}
+    intent = decide(
+        request(kind, T0 + 9000, finding=finding), case(kind), [], LADDER, T0 + 10, can_purge=True
+    )
+    assert (intent.action, intent.code) == ("wait", "watched")
+    assert "not yet critical" in intent.reason and why in intent.reason and intent.deadline is None
+
+
+def test_a_critical_leak_is_planned_by_its_deadline_and_a_returning_one_must_be_critical_again():
+    critical = {"severity": "critical", "evidence": {}}
+    intent = decide(request("leak", T0 + 9000, finding=critical), case(), [], LADDER, T0 + 10, can_purge=True)
+    assert (intent.action, intent.code, intent.deadline) == ("restart", "leak", T0 + 9000)
+    back = request("leak", T0 + 30 * HOUR, finding={"severity": "error"})
+    intent = decide(back, restarted(deadline=BEFORE), [], LADDER, T0 + 40, can_purge=True, plan=PLAN)
+    assert (intent.action, intent.code) == ("wait", "watched")
+    # the finding a restart was made for, still there after it: judged as before (not a new case)
+    same = request("leak", T0 + 30 * HOUR, finding={"severity": "error"})
+    intent = decide(same, restarted(finding="F1"), [], LADDER, T0 + 700, can_purge=True)
+    assert (intent.action, intent.code) == ("escalate", "restart-did-not-help")
+
+
+@given(
+    severity=st.sampled_from(["info", "warning", "error", "critical"]),
+    kind=st.sampled_from(["leak", "oom-risk"]),
+)
+def test_no_restart_is_planned_for_a_finding_below_critical(severity, kind):
+    intent = decide(
+        request(kind, T0 + 9000, finding={"severity": severity}), case(kind), [], LADDER, T0, can_purge=True
+    )
+    assert (intent.action == "restart") == (severity == "critical")
+
+
+def test_a_watched_request_never_leads_a_critical_one_on_the_same_instance():
+    """Peaks past a limit only medic's config sets: the oom-risk finding is watched (no OOM to
+    restart before) and the leak under it is critical with no time to OOM; the leak leads, or the
+    watched one would hold the restart the leak needs."""
+    watched = request(
+        "oom-risk", finding={"severity": "error", "evidence": {"not_critical": "past a config-only limit"}}
+    )
+    critical = request("leak", finding={"severity": "critical"})
+    assert primary_request([watched, critical]) is critical
+    intent = decide(critical, case(), [], LADDER, T0, can_purge=True)
+    assert (intent.action, intent.code) == ("restart", "leak")
+    intent = decide(watched, case("oom-risk"), [], LADDER, T0, can_purge=True)
+    assert intent.code == "watched" and "past a config-only limit" in intent.reason
+    person = request("manual")  # a person's request carries no finding: never judged by severity
+    assert primary_request([watched, person]) is person
+    assert decide(person, case("manual"), [], LADDER, T0, can_purge=True).action == "restart"

@@ -237,7 +237,9 @@ def _promoted(
         obs,
         state="firing",
         verdict="leak",
-        severity=severity_for(ttoom, params.horizon),
+        # the fleet tells a leak from a workload, not a leak from a curve that levels below the
+        # limit: critical only when the instance's own reach test made it so
+        severity=severity_for(ttoom, params.horizon, obs.severity == "critical"),
         summary=f"{obs.summary}; a leak: {why}",
         evidence=evidence,
     )
