@@ -321,7 +321,8 @@ def test_demo_restarts_the_leaking_and_slow_servers_and_never_a_healthy_one(tmp_
 
     leaking = [s for s in servers.values() if s["behaviour"] == "leak"]
     leaks = [f for f in report["findings"] if f["kind"] == "leak"]
-    assert [f["instance"] for f in leaks] == [leaking[0]["name"]]
+    # the leaking server alone (its new process, which leaks again, may have a finding of its own)
+    assert {f["instance"] for f in leaks} == {leaking[0]["name"]}
     restarted = {a["instance"] for a in report["actions"] if a["outcome"] == "succeeded"}
     assert restarted == {name for name, s in servers.items() if s["behaviour"] != "healthy"}
     for server in servers.values():

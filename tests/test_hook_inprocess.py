@@ -31,7 +31,7 @@ def server(sock_dir: str) -> Iterator[medic_hook.HookServer]:
 
 
 def test_ping_stats_and_histogram_through_the_socket(server: medic_hook.HookServer) -> None:
-    with HookClient(server.path) as client:
+    with HookClient(server.path, 30.0) as client:
         ping = client.request("ping")
         stats = client.request("stats", detail=True)
         histogram = client.request("histogram", top=5)
@@ -48,7 +48,7 @@ def test_histogram_counts_a_known_class(server: medic_hook.HookServer) -> None:
         pass
 
     kept = [Leaky() for _ in range(5000)]
-    with HookClient(server.path) as client:
+    with HookClient(server.path, 30.0) as client:
         rows = client.request("histogram", top=50)["types"]
     row = next(r for r in rows if r["type"].endswith("Leaky"))
     assert row["count"] == len(kept) and row["bytes"] >= 5000 * 16
@@ -68,7 +68,9 @@ def test_histogram_referents_add_untracked_objects(server: medic_hook.HookServer
         # the walk covers the whole test process: its time budget at the most, for a loaded machine
         deep = client.request("histogram", top=200, referents=True, budget_s=10)["types"]
         deep = {r["type"]: r["count"] for r in deep}
-    assert plain.get("bytes", 0) < 1000 <= len(kept) <= deep["bytes"]
+    # the walk of referents adds every kept payload to what the plain walk saw (which, in a worker
+    # that ran other tests first, may include their modules' bytes)
+    assert deep["bytes"] - plain.get("bytes", 0) >= len(kept)
 
 
 def test_a_heap_past_max_objects_is_sampled_and_a_budget_too_small_for_one_pass_refused(
@@ -102,7 +104,7 @@ def test_a_heap_past_max_objects_is_sampled_and_a_budget_too_small_for_one_pass_
     ],
 )
 def test_histogram_parameters_are_validated(server: medic_hook.HookServer, params: dict) -> None:
-    with HookClient(server.path) as client, pytest.raises(HookRequestError, match="must be"):
+    with HookClient(server.path, 30.0) as client, pytest.raises(HookRequestError, match="must be"):
         client.request("histogram", **params)
 
 
@@ -130,7 +132,7 @@ def test_prof_dump_needs_an_absolute_path() -> None:
 
 
 def test_purge_reports_rss_before_and_after(server: medic_hook.HookServer) -> None:
-    with HookClient(server.path) as client:
+    with HookClient(server.path, 30.0) as client:
         reply = client.request("purge", gc=True)
     assert reply["action"] == "malloc_trim(0)" and reply["gc_collected"] is not None
     assert reply["rss_before"] > 0 and reply["returned_bytes"] == max(
@@ -157,7 +159,7 @@ def test_more_clients_than_slots_evict_the_idle_ones(server: medic_hook.HookServ
     idle = [socket.socket(socket.AF_UNIX) for _ in range(medic_hook.MAX_CLIENTS + 4)]
     for conn in idle:
         conn.connect(server.path)
-    with HookClient(server.path) as client:
+    with HookClient(server.path, 30.0) as client:
         assert client.request("ping")["pong"] is True
     for conn in idle:
         conn.close()
@@ -256,7 +258,7 @@ def test_a_list_of_untracked_dicts_shows_as_dicts_and_their_contents(server: med
 
     history = [{"id": i, "score": i / 7, "tag": None} for i in range(30000)]
     assert not gc.is_tracked(history[0])
-    with HookClient(server.path) as client:
+    with HookClient(server.path, 30.0) as client:
         reply = client.request("histogram", top=50)
     types = {row["type"]: row for row in reply["types"]}
     assert types["dict"]["count"] >= len(history) and types["float"]["count"] >= len(history)
