@@ -237,9 +237,7 @@ def _promoted(
         obs,
         state="firing",
         verdict="leak",
-        # the fleet tells a leak from a workload, not a leak from a curve that levels below the
-        # limit: critical only when the instance's own reach test made it so
-        severity=severity_for(ttoom, params.horizon, obs.severity == "critical"),
+        severity=severity_for(ttoom, params.horizon),
         summary=f"{obs.summary}; a leak: {why}",
         evidence=evidence,
     )

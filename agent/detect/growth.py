@@ -21,7 +21,6 @@ from typing import Any
 
 from agent.detect.params import DetectParams
 from agent.detect.prepared import Prepared
-from agent.detect.reach import Reach, reach_test
 from agent.detect.saturation import MIN_POINTS, Levelling, least_squares, levelling
 from agent.detect.trend import (
     MAX_RHO,
@@ -105,25 +104,6 @@ class Fit:
         if self.basis is not None and self.floors is not None:
             curves.append(levelling(self.xs, self.floors))
         return not any(c is not None and c.possible for c in curves)
-
-    def reach(self, rise: float, within: float, season: float, n: int | None = None) -> Reach | None:
-        """The test that the step-free floor (its first `n` buckets) rises by `rise` within
-        `within` seconds, against every curve that stays below (`agent.detect.reach`); None on
-        the daily scale (day-over-day differences have no curve to test) or with too few buckets.
-        Where no daily profile is known yet, a daily sine and cosine are fitted with every curve
-        over half a `season` or more: the rising half of a day's swing is not growth (a profile
-        learned flat says there is no swing)."""
-        if self.scale == "daily":
-            return None
-        n = len(self.idx) if n is None else n
-        xs = self.xs[:n]
-        if self.basis is not None and self.floors is not None:  # the daily wave fitted with it
-            return reach_test(xs, self.floors[:n], rise, within, [col[:n] for col in self.basis])
-        extra = None
-        if not self.profile_known and xs and xs[-1] - xs[0] + self.width >= season / 2:
-            omega = 2 * math.pi / season
-            extra = [[math.sin(omega * x) for x in xs], [math.cos(omega * x) for x in xs]]
-        return reach_test(xs, self.steps.clean[:n], rise, within, extra)
 
     @property
     def rising(self) -> bool:

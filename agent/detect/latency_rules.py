@@ -45,7 +45,7 @@ def judged_metrics(slo: Slo | None) -> tuple[str, str, str]:
 
 RELATIVE_SPAN = 3  # the relative rule looks back this many trend windows...
 RELATIVE_POINTS = 12  # ...at this many instants, each the instance's level over its peers' median
-RELATIVE_GROWTH = 0.3  # it fires when that ratio grew by 30 % and is above the peers' median now
+RELATIVE_GROWTH = 0.3  # it fires when that ratio grew by 30 % and is 30 % above the peers now
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,12 +382,9 @@ def relative_rise(ratios: Sequence[tuple[float, float]]) -> tuple[float, float, 
 
 
 def judge_relative(view: LatencyView, ratios: Sequence[tuple[float, float]], params: SlowParams) -> Rule:
-    """The instance's latency over its peers' median grows steadily and is now above it: one
+    """The instance's latency over its peers' median grows steadily and is now well above it: one
     instance creeping while the fleet's traffic swings all of them alike (a daily 2-3x cycle moves
-    every instance; the ratio cancels it). Above the median, not a fixed margin over it: the
-    instances of a fleet differ (one at 0.7x its peers' median is a normal member), so a fast one
-    creeping would need hours more to clear a margin, while one rising from below towards the
-    median is only catching up."""
+    every instance; the ratio cancels it)."""
     window = params.relative_window
     if len(ratios) < params.min_coverage * RELATIVE_POINTS:
         return Rule(
@@ -411,14 +408,14 @@ def judge_relative(view: LatencyView, ratios: Sequence[tuple[float, float]], par
     )
     if (
         rise >= RELATIVE_GROWTH
-        and now >= 1
+        and now >= 1 + RELATIVE_GROWTH
         and fit.confidence >= params.trend_confidence
         and fit.decel >= params.trend_decel
     ):
         return Rule("firing", text, figures)
     if (
         rise < RELATIVE_GROWTH / 2
-        or now < 1 - RELATIVE_GROWTH / 2
+        or now < 1 + RELATIVE_GROWTH / 2
         or fit.confidence < params.trend_confidence_clear
     ):
         return Rule("clear", text, figures)

@@ -15,7 +15,6 @@ from dataclasses import replace
 
 from agent.core.units import format_bytes, format_duration, format_rate
 from agent.detect.context import Context, Projection, leak_layers
-from agent.detect.critical import Critical, critical_reach
 from agent.detect.growth import Fit, at_record, time_to_limit, traffic_explains
 from agent.detect.jvm import LAYERS, NATIVE, Layer
 from agent.detect.lifetimes import carried
@@ -125,10 +124,9 @@ def _corroborated(
     return out
 
 
-def severity_for(ttoom: float | None, horizon: float, reaches: bool) -> Severity:
-    """`critical` (remediation acts on it) only when the reach test shows the limit reached within
-    the horizon (`reaches`, `agent.detect.critical`)."""
-    if ttoom is not None and ttoom < horizon and reaches:
+def severity_for(ttoom: float | None, horizon: float, ruled_out: bool = True) -> Severity:
+    """`critical` (remediation acts on it) only when the fit rules saturation out (`ruled_out`)."""
+    if ttoom is not None and ttoom < horizon / 4 and ruled_out:
         return "critical"
     if ttoom is not None and ttoom < horizon:
         return "error"
@@ -162,16 +160,6 @@ def judge_leak(ctx: Context) -> Observation:
         elif fit.metric == ALLOCATED and ctx.present(PYMALLOC):  # objects in pymalloc's arenas
             fit, ttoom, _ = _outgrown_by_rss(ctx, fit, ttoom)
         return _leak_observation(ctx, fit, ttoom, native=native)
-    # growth the trend test only holds while the limit is within the horizon: the reach test is
-    # the stronger evidence (it rejects every curve that levels below the limit), so it fires too
-    urgent = [a for a in assessed if a[1] == "holding" and a[2] is not None and a[2] < ctx.params.horizon]
-    if urgent:
-        fit, _, ttoom, _ = max(urgent, key=lambda a: a[0].trend.span)
-        crit = critical_reach(ctx, fit.metric, ttoom)  # type: ignore[arg-type]
-        if crit.reaches:
-            return _leak_observation(
-                ctx, fit, ttoom, native=layered and fit.metric != JVM_HEAP_AFTER_GC, crit=crit
-            )
     for metric in candidates:  # a leak cut short by restarts: the previous lifetime's evidence
         found = carried(ctx, metric)
         if found is not None:
@@ -236,9 +224,7 @@ def _envelope_rate(fit: Fit) -> float:
     return (floors[-1] - floors[0]) / ((fit.idx[-1] - fit.idx[0]) * fit.width)
 
 
-def _leak_observation(
-    ctx: Context, fit: Fit, ttoom: float | None, native: bool, crit: Critical | None = None
-) -> Observation:
+def _leak_observation(ctx: Context, fit: Fit, ttoom: float | None, native: bool) -> Observation:
     t = fit.trend
     projection = ctx.projection(fit.metric)
     layer = LAYERS.get(fit.metric)
@@ -266,18 +252,11 @@ def _leak_observation(
         "ceiling_bytes": projection.ceiling,
         "ends_in": projection.ends,
     }
-    reaches = False
-    if ttoom is not None and ttoom < ctx.params.horizon:
-        crit = crit or critical_reach(ctx, fit.metric, ttoom)
-        reaches = crit.reaches
-        evidence["critical_test"] = crit.evidence
-        if not reaches:
-            evidence["not_critical"] = crit.why
     return ctx.observation(
         "leak",
         "firing",
         summary,
-        severity=severity_for(ttoom, ctx.params.horizon, reaches),
+        severity=severity_for(ttoom, ctx.params.horizon, fit.saturation_ruled_out),
         verdict="leak",
         evidence=evidence,
     )

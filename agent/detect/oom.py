@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from agent.core.units import format_bytes, format_duration, format_rate
 from agent.detect.context import Context, oom_series
-from agent.detect.critical import Critical, critical_reach
 from agent.detect.growth import Fit, time_to_limit, traffic_explains
 from agent.detect.jvm import LAYERS
 from agent.detect.model import Observation, State
@@ -109,12 +108,6 @@ def above_limit(ctx: Context) -> Observation | None:
         "lifetime_start": ctx.lifetime_start,
     }
     severity = "critical" if enforced(ctx) else "error"
-    # what the plan shows for it: watched, and why (a leak under it is judged on its own)
-    if not enforced(ctx):
-        evidence["not_critical"] = (
-            "its peaks are past a limit set only in medic's config, which the kernel does not enforce: "
-            "no OOM to restart it before"
-        )
     return ctx.observation("oom-risk", "firing", summary, severity=severity, evidence=evidence)
 
 
@@ -136,7 +129,6 @@ def judge_oom(ctx: Context) -> Observation:
         )
     best = None
     state: State = "clear"
-    crits: dict[str, Critical] = {}  # the reach test, once per series (a JVM's layers each)
     for fit in fits:
         if fit.confidence < p.confidence_clear:
             continue
@@ -151,23 +143,19 @@ def judge_oom(ctx: Context) -> Observation:
             ttoom, slope = levelled_time(ctx, fit, curve), curve.rate_now
             if ttoom is None:
                 continue
-        # critical (the reach test rejects every curve that stays below the limit): the raw
-        # trend test at the clearing bar suffices (growth that accelerates lowers the corrected one)
-        crit = crits.get(fit.metric)
-        if ttoom < p.horizon and crit is None:
-            crit = crits[fit.metric] = critical_reach(ctx, fit.metric, ttoom)
+        # critical: the raw test at full confidence suffices over twice the time left, or over the
+        # time left when the growth accelerates (its curvature is what lowers the corrected test)
+        accelerating = t.early_slope <= t.slope and t.decel >= 1.0
         critical = (
-            ttoom < p.horizon
-            and crit is not None
-            and crit.reaches
+            ttoom < p.horizon / 4
+            and fit.saturation_ruled_out
             and fit.confidence >= p.confidence
-            and t.confidence >= p.confidence_clear
+            and fit.coverage >= (1 if accelerating else 2) * ttoom
         )
-        # the reach test rejects every curve that levels below the limit: what `fit_holds` guards
-        # against (projecting a warm-up that levels off, a daily rise) is ruled out already
         if (
-            (critical or (t.confidence >= p.confidence and fit_holds(fit, ttoom, p)))
+            (t.confidence >= p.confidence or (critical and t.confidence >= p.confidence_clear))
             and ttoom < p.horizon
+            and fit_holds(fit, ttoom, p)
             and not traffic_explains(ctx.prep, fit, ctx.life, p.confidence)
         ):
             if best is None or state != "firing" or ttoom < best[1]:
@@ -204,12 +192,5 @@ def judge_oom(ctx: Context) -> Observation:
             f"{ctx.prep.instance} RSS peaks {format_bytes(ctx.peak)} projected to reach the limit "
             f"{format_bytes(ctx.limit)} in {format_duration(ttoom)} (+{format_bytes(slope * 3600)}/h)"
         )
-    severity = "error"
-    crit = crits.get(fit.metric)
-    if ttoom < p.horizon and crit is not None:
-        evidence["critical_test"] = crit.evidence
-        if crit.reaches:
-            severity = "critical"
-        else:
-            evidence["not_critical"] = crit.why
+    severity = "critical" if ttoom < p.horizon / 4 and fit.saturation_ruled_out else "error"
     return ctx.observation("oom-risk", state, summary, severity=severity, evidence=evidence)

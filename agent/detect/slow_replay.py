@@ -267,8 +267,8 @@ class _FleetReplay:
 
     def _relative_candidates(self) -> dict[int, list[int]]:
         """Per instance, the ticks where its relative rule might fire: its level over its peers'
-        median (`relative_ratios`) at one of the last five instants at least 1, and `1 +
-        RELATIVE_GROWTH` times its lowest at any instant of the window (the median of three is at
+        median (`relative_ratios`) at one of the last five instants at least `1 + RELATIVE_GROWTH`,
+        and that many times its lowest at any instant of the window (the median of three is at
         most their largest and at least the lowest of all)."""
         params = self.params
         count = len(self.ticks)
@@ -291,7 +291,6 @@ class _FleetReplay:
         index = self.index
         back = params.relative_window / (RELATIVE_POINTS - 1)
         bar = 1 + RELATIVE_GROWTH - 1e-9
-        above = 1 - 1e-9
         out: dict[int, list[int]] = {}
         for t, when in enumerate(self.judged):
             at = [
@@ -302,7 +301,7 @@ class _FleetReplay:
                 if not values:
                     continue
                 recent = max(values[:5]) if len(values) >= 5 else max(values)
-                if recent >= above and recent >= bar * min(values):
+                if recent >= bar and recent >= bar * min(values):
                     out.setdefault(i, []).append(t)
         return out
 

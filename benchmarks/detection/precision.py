@@ -51,14 +51,11 @@ from benchmarks.detection.generate import DAY, HOUR, MINUTE, T0, GiB
 
 MEMORY_KINDS = ("leak", "oom-risk")
 NOISES = ("mild", "harsh")
-DEV_SEEDS = range(20)
-# scored once, at the end; 1000-1002 and 2000-2004, scored before, are spent (use them as more dev seeds)
-HELD_OUT_SEEDS = range(5000, 5020)
+DEV_SEEDS = range(3)
+HELD_OUT_SEEDS = range(2000, 2005)  # scored once, at the end (1000-1002, scored before, are spent)
 LIFETIMES_TO_FIND = 3  # a leak cut short by restarts: found within this many lifetimes of its onset
 LEAD_GOAL = 0.4
 CREEP_GOAL = 2 * HOUR
-MARGIN = 3600.0 + 300.0  # remediation's default safety margin and restart duration: a critical finding
-# (the only kind a restart is planned for) must open before the OOM less this, or the restart is late
 P99 = "latency_p99_seconds"
 SLO = Slo(quantile=0.99, threshold=0.25, window=5 * MINUTE)
 
@@ -325,27 +322,16 @@ class Cell:
     hits: list[str] = field(default_factory=list)  # each leak twin found: delay and lead
     later: int = 0  # lifetimes cut short that began after the onset (restarted families)...
     later_found: int = 0  # ...with a finding of their own
-    ooms: int = 0  # leak twins that reach their limit...
-    critical_in_time: int = 0  # ...made critical before the OOM less remediation's margin
-    critical_leads: list[float] = field(default_factory=list)  # (OOM - critical) / (OOM - onset)
 
 
-def _critical_times(analysis: InstanceAnalysis, kinds: tuple[str, ...]) -> list[float]:
-    """When a finding of `kinds` was critical: opened so, or updated to it."""
-    times = [
-        f.opened_at
-        for f in analysis.findings
-        if f.kind in kinds and f.severity == "critical" and f.opened_at is not None
-    ]
-    return sorted(
-        times
-        + [
-            t.ts
-            for t in analysis.transitions
-            if t.finding.kind in kinds
-            and t.finding.severity == "critical"
-            and t.change in ("opened", "updated")
-        ]
+def _critical(analysis: InstanceAnalysis, kinds: tuple[str, ...]) -> bool:
+    if any(
+        f.kind in kinds and f.severity == "critical" and f.opened_at is not None for f in analysis.findings
+    ):
+        return True
+    return any(
+        t.finding.kind in kinds and t.finding.severity == "critical" and t.change in ("opened", "updated")
+        for t in analysis.transitions
     )
 
 
@@ -373,7 +359,7 @@ def _score(
                     for f in findings
                 )
             )
-        cell.false_critical += int(bool(_critical_times(analysis, kinds)))
+        cell.false_critical += int(_critical(analysis, kinds))
         return
     assert case.onset is not None
     cell.leaks += 1
@@ -382,17 +368,6 @@ def _score(
     after = [
         f for f in findings if f.opened_at >= case.onset and (case.oom is None or f.opened_at < case.oom)
     ]
-    critical = [t for t in _critical_times(analysis, kinds) if t >= case.onset]
-    crit_lead = None
-    if case.oom is not None:
-        cell.ooms += 1
-        if critical and critical[0] <= case.oom - MARGIN:
-            cell.critical_in_time += 1
-            crit_lead = (case.oom - critical[0]) / (case.oom - case.onset)
-            cell.critical_leads.append(crit_lead)
-        else:
-            when = f"at {format_duration(case.oom - critical[0])} before the OOM" if critical else "never"
-            cell.misses.append(f"{case.name} critical {when}")
     if not after:
         cell.misses.append(case.name)
         return
@@ -411,7 +386,6 @@ def _score(
     cell.hits.append(
         f"{case.name}: {after[0].kind}:{after[0].severity} after {format_duration(delay)}"
         + (f", lead {lead:.2f} of {format_duration(case.oom - case.onset)}" if case.oom is not None else "")
-        + (f", critical lead {crit_lead:.2f}" if crit_lead is not None else "")
     )
     limit = (
         LIFETIMES_TO_FIND * case.lifetime
@@ -474,8 +448,7 @@ def score(
 def render(table: dict[str, Cell], verbose: bool = True, hits: bool = False) -> str:
     header = (
         f"{'family/noise':<22} {'healthy':>7} {'false':>6} {'critical':>8} {'leaks':>6} {'found':>6} "
-        f"{'late':>5} {'lead median (min)':>18} {'critical':>8} {'critical lead':>14} "
-        f"{'delay median (max)':>20} {'later lives':>11}"
+        f"{'late':>5} {'lead median (min)':>18} {'delay median (max)':>20} {'later lives':>11}"
     )
     lines = [header, "-" * len(header)]
     for name, c in table.items():
@@ -486,15 +459,9 @@ def render(table: dict[str, Cell], verbose: bool = True, hits: bool = False) -> 
             else "-"
         )
         later = f"{c.later_found}/{c.later}" if c.later else "-"
-        crit = f"{c.critical_in_time}/{c.ooms}" if c.ooms else "-"
-        crit_lead = (
-            f"{statistics.median(c.critical_leads):.2f} ({min(c.critical_leads):.2f})"
-            if c.critical_leads
-            else "-"
-        )
         lines.append(
             f"{name:<22} {c.healthy:>7} {c.false:>6} {c.false_critical:>8} {c.leaks:>6} {c.found:>6} "
-            f"{c.late:>5} {lead:>18} {crit:>8} {crit_lead:>14} {delay:>20} {later:>11}"
+            f"{c.late:>5} {lead:>18} {delay:>20} {later:>11}"
         )
     if verbose:
         for name, c in table.items():
@@ -512,8 +479,7 @@ def goals(table: dict[str, Cell]) -> list[tuple[str, bool, str]]:
     critical = sum(c.false_critical for c in table.values())
     missed = sum(c.leaks - c.found + c.late for c in table.values())
     slow_false = sum(c.false for name, c in table.items() if name.startswith("latency"))
-    late_critical = sum(c.ooms - c.critical_in_time for c in table.values())
-    leads = {name: statistics.median(c.critical_leads) for name, c in table.items() if c.critical_leads}
+    leads = {name: statistics.median(c.leads) for name, c in table.items() if c.leads}
     short = [name for name, lead in leads.items() if lead < LEAD_GOAL]
     return [
         ("no critical finding on a healthy twin", critical == 0, f"{critical}"),
@@ -522,16 +488,7 @@ def goals(table: dict[str, Cell]) -> list[tuple[str, bool, str]]:
             missed == 0,
             f"{missed} missed or late",
         ),
-        (
-            "every leak that reaches its limit made critical before the OOM less the safety margin",
-            late_critical == 0,
-            f"{late_critical} late or never",
-        ),
-        (
-            f"critical lead median >= {LEAD_GOAL} of onset->OOM in every family",
-            not short,
-            ", ".join(short) or "all",
-        ),
+        (f"lead median >= {LEAD_GOAL} of onset->OOM in every family", not short, ", ".join(short) or "all"),
         ("no false slow finding on a fleet-wide swing", slow_false == 0, f"{slow_false}"),
     ]
 
