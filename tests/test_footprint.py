@@ -40,6 +40,14 @@ def test_the_agent_starts_without_httpx_or_the_other_subcommands():
     assert others == []
 
 
+def test_medic_run_builds_its_demo_without_the_demo_extra():
+    """`make run` installs medic without numpy and onnxruntime (the `demo` extra): the built-in
+    demo's instances are made from what that install has."""
+    blocked = "import sys\nfor name in ('numpy', 'onnx', 'onnxruntime'):\n    sys.modules[name] = None\n"
+    loaded = _loaded_after(blocked + "from agent.cli.run import demo_instances\nassert demo_instances()")
+    assert "agent.demo.fleet" in loaded and "agent.demo.load" not in loaded
+
+
 def test_a_configured_sink_still_loads_httpx_when_it_is_built():
     loaded = _loaded_after(
         "from types import SimpleNamespace\n"

@@ -24,7 +24,6 @@ from pathlib import Path
 import agent
 from agent.core.errors import MedicError, ProbeError
 from agent.demo.config import SERVER_MODULE, DemoSettings, ServerSpec, demo_config, plan_servers
-from agent.demo.load import LoadGenerator, request_body
 from agent.demo.model import build_model
 from agent.state import AGENT_FILE_NAME
 from probes.linux.fstrust import atomic_write, ensure_private_dir
@@ -78,6 +77,9 @@ class Fleet:
         self.close()
 
     def start(self, timeout: float = 60.0) -> None:
+        # numpy comes with the demo extra: `medic run` (a runtime-only install) borrows free_ports alone
+        from agent.demo.load import LoadGenerator, request_body
+
         ensure_private_dir(self.state_dir, "demo state dir")  # it holds the config the agent obeys
         model = build_model(self.state_dir / "model.onnx", self.settings.shape)
         self.servers = plan_servers(self.settings, free_ports(self._count()))
