@@ -292,6 +292,7 @@ class Restarts:
             action_id=action_id,
             finding_id=request.finding_id,
             forced=request.force,
+            old_pid=view.pid,
         )
         execution.start()
         return Decision.allow("act", f"restart started (action {action_id}): {intent.reason}", code="started")

@@ -239,6 +239,34 @@ def test_narration_tells_leak_rate_plan_and_memory_back():
     assert second[-1].text == "serving-2 is back (pid 11): memory 70.0 MiB, was 300.0 MiB before the restart"
 
 
+def test_memory_back_is_told_when_the_new_process_is_seen_before_the_restart_event():
+    """The instance list can show the new pid before the narrator reads the event that started the
+    restart: the old pid the event carries still tells the restart apart from what was seen."""
+    answers: dict = {
+        "/api/v1/events": [],
+        "/api/v1/plan": {"plan": {"entries": []}},
+        "/api/v1/instances": [{"name": "serving-2", "pid": 10, "status": "up", "rss_bytes": 300 * 2**20}],
+        "/api/v1/findings": [],
+    }
+
+    def get(path: str, **params) -> dict:
+        if path == "/api/v1/plan":
+            return {"step": answers[path]}
+        return {path.rsplit("/", 1)[1]: answers[path]}
+
+    narrator = Narrator(get, status_every=0)
+    narrator.poll(100.0)
+    answers["/api/v1/instances"] = [{"name": "serving-2", "pid": 11, "status": "up", "rss_bytes": 70 * 2**20}]
+    narrator.poll(101.0)  # the new process, seen before its restart's events
+    answers["/api/v1/events"] = [
+        {"id": 3, "kind": "remediation_restart_started", "instance": "serving-2", "data": {"old_pid": 10}},
+        {"id": 4, "kind": "remediation_restart_succeeded", "instance": "serving-2", "data": {"new_pid": 11}},
+    ]
+    back = [line for line in narrator.poll(102.0) if line.kind == "memory_back"]
+    assert [line.text for line in back] == ["serving-2 is back (pid 11): memory 70.0 MiB"]
+    assert not narrator.restarts_untold
+
+
 # ----------------------------------------------------------------------------- a real server
 def test_server_answers_predictions_and_exports_the_histogram(spawn, model):
     _, url = start_server(spawn, model, "healthy")

@@ -104,8 +104,13 @@ def test_the_demo_ends_telling_one_story_everywhere(agent, spawn, tmp_path):
     kinds = wait_until(agreed, 90, interval=0.5)
     assert "oom-risk" in kinds
 
-    plan = agent.cli("plan", token=False).stdout
-    row = next(line for line in plan.splitlines() if line.startswith("demo-leaky"))
+    # demo-slow's would-be restart may hold the one slot first (as enforce's restart would), for a while
+    def leaky_row() -> tuple[str, str]:
+        plan = agent.cli("plan", token=False).stdout
+        return plan, next(line for line in plan.splitlines() if line.startswith("demo-leaky"))
+
+    wait_until(lambda: "would restart (dry-run)" in leaky_row()[1], 60, interval=0.5)
+    plan, row = leaky_row()
     assert "would restart (dry-run)" in row and "nothing was restarted" in row, plan
     assert "CANNOT BE SAVED" not in plan and "hopeless" not in plan
     (action,) = agent.get("/api/v1/actions", instance="demo-leaky")["actions"]

@@ -227,7 +227,8 @@ class Narrator:
             self._after_id = max(self._after_id, int(_number(event.get("id")) or 0))
             name = event.get("instance") if isinstance(event.get("instance"), str) else None
             kind = _text(event.get("kind"))
-            self._track_restart(kind, name)
+            data = event.get("data") if isinstance(event.get("data"), dict) else {}
+            self._track_restart(kind, name, data)
             if kind in ("instance_down", "instance_exited") and name in self._before:
                 continue  # the process medic is restarting went away: expected, not news
             text = describe_event(event)
@@ -247,11 +248,15 @@ class Narrator:
                     self._suspected.add(key)
                     new.append(Line(now, "suspect", text, _text(finding.get("instance")) or None))
 
-    def _track_restart(self, kind: str, name: str | None) -> None:
+    def _track_restart(self, kind: str, name: str | None, data: dict) -> None:
+        """The pids come from the events themselves: the instance list may show the new process
+        before the narrator reads the event that started its restart."""
         if name is None:
             return
         if kind == "remediation_restart_started":
-            self._before[name] = (self.pids.get(name), self._rss.get(name))
+            old_pid = data.get("old_pid")
+            pid = old_pid if isinstance(old_pid, int) else self.pids.get(name)
+            self._before[name] = (pid, self._rss.get(name) if pid == self.pids.get(name) else None)
             self._planned.pop(name, None)  # the next plan for it is news again
         elif kind == "remediation_restart_succeeded" and name in self._before:
             self._succeeded.add(name)
