@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import os
+import secrets
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -177,7 +178,8 @@ def remediation_routes(remediation: Remediation, guard: TokenGuard, instance_or_
         request = RemediationRequest(
             name,
             "manual",
-            f"manual-{name}-{int(time.time())}",
+            # every ask its own case: two asks within one second must not share the first one's restart
+            f"manual-{name}-{int(time.time())}-{secrets.token_hex(4)}",
             body.reason,
             force=body.force,
             requested_by=audit_by(who, body),
