@@ -35,7 +35,7 @@ from typing import Any
 from agent.core.units import format_bytes
 from agent.detect.ranking import suspects_for
 from agent.detect.retainers import with_held_by
-from agent.detect.suspects import MIN_CONFIDENCE, growth
+from agent.detect.sustained import MIN_CONFIDENCE, growth
 from agent.state.histograms import HistogramStore
 from agent.state.store import Aggregate, Store
 

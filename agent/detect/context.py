@@ -6,7 +6,8 @@ import math
 from dataclasses import dataclass
 
 from agent.core.units import format_bytes
-from agent.detect.growth import PEAK_BUCKETS, Fit, fits, peak, time_to_limit
+from agent.detect.fit import Fit
+from agent.detect.growth import PEAK_BUCKETS, fits, peak, time_to_limit
 from agent.detect.jvm import DIRECT, HEAP_MAX, HEAP_USABLE, LAYERS, METASPACE, NATIVE, value_at
 from agent.detect.model import JVM_HEAP_AFTER_GC, RSS, Kind, Observation, Severity, State, Verdict
 from agent.detect.params import DetectParams

@@ -15,7 +15,8 @@ from dataclasses import replace
 
 from agent.core.units import format_bytes, format_duration, format_rate
 from agent.detect.context import Context, Projection, leak_layers
-from agent.detect.growth import Fit, at_record, time_to_limit, traffic_explains
+from agent.detect.fit import Fit
+from agent.detect.growth import at_record, time_to_limit, traffic_explains
 from agent.detect.jvm import LAYERS, NATIVE, Layer
 from agent.detect.lifetimes import carried
 from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, PYMALLOC, RSS, Observation, Severity, State

@@ -15,7 +15,8 @@ import math
 
 from agent.core.units import format_duration
 from agent.detect.context import Context
-from agent.detect.growth import Fit, fits, time_to_limit, traffic_explains
+from agent.detect.fit import Fit
+from agent.detect.growth import fits, time_to_limit, traffic_explains
 
 ALIKE = (0.67, 1.5)  # the current growth within these factors of the previous lifetime's
 

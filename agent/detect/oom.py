@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from agent.core.units import format_bytes, format_duration, format_rate
 from agent.detect.context import Context, oom_series
-from agent.detect.growth import Fit, time_to_limit, traffic_explains
+from agent.detect.fit import Fit
+from agent.detect.growth import time_to_limit, traffic_explains
 from agent.detect.jvm import LAYERS
 from agent.detect.model import Observation, State
 from agent.detect.params import DetectParams
