@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from functools import lru_cache
 from itertools import repeat
 from operator import add, mul, sub
+from typing import cast
 
 from agent.detect.fit import Fit
 from agent.detect.params import DetectParams
@@ -51,7 +53,7 @@ def fits(prep: Prepared, metric: str, life: int, tick: float) -> list[Fit]:
     half = _fit(prep, metric, life, tick, "half-day", 1.0)
     # the long scale changes only when one of its buckets completes (or the day's profile): cache it
     key = (metric, life, math.floor(tick / params.long_bucket + 1e-9), math.floor(tick / params.season))
-    long = prep.cache.get(key)
+    long = cast("list[Fit] | None", prep.cache.get(key))  # the cache holds each key's own kind
     if long is None:
         long = []
         for part in LONG_SPANS:
@@ -88,22 +90,23 @@ def _fit(prep: Prepared, metric: str, life: int, tick: float, scale: str, part: 
     seasonal = profile is not None and profile.amplitude > 0
     offset = 0.0
     ys = lo
-    if seasonal:
+    if profile is not None and seasonal:
         table = profile.values
         size = len(table)
         n, start = len(idx), idx[0] % size
+        removed: Sequence[float]  # the profile under each bucket of the fit
         if idx[-1] - idx[0] != n - 1:
-            part = [table[b % size] for b in idx]
+            removed = [table[b % size] for b in idx]
         elif start + n <= size:  # no gap: the profile's values from `start` on, wrapping round
-            part = table[start : start + n]
+            removed = table[start : start + n]
         else:
-            part = (table * (n // size + 2))[start : start + n]
+            removed = (table * (n // size + 2))[start : start + n]
         offset = table[idx[-1] % size]
         if profile.relative:  # a workload's prior: fractions of this fit's own level
             level = median(lo)
-            part = list(map(mul, part, repeat(level, n)))
+            removed = list(map(mul, removed, repeat(level, n)))
             offset = offset * level
-        ys = list(map(sub, lo, part))
+        ys = list(map(sub, lo, removed))
     fit = Fit(metric, scale, width, idx, ys, offset, seasonal, profile is not None, STEP_FLOOR * abs(lo[-1]))
     fit.floors = lo
     return fit
@@ -227,7 +230,7 @@ def at_record(prep: Prepared, metric: str, life: int, tick: float) -> bool:
     end = math.floor(tick / width + 1e-9)
     start = math.ceil((prep.starts[life] + prep.warmup(life)) / width - 1e-9)
     means = []
-    hi = end
+    hi: float = end
     oldest = end - params.season_days * per  # no further back than the history the agent keeps
     while hi - per >= max(start, oldest) - 1e-9:
         lo_b = round(hi - per)

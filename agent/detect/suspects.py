@@ -248,7 +248,7 @@ def owns_native(suspect: Suspect) -> bool:
     return suspect.name.startswith(NATIVE_OWNERS)
 
 
-def native_order(suspect: Suspect) -> tuple:
+def native_order(suspect: Suspect) -> tuple[bool, bool, float, float, str]:
     """Classes whose counts follow the native bytes first, JDK owners of native memory first among
     those, then by how closely and how fast they follow."""
     r = suspect.correlation or 0.0
