@@ -131,7 +131,9 @@ class DetectParams:
         them shrink alike: by less than the scale when a bucket would be shorter than a probe interval."""
         axis = TimeScale.of(scale)
         axis = axis.capped(self.bucket, axis.samples(1))
-        return replace(self, **{name: axis.span(getattr(self, name)) for name in sorted(_DURATIONS)})
+        spans = {name: axis.span(getattr(self, name)) for name in sorted(_DURATIONS)}
+        # every name in _DURATIONS is a float field; mypy matches ** against the int fields too
+        return replace(self, **spans)  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
