@@ -154,14 +154,14 @@ def apply_alerts(
             )
         else:
             reason = f"Alertmanager reports {alert.alertname} resolved"
-            finding = resolve_external_finding(
+            resolved = resolve_external_finding(
                 ctx.store, ctx.events, instance, alert.fingerprint, reason, now
             )
             results.append(
                 {
                     **entry,
-                    "result": "resolved" if finding else "not-open",
-                    "finding_id": finding and finding["id"],
+                    "result": "resolved" if resolved else "not-open",
+                    "finding_id": resolved and resolved["id"],
                 }
             )
     unknown = [r for r in results if r["result"] == "unknown-instance"]

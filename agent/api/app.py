@@ -42,6 +42,7 @@ from agent.notify.config import NotifySection
 from agent.notify.external import external_findings
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
+from agent.watch.instances import InstanceState
 from agent.watch.tracker import Tracker
 
 MAX_POINTS = 2000
@@ -138,7 +139,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(dashboard_routes())  # the web dashboard at / (agent/api/dashboard.py)
     app.include_router(instances_routes(ctx))  # the instance list, once per tick (agent/api/instances.py)
 
-    def instance_or_404(name: str) -> Any:
+    def instance_or_404(name: str) -> InstanceState:
         state = ctx.tracker.get(name)
         if state is None:
             known = ", ".join(sorted(ctx.tracker.states)) or "none"
@@ -165,7 +166,10 @@ def create_app(ctx: ApiContext) -> FastAPI:
         accept, encoding = request.headers.get("accept", ""), request.headers.get("accept-encoding", "")
         pages = ctx.telemetry.pages
         # served from the event loop when this tick's page is built; built in a thread otherwise
-        body, headers = pages.peek(accept, encoding) or await run_in_threadpool(pages.get, accept, encoding)
+        page = pages.peek(accept, encoding)
+        if page is None:
+            page = await run_in_threadpool(pages.get, accept, encoding)
+        body, headers = page
         return Response(body, headers=headers)
 
     @app.get("/api/v1/instances/{name}")

@@ -106,7 +106,7 @@ def histogram_routes(ctx: Any) -> APIRouter:
         newest = [s for s in (histos.nearest(name, k, now) for k in ("class", "type")) if s is not None]
         if newest:
             return max(newest, key=lambda s: s.ts).kind
-        from probes.jvm import is_jvm  # loaded by the first such diff: an agent without JVMs need not
+        from probes.jcmd import is_jvm  # loaded by the first such diff: an agent without JVMs need not
 
         state = ctx.tracker.get(name)
         pid = getattr(state, "pid", None)

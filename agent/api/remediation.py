@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.api.auth import TokenGuard
 from agent.core.units import parse_duration
 from agent.jobs.remediation import Remediation
+from agent.watch.instances import InstanceState
 from remediation.errors import CoordinatorError, NotShared
 from remediation.model import Decision, RemediationRequest
 
@@ -115,7 +116,9 @@ def request_status(decision: Decision | None) -> str:
     return "held" if not decision.ok else "requested"
 
 
-def remediation_routes(remediation: Remediation, guard: TokenGuard, instance_or_404) -> APIRouter:
+def remediation_routes(
+    remediation: Remediation, guard: TokenGuard, instance_or_404: Callable[[str], InstanceState]
+) -> APIRouter:
     """The routes; `guard` checks the admin token and names the caller for the audit trail."""
     router = APIRouter(prefix="/api/v1")
     engine = remediation.engine

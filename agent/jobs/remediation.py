@@ -202,7 +202,7 @@ class Remediation:
             out.append(
                 RemediationRequest(
                     finding.instance,
-                    finding.kind,  # type: ignore[arg-type]  # REMEDIABLE kinds are request kinds
+                    finding.kind,
                     finding.id,
                     finding.summary,
                     deadline=deadline,

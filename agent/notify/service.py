@@ -22,6 +22,7 @@ Public API for the rest of medic:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -100,7 +101,7 @@ class Notifier:
         self.collector = NotifyCollector()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeups: dict[str, asyncio.Event] = {}
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._housekept = 0.0
         self._hold: dict[str, float] = {}  # sink -> no request before this time (its Retry-After)
@@ -211,7 +212,7 @@ class Notifier:
         self._loop = asyncio.get_running_loop()
         workers: dict[str, Callable[[], float | None]] = {"router": self.route_once}
         for sink in self.sinks:
-            workers[sink.name] = lambda sink=sink: self.deliver_once(sink)
+            workers[sink.name] = functools.partial(self.deliver_once, sink)
         if self.silencer is not None:
             workers["silences"] = self.silence_once
         for name, step in workers.items():

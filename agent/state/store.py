@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.core.errors import StoreError
 from agent.core.records import Event, Sample
@@ -189,7 +190,7 @@ class Store:
                 raise
             self._db.execute("COMMIT")
 
-    def query(self, sql: str, args: tuple | list = ()) -> list[tuple]:
+    def query(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[tuple[Any, ...]]:
         """Read-only rows, through a reader connection."""
         with self._reader() as db:
             return db.execute(sql, args).fetchall()
