@@ -26,8 +26,9 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client import disable_created_metrics
 
 from agent import __version__
-from agent.api.app import ApiContext, create_app
+from agent.api.app import create_app
 from agent.api.auth import load_or_create_token
+from agent.api.context import ApiContext
 from agent.api.guard import allowed_hosts, is_loopback
 from agent.api.listener import AgentServer, bind
 from agent.api.metrics import Telemetry

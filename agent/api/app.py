@@ -10,7 +10,6 @@ import inspect
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
@@ -24,26 +23,20 @@ from agent import __version__
 from agent.api.alertmanager import PATH as RECEIVER_PATH
 from agent.api.alertmanager import create_router as create_integrations_router
 from agent.api.auth import TokenGuard
+from agent.api.context import ApiContext
 from agent.api.dashboard import dashboard_routes
-from agent.api.guard import DEFAULT_MAX_BODY, HttpGuard, allowed_hosts, route_policies
+from agent.api.guard import HttpGuard, allowed_hosts, route_policies
 from agent.api.histograms import histogram_routes
 from agent.api.instances import instances_routes
-from agent.api.metrics import Telemetry
 from agent.api.query import parse_time
 from agent.api.remediation import remediation_routes
 from agent.core.catalog import CATALOG
 from agent.core.errors import ProbeError
 from agent.core.records import ProbeTarget
 from agent.core.units import parse_duration
-from agent.jobs.detection import Detection
 from agent.jobs.purge import purge_instance
-from agent.jobs.remediation import Remediation
-from agent.notify.config import NotifySection
 from agent.notify.external import external_findings
-from agent.state.eventlog import EventLog
-from agent.state.store import Store
 from agent.watch.instances import InstanceState
-from agent.watch.tracker import Tracker
 
 MAX_POINTS = 2000
 MAX_ID = 2**63 - 1  # SQLite's INTEGER
@@ -60,24 +53,6 @@ NO_OPENTELEMETRY = {
     "operation_spans": False,
     "auto_configure": False,
 }
-
-
-@dataclass
-class ApiContext:
-    tracker: Tracker
-    store: Store
-    telemetry: Telemetry
-    events: EventLog
-    token: str
-    detection: Detection
-    remediation: Remediation | None = None
-    started_at: float = field(default_factory=time.time)
-    config_path: str | None = None
-    notify: NotifySection = field(default_factory=NotifySection)
-    allowed_hosts: frozenset[str] | None = None  # Host names answered; None: loopback only
-    max_body: int = DEFAULT_MAX_BODY  # request bodies, except the Alertmanager receiver's
-    time_scale: float = 1.0  # agent.time_scale: above 1, windows and deadlines are compressed (a demo)
-    agent_name: str | None = None  # the `agent` label of this agent's alerts (agent.name)
 
 
 class PurgeRequest(BaseModel):
