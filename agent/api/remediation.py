@@ -29,6 +29,7 @@ from agent.api.auth import TokenGuard
 from agent.core.units import parse_duration
 from agent.jobs.remediation import Remediation
 from agent.watch.instances import InstanceState
+from remediation.engine import Engine
 from remediation.errors import CoordinatorError, NotShared
 from remediation.model import Decision, RemediationRequest
 
@@ -70,7 +71,7 @@ def audit_by(identity: str, body: BaseModel | None) -> str:
 MAX_EVIDENCE_READ = 16 * 2**20
 
 
-def read_evidence(engine: Any, path: str) -> bytes:
+def read_evidence(engine: Engine, path: str) -> bytes:
     """One stored evidence file: only under the engine's evidence directory, never through a symlink,
     at most `MAX_EVIDENCE_READ` bytes; a file pruned since is a 404 that says so."""
     store = engine.restarts.evidence

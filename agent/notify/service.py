@@ -34,7 +34,7 @@ from agent.notify.config import NotifySection
 from agent.notify.external import ensure_external_schema, expire_external_findings
 from agent.notify.metrics import NotifyCollector, NotifySnapshot
 from agent.notify.model import Notification
-from agent.notify.outbox import Outbox
+from agent.notify.outbox import Outbox, OutboxItem
 from agent.notify.router import Router
 from agent.notify.silences import Silencer, SilenceTarget
 from agent.notify.sinks import AlertmanagerSink, DeliveryError, HttpSink, create_sinks
@@ -173,7 +173,7 @@ class Notifier:
         finally:
             self.snapshot(self.clock())
 
-    def _dead_letter(self, sink: HttpSink, item: Any, error: str) -> None:
+    def _dead_letter(self, sink: HttpSink, item: OutboxItem, error: str) -> None:
         """Say in the event log (and `medic events`) that a notification was given up on."""
         what = item.payload.get("alertname") or item.kind
         self.events.emit(
