@@ -11,27 +11,26 @@ its exit status when it ends.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import signal
-import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio.to_thread
-import uvicorn
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, EVENT_JOB_MAX_INSTANCES
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client import disable_created_metrics
 
 from agent import __version__
-from agent.api.app import ApiContext, create_app
+from agent.api.app import create_app
 from agent.api.auth import load_or_create_token
+from agent.api.context import ApiContext
 from agent.api.guard import allowed_hosts, is_loopback
+from agent.api.listener import AgentServer, bind
 from agent.api.metrics import Telemetry
 from agent.api.server import server_config
 from agent.config.model import Config
@@ -75,31 +74,6 @@ def quiet_skipped_runs(scheduler: AsyncIOScheduler, runs: SkippedRuns) -> None:
 
 MAIN_INSTANCE = "main"
 API_THREADS = 8  # worker threads of the API's blocking routes (SQLite reads), at most
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the agent owns SIGTERM/SIGINT."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(
-            f"cannot listen on {host}:{port}: {exc.strerror}; choose another address with "
-            "--listen or agent.listen (port 0 picks a free one)"
-        ) from None
-    sock.listen(128)
-    sock.set_inheritable(False)
-    return sock
 
 
 class Agent:
@@ -227,7 +201,7 @@ class Agent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._loop.add_signal_handler(sig, self._on_signal, sig)
         scheduler: AsyncIOScheduler | None = None
-        server: _Server | None = None
+        server: AgentServer | None = None
         serving: asyncio.Task | None = None
         try:  # from here on, whatever happens, managed children are stopped and the store flushed
             await asyncio.to_thread(self._first_pass)
@@ -252,7 +226,7 @@ class Agent:
             # own process the module is marked absent and the check answers "no" at once
             sys.modules.setdefault("pydantic.v1", None)
             app = create_app(context)
-            server = _Server(
+            server = AgentServer(
                 server_config(
                     app,
                     header_timeout=cfg.http.header_timeout,
@@ -429,7 +403,7 @@ class Agent:
         self._stop.set()
 
     async def _shutdown(
-        self, scheduler: AsyncIOScheduler | None, server: _Server | None, serving: asyncio.Task | None
+        self, scheduler: AsyncIOScheduler | None, server: AgentServer | None, serving: asyncio.Task | None
     ) -> None:
         if scheduler is not None and scheduler.running:
             scheduler.shutdown(wait=False)

@@ -80,7 +80,7 @@ LAZY: list[tuple[str, str, str]] = [
         "httpx loads with the first scrape: no latency target, no httpx in RSS",
     ),
     ("agent.jobs.warmup", "probes.scrape", "httpx loads with the first warm-up, not with the agent"),
-    ("agent.api.histograms", "probes.jvm", "loaded by the first JVM histogram diff: no JVM, no JVM probe"),
+    ("agent.api.histograms", "probes.jcmd", "loaded by the first JVM histogram diff: no JVM, no jcmd"),
     (
         "native_hooks.doctor",
         "native_hooks.shim",

@@ -29,7 +29,7 @@ from agent.detect.latency_rules import SlowParams
 from agent.detect.params import MAX_COUNT as MEMORY_MAX_COUNT
 from agent.detect.params import DetectParams
 
-ROLLUP_SECONDS = 60.0  # the store's rollup resolution (agent.state.store): finer buckets need raw samples
+ROLLUP_SECONDS = 60.0  # the store's rollup resolution (agent.state.series): finer buckets need raw samples
 
 
 def _not_bool(value: Any) -> Any:

@@ -37,7 +37,8 @@ from agent.detect.ranking import suspects_for
 from agent.detect.retainers import with_held_by
 from agent.detect.sustained import MIN_CONFIDENCE, growth
 from agent.state.histograms import HistogramStore
-from agent.state.store import Aggregate, Store
+from agent.state.series import Aggregate
+from agent.state.store import Store
 
 GRID_POINTS = 48
 INPUTS = (
