@@ -26,7 +26,8 @@ from probes.jvmtext import attach_failure
 from probes.linux.fstrust import check_trusted_path, trusted_program
 from probes.linux.helpers import process_ids, run_as
 from probes.linux.maps import read_maps
-from probes.linux.procfs import HOST_ROOT, proc_path, read_cmdline, read_environ, read_nspid
+from probes.linux.procfs import HOST_ROOT, proc_path, read_cmdline, read_environ
+from probes.linux.procstatus import read_nspid
 from probes.settings import JvmHistograms
 
 JCMD_HOWTO = "install a JDK with jcmd (Debian: openjdk-17-jdk-headless) or set histograms.jvm.jcmd"

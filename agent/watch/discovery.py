@@ -13,7 +13,8 @@ from agent.core.errors import ProbeError, UnsafePath
 from agent.core.patterns import compile_pattern
 from agent.core.records import ProcessIdentity
 from probes.linux.fstrust import check_trusted_path, open_regular_file, trusted_uids
-from probes.linux.procfs import read_stat, read_status, start_time
+from probes.linux.procfs import read_stat, start_time
+from probes.linux.procstatus import read_status
 
 MAX_PIDFILE_BYTES = 4096  # a pid and a newline; a pidfile this long is something else
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.errors import ProbeAccessDenied, ProbeError, TargetGone
-from probes.linux.procfs import HOST_ROOT, read_status
+from probes.linux.procfs import HOST_ROOT
+from probes.linux.procstatus import read_status
 
 
 @dataclass(frozen=True, slots=True)
