@@ -280,7 +280,7 @@ class _Parser:
             raise self.fail("expected a metric name, a '#' comment or a blank line")
         else:
             pos = 0
-        brace = _BLANKS.match(line, pos).end()
+        brace = _skip_blanks(line, pos)
         if brace < len(line) and line[brace] == "{":
             name, pos = self.labels(line, brace + 1, name, labels)
         if name is None:
@@ -314,14 +314,14 @@ class _Parser:
         """Parse a label set from just after `{`; returns the metric name (maybe quoted inside) and the end."""
         n = len(line)
         while True:
-            pos = _BLANKS.match(line, pos).end()
+            pos = _skip_blanks(line, pos)
             if pos >= n:
                 raise self.fail("unterminated label set (missing '}')")
             if line[pos] == "}":
                 return name, pos + 1
             if line[pos] == '"':
                 quoted, pos = self.quoted(line, pos)
-                pos = _BLANKS.match(line, pos).end()
+                pos = _skip_blanks(line, pos)
                 if pos < n and line[pos] == "=":
                     key = quoted
                 else:
@@ -334,18 +334,18 @@ class _Parser:
                 if not match:
                     raise self.fail(f"expected a label name at column {pos + 1}")
                 key = match.group()
-                pos = _BLANKS.match(line, match.end()).end()
+                pos = _skip_blanks(line, match.end())
             if key is not None:
                 if pos >= n or line[pos] != "=":
                     raise self.fail(f"expected '=' after label {key!r}")
-                pos = _BLANKS.match(line, pos + 1).end()
+                pos = _skip_blanks(line, pos + 1)
                 if pos >= n or line[pos] != '"':
                     raise self.fail(f"expected a quoted value for label {key!r}")
                 value, pos = self.quoted(line, pos)
                 if key in out:
                     raise self.fail(f"label {key!r} given twice")
                 out[key] = value
-                pos = _BLANKS.match(line, pos).end()
+                pos = _skip_blanks(line, pos)
             if pos < n and line[pos] == ",":
                 pos += 1
             elif pos < n and line[pos] == "}":
@@ -395,6 +395,12 @@ class _Parser:
             raise self.fail("an exemplar needs a value and an optional timestamp")
         for token in tokens:
             self.number(token, "exemplar figure")
+
+
+def _skip_blanks(line: str, pos: int) -> int:
+    """The end of the spaces and tabs at `pos` (`_BLANKS` matches everywhere, the empty string at least)."""
+    blanks = _BLANKS.match(line, pos)
+    return blanks.end() if blanks is not None else pos
 
 
 def _simple_labels(pairs: str) -> dict[str, str] | None:

@@ -25,8 +25,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import Any
 
 from agent.config.model import InstanceSpec
 from agent.core.errors import ProbeError
@@ -66,7 +67,7 @@ class Tracker:
         self.managed: dict[str, ManagedProcess] = {}
         self.known: dict[str, InstanceRecord] = store.known_instances()
         self._last_errors: dict[str, str] = {}
-        self.forget_hooks: list = []  # callables(ProbeTarget) run when a process is left behind
+        self.forget_hooks: list[Callable[[ProbeTarget], None]] = []  # run when a process is left behind
         self.ledger = IdentityLedger(store.dir)
         self.adoption = Adoption(self.ledger, events)
         self._children_checked = False
@@ -96,7 +97,7 @@ class Tracker:
                 if s.status == "up" and s.pid is not None and s.start_time is not None
             ]
 
-    def snapshot(self, now: float | None = None) -> list[dict]:
+    def snapshot(self, now: float | None = None) -> list[dict[str, Any]]:
         with self.lock:
             return [s.to_dict(now) for s in sorted(self.states.values(), key=lambda s: s.name)]
 
