@@ -51,7 +51,7 @@ lint: install  ## ruff lint and format check
 	$(BIN)/ruff format --check .
 
 # the modules held to mypy (strict, pyproject.toml); the rest of the tree is read for its types only
-TYPED := agent/core agent/config probes/base.py probes/linux remediation/model.py remediation/planner.py \
+TYPED := agent/core agent/config probes agent/watch remediation/model.py remediation/planner.py \
 	remediation/budget.py native_hooks/errors.py medic_hook agent/guardrail agent/state/lock.py \
 	agent/detect/coverage.py
 
