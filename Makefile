@@ -51,8 +51,8 @@ lint: install  ## ruff lint and format check
 	$(BIN)/ruff format --check .
 
 # the modules held to mypy (strict, pyproject.toml); the rest of the tree is read for its types only
-TYPED := agent/core agent/config probes/base.py probes/linux remediation native_hooks/errors.py \
-	medic_hook agent/guardrail agent/state agent/detect agent/series agent/notify agent/api agent/jobs
+TYPED := agent/core agent/config probes agent/watch remediation native_hooks/errors.py medic_hook \
+	agent/guardrail agent/state agent/detect agent/series agent/notify agent/api agent/jobs
 
 typecheck: install  ## mypy on the typed modules
 	$(BIN)/mypy $(TYPED)

@@ -40,7 +40,8 @@ from medic_hook.paths import (  # noqa: F401 - the path rules, re-exported for m
     is_live,
     socket_name,
 )
-from probes.linux.procfs import HOST_ROOT, proc_path, read_environ, read_nspid, read_status
+from probes.linux.procfs import HOST_ROOT, proc_path, read_environ
+from probes.linux.procstatus import read_nspid, read_status
 
 SOCKET_NAME = re.compile(r"^hook\.(\d+)\.sock$")
 STALE_GRACE_SECONDS = 10.0  # a socket younger than this may be between bind() and listen()

@@ -29,10 +29,10 @@ from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from agent.core.errors import UnsafePath
 from probes.linux.fstrust import open_regular_file, trusted_program
+from probes.linux.helpers import RunAs
 from probes.linux.maps import Mapping
 
 DEMANGLE_TIMEOUT_S = 20.0
@@ -159,7 +159,7 @@ class Symbolizer:
         self.debug_root = debug_root
         self._objects: dict[tuple, ElfSymbols] = {}
         self._demangled: dict[str, str] = {}
-        self.run_as: dict[str, Any] = {}  # subprocess credentials for c++filt (`probes.linux.helpers.run_as`)
+        self.run_as: RunAs = {}  # subprocess credentials for c++filt (`probes.linux.helpers.run_as`)
         self.demangle_problem: str | None = None  # why names stay mangled, when c++filt is refused
         self.demangler: str | None = self._find_demangler() if demangle else None
 

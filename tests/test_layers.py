@@ -80,6 +80,11 @@ LAZY: list[tuple[str, str, str]] = [
         "httpx loads with the first scrape: no latency target, no httpx in RSS",
     ),
     ("agent.jobs.warmup", "probes.scrape", "httpx loads with the first warm-up, not with the agent"),
+    (
+        "probes.latency_source",
+        "probes.promtext",
+        "the exposition parser loads with the first scrape: no latency target, no parser in RSS",
+    ),
     ("agent.api.histograms", "probes.jcmd", "loaded by the first JVM histogram diff: no JVM, no jcmd"),
     (
         "native_hooks.doctor",

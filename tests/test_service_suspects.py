@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from native_hooks.workloads import ensure_shim
-from probes.linux.procfs import read_status
+from probes.linux.procstatus import read_status
 from support.compressed import DETECT, FAST, remediation
 from support.histo import clean_env, read_ready
 from support.procs import PYTHON, REPO, wait_until

@@ -25,7 +25,7 @@ from agent.core.bounded import AnswerTooLarge, AnswerTooSlow, read_bounded
 from agent.core.errors import AgentUnreachable, ApiError, ProbeError, UnsafePath, UsageError
 from agent.state import AGENT_FILE_NAME, TOKEN_FILE_NAME
 from probes.linux.fstrust import read_private_file
-from probes.linux.procfs import read_tcp_listeners
+from probes.linux.nettcp import read_tcp_listeners
 from probes.linux.secrets import read_token
 
 DEFAULT_URL = "http://127.0.0.1:9464"
