@@ -105,10 +105,11 @@ class _Elf:
             for section in elf.iter_sections():
                 if isinstance(section, DynamicSection):
                     for tag in section.iter_tags():
+                        # pyelftools sets `needed` and `soname` with setattr, for those tags only
                         if tag.entry.d_tag == "DT_NEEDED":
-                            self.needed.append(tag.needed)
+                            self.needed.append(tag.needed)  # type: ignore[attr-defined]
                         elif tag.entry.d_tag == "DT_SONAME":
-                            self.soname = tag.soname
+                            self.soname = tag.soname  # type: ignore[attr-defined]
 
     @contextlib.contextmanager
     def _open(self) -> Iterator[Any]:
@@ -242,11 +243,11 @@ def detect_allocator(pid: int, root: Path = HOST_ROOT) -> AllocatorGuess:
     while queue:
         current = elf(queue.popleft())
         for soname in current.needed if current else []:
-            path = by_name.get(soname)
-            if path and path not in seen:
-                seen.add(path)
-                order.append(path)
-                queue.append(path)
+            library = by_name.get(soname)
+            if library and library not in seen:
+                seen.add(library)
+                order.append(library)
+                queue.append(library)
 
     for path in dict.fromkeys(order):
         parsed = elf(path)
