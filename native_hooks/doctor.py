@@ -110,7 +110,7 @@ def _object(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     return value[:100] if isinstance(value, str) else None
 
 

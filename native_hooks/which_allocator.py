@@ -22,12 +22,15 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.core.errors import ProbeError, TargetGone, UnsafePath
 from probes.linux.fstrust import open_regular_file
 from probes.linux.maps import Mapping, read_maps
 from probes.linux.procfs import HOST_ROOT, proc_path, read_environ, read_exe
+
+if TYPE_CHECKING:
+    from elftools.elf.elffile import ELFFile
 
 MAX_ELF_BYTES = 16 * 2**30
 
@@ -112,7 +115,7 @@ class _Elf:
                             self.soname = tag.soname  # type: ignore[attr-defined]
 
     @contextlib.contextmanager
-    def _open(self) -> Iterator[Any]:
+    def _open(self) -> Iterator[ELFFile]:
         from elftools.common.exceptions import ELFError
         from elftools.elf.elffile import ELFFile
 
@@ -143,7 +146,9 @@ class _Elf:
             section = elf.get_section_by_name(section_name)
             if section is None:
                 return set()
-            return {s.name for s in section.iter_symbols() if s["st_shndx"] != "SHN_UNDEF" and s.name}
+            # .dynsym and .symtab are symbol tables; pyelftools types the lookup as a plain Section
+            symbols = section.iter_symbols()  # type: ignore[attr-defined]
+            return {s.name for s in symbols if s["st_shndx"] != "SHN_UNDEF" and s.name}
 
     def dynamic_symbols(self) -> set[str]:
         if self._dynamic is None:

@@ -82,7 +82,7 @@ def _short(text: str) -> str:
     return text if len(text) <= MAX_LINE else text[: MAX_LINE - 1] + "…"
 
 
-def describe_finding(finding: Any) -> str | None:
+def describe_finding(finding: object) -> str | None:
     """One line for an opened finding: leaks with their rate and time to OOM, others by their summary."""
     if not isinstance(finding, dict):
         return None
@@ -105,7 +105,7 @@ def describe_finding(finding: Any) -> str | None:
     return _short(summary) if summary else f"{name}: {kind} finding opened"
 
 
-def top_suspect(finding: Any) -> dict[str, Any] | None:
+def top_suspect(finding: object) -> dict[str, Any] | None:
     """The first suspect a memory finding names, or None."""
     evidence = finding.get("evidence") if isinstance(finding, dict) else None
     suspects = evidence.get("suspects") if isinstance(evidence, dict) else None
@@ -113,10 +113,10 @@ def top_suspect(finding: Any) -> dict[str, Any] | None:
     return first if isinstance(first, dict) and isinstance(first.get("name"), str) else None
 
 
-def describe_suspect(finding: Any) -> str | None:
+def describe_suspect(finding: object) -> str | None:
     """`serving-2: what grows: FILE:LINE (allocation site, +1.2 MiB/h)`: the finding's first suspect."""
     suspect = top_suspect(finding)
-    if suspect is None:
+    if suspect is None or not isinstance(finding, dict):  # a suspect comes only from a finding object
         return None
     name = _text(finding.get("instance"), "?")
     kind = SUSPECT_KINDS.get(_text(suspect.get("kind")), _text(suspect.get("kind"), "suspect"))
@@ -130,7 +130,7 @@ def describe_suspect(finding: Any) -> str | None:
     return _short(f"{name}: what grows: {suspect['name']} ({', '.join(said)})")
 
 
-def describe_event(event: Any) -> str | None:
+def describe_event(event: object) -> str | None:
     """One line for an event worth telling in a demo, or None for the rest (probe noise, ...)."""
     if not isinstance(event, dict):
         return None
@@ -155,7 +155,7 @@ def describe_event(event: Any) -> str | None:
     return None
 
 
-def describe_plan_entry(entry: Any) -> str | None:
+def describe_plan_entry(entry: object) -> str | None:
     """`restart of serving-2 planned at 12:03:10 (leak, OOM projected 12:04:30)`."""
     if not isinstance(entry, dict):
         return None
@@ -177,7 +177,7 @@ def describe_plan_entry(entry: Any) -> str | None:
     return _short(line + (f" ({', '.join(why)})" if why else ""))
 
 
-def status_line(instances: Any) -> str | None:
+def status_line(instances: object) -> str | None:
     """`serving-0 71 MiB p99 2ms | serving-2 163 MiB/384 MiB | …`: memory and latency at a glance."""
     if not isinstance(instances, list):
         return None
