@@ -51,8 +51,9 @@ lint: install  ## ruff lint and format check
 	$(BIN)/ruff format --check .
 
 # the modules held to mypy (strict, pyproject.toml); the rest of the tree is read for its types only
-TYPED := agent/core agent/config probes agent/watch remediation native_hooks/errors.py medic_hook \
-	agent/guardrail agent/state agent/detect agent/series agent/notify agent/api agent/jobs
+TYPED := agent/core agent/config probes agent/watch remediation native_hooks medic_hook \
+	agent/guardrail agent/state agent/detect agent/series agent/notify agent/api agent/jobs \
+	agent/cli agent/demo agent/runtime.py agent/__init__.py
 
 typecheck: install  ## mypy on the typed modules
 	$(BIN)/mypy $(TYPED)

@@ -93,11 +93,6 @@ LAZY: list[tuple[str, str, str]] = [
     ),
     ("native_hooks.doctor", "native_hooks.client", "the hook client loads only when there is a hook to ask"),
     ("remediation.coordinator", "remediation.coordinator.etcd_security", "TLS material for etcd only"),
-    (
-        "agent.demo.fleet",
-        "agent.demo.load",
-        "numpy is the demo extra: `medic run` (installed without it) borrows free_ports alone",
-    ),
 ]
 
 

@@ -135,7 +135,7 @@ def python_argv() -> list[str]:
 class TargetIO:
     """Line commands to a started target (stdin/stdout pipes in text mode)."""
 
-    def __init__(self, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    def __init__(self, proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
         self.proc = proc
         self.timeout = timeout
         ready = self._line()
