@@ -143,6 +143,7 @@ def judge_oom(ctx: Context) -> Observation:
             "oom-risk", "unknown", "not enough data in this process lifetime to project RSS"
         )
     best = None
+    proven = False
     state: State = "clear"
     for fit in fits:
         if fit.confidence < p.confidence_clear:
@@ -175,6 +176,7 @@ def judge_oom(ctx: Context) -> Observation:
         ):
             if best is None or state != "firing" or ttoom < best[1]:
                 best, state = (fit, ttoom, slope), "firing"
+            proven = proven or critical
         elif state != "firing" and t.confidence >= p.confidence_clear and ttoom < p.horizon * CLEAR_MARGIN:
             best, state = (fit, ttoom, slope), "holding"
     if best is None:
@@ -209,7 +211,7 @@ def judge_oom(ctx: Context) -> Observation:
         )
     severity = (
         "critical"
-        if ttoom < p.horizon / 4 and saturation_ruled_out(ctx, fit, oom_peak(ctx, fit))
+        if ttoom < p.horizon / 4 and (proven or saturation_ruled_out(ctx, fit, oom_peak(ctx, fit)))
         else "error"
     )
     return ctx.observation("oom-risk", state, summary, severity=severity, evidence=evidence)
