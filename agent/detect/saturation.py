@@ -7,6 +7,9 @@ the line, and its slope now is a fraction of its mean slope, the growth is level
 `A`, and what it projects must level too. The fit is linear in `A` and `B` for a given `τ`, so
 a short grid of `τ` (from a tenth to four times the span) finds it without iterating. A bucket
 that stands far off both (a burst that filled a whole bucket) is left out before judging.
+
+`reach_margin` asks the converse, for a critical severity: not whether a levelling curve fits
+better, but whether every curve that stays below the limit for a while fits clearly worse.
 """
 
 from __future__ import annotations
