@@ -50,12 +50,10 @@ lint: install  ## ruff lint and format check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# the modules held to mypy (strict, pyproject.toml); the rest of the tree is read for its types only
-TYPED := agent/core agent/config probes/base.py probes/linux remediation/model.py remediation/planner.py \
-	remediation/budget.py native_hooks/errors.py medic_hook agent/guardrail agent/state/lock.py \
-	agent/detect/coverage.py
+# every product package is held to mypy (strict, pyproject.toml)
+TYPED := agent probes remediation native_hooks medic_hook dashboards
 
-typecheck: install  ## mypy on the typed modules
+typecheck: install  ## strict mypy on every product package
 	$(BIN)/mypy $(TYPED)
 
 format: install  ## apply ruff's fixes and formatting

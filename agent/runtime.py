@@ -11,27 +11,33 @@ its exit status when it ends.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import signal
-import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypedDict
 
 import anyio.to_thread
-import uvicorn
-from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, EVENT_JOB_MAX_INSTANCES
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+# apscheduler 3 ships neither inline types nor a py.typed marker, and no stubs exist for it
+from apscheduler.events import (  # type: ignore[import-untyped]
+    EVENT_JOB_ERROR,
+    EVENT_JOB_EXECUTED,
+    EVENT_JOB_MAX_INSTANCES,
+)
+from apscheduler.schedulers.asyncio import AsyncIOScheduler  # type: ignore[import-untyped]
 from prometheus_client import disable_created_metrics
 
 from agent import __version__
-from agent.api.app import ApiContext, create_app
+from agent.api.app import create_app
 from agent.api.auth import load_or_create_token
+from agent.api.context import ApiContext
 from agent.api.guard import allowed_hosts, is_loopback
+from agent.api.listener import AgentServer, bind
 from agent.api.metrics import Telemetry
 from agent.api.server import server_config
 from agent.config.model import Config
@@ -52,6 +58,7 @@ from agent.state.store import Store
 from agent.watch.collector import KEEPALIVE, SAMPLES_PER_BUCKET, Collector
 from agent.watch.supervisor import exit_status
 from agent.watch.tracker import Tracker
+from probes.base import Probe
 from probes.linux.fstrust import atomic_write, ensure_private_dir
 from probes.registry import PROBES, create_probe
 
@@ -73,33 +80,17 @@ def quiet_skipped_runs(scheduler: AsyncIOScheduler, runs: SkippedRuns) -> None:
     scheduler.add_listener(lambda event: runs.ran(event.job_id), EVENT_JOB_EXECUTED | EVENT_JOB_ERROR)
 
 
+class AgentInfo(TypedDict):
+    """`state_dir/agent.json`: where the running agent listens, as the CLI and supervisors read it."""
+
+    pid: int
+    url: str
+    version: str
+    started: float
+
+
 MAIN_INSTANCE = "main"
 API_THREADS = 8  # worker threads of the API's blocking routes (SQLite reads), at most
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the agent owns SIGTERM/SIGINT."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(
-            f"cannot listen on {host}:{port}: {exc.strerror}; choose another address with "
-            "--listen or agent.listen (port 0 picks a free one)"
-        ) from None
-    sock.listen(128)
-    sock.set_inheritable(False)
-    return sock
 
 
 class Agent:
@@ -109,7 +100,7 @@ class Agent:
         *,
         main_instance: str | None = None,
         config_path: str | None = None,
-        on_listening: Callable[[dict], None] | None = None,
+        on_listening: Callable[[AgentInfo], None] | None = None,
     ) -> None:
         self.config = config
         self.on_listening = on_listening  # called with agent.json's content once the socket is bound
@@ -120,7 +111,7 @@ class Agent:
         self.exit_code = 0
         self.address: tuple[str, int] | None = None
 
-    def _probes(self) -> list:
+    def _probes(self) -> list[Probe]:
         enabled = {name: entry.default_enabled for name, entry in PROBES.items()}
         for name, on in self.config.agent.probes.items():
             if name not in PROBES:
@@ -137,7 +128,7 @@ class Agent:
         with hold_state_dir(cfg.state_dir):  # a second agent on this state_dir is refused here
             return await self._run_holding_state_dir(probes)
 
-    async def _run_holding_state_dir(self, probes: list) -> int:
+    async def _run_holding_state_dir(self, probes: list[Probe]) -> int:
         cfg = self.config.agent
         self.store = Store(cfg.state_dir, raw_retention=cfg.raw_retention)
         token, token_path = load_or_create_token(cfg.token_file, Path(cfg.state_dir))
@@ -149,7 +140,9 @@ class Agent:
             self.events,
             inherit_output=[self.main_instance] if self.main_instance else [],
         )
-        disable_created_metrics()  # no `_created` series; a process-wide switch, so set by the agent
+        # no `_created` series; a process-wide switch, so set by the agent (prometheus_client leaves
+        # this function unannotated)
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.agent_name = cfg.agent_name()  # the `agent` label of its alerts and of medic_build_info
         self.telemetry = Telemetry(
             self.tracker,
@@ -227,8 +220,8 @@ class Agent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._loop.add_signal_handler(sig, self._on_signal, sig)
         scheduler: AsyncIOScheduler | None = None
-        server: _Server | None = None
-        serving: asyncio.Task | None = None
+        server: AgentServer | None = None
+        serving: asyncio.Task[None] | None = None
         try:  # from here on, whatever happens, managed children are stopped and the store flushed
             await asyncio.to_thread(self._first_pass)
             scheduler = self._schedule()
@@ -250,9 +243,10 @@ class Agent:
             # FastAPI asks, for every route parameter, whether it is a pydantic.v1 model by importing
             # pydantic.v1 (0.9 MiB of RSS kept for the agent's life); medic has none, so in the agent's
             # own process the module is marked absent and the check answers "no" at once
-            sys.modules.setdefault("pydantic.v1", None)
+            # (None in sys.modules is the import system's "absent" marker, which typeshed does not model)
+            sys.modules.setdefault("pydantic.v1", None)  # type: ignore[arg-type]
             app = create_app(context)
-            server = _Server(
+            server = AgentServer(
                 server_config(
                     app,
                     header_timeout=cfg.http.header_timeout,
@@ -297,7 +291,7 @@ class Agent:
     def _write_pidfile(self) -> None:
         """`state_dir/agent.json`: where this agent listens, for the CLI, tests and supervisors."""
         host, port = self.address or ("", 0)
-        info = {
+        info: AgentInfo = {
             "pid": os.getpid(),
             "url": f"http://{host}:{port}",
             "version": __version__,
@@ -349,7 +343,7 @@ class Agent:
             job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
         )
 
-        def job(fn, seconds: float, name: str, shown: bool = True) -> None:
+        def job(fn: Callable[[], object], seconds: float, name: str, shown: bool = True) -> None:
             """`shown`: what the job changes shows on /metrics, so the page is built anew after it."""
 
             async def run() -> None:
@@ -429,7 +423,10 @@ class Agent:
         self._stop.set()
 
     async def _shutdown(
-        self, scheduler: AsyncIOScheduler | None, server: _Server | None, serving: asyncio.Task | None
+        self,
+        scheduler: AsyncIOScheduler | None,
+        server: AgentServer | None,
+        serving: asyncio.Task[None] | None,
     ) -> None:
         if scheduler is not None and scheduler.running:
             scheduler.shutdown(wait=False)

@@ -12,7 +12,8 @@ the failover. The first third of the run (after every agent's first two steps) i
 finding: the steady state; make it at least two fleet-TTL thirds long so that keepalives are in it); then `--leaking` of the
 instances get a leak finding whose deadline (the projected OOM) is spread over the rest of the run.
 
-Reported: etcd requests and bytes per second as etcd counts them (`/metrics`: gRPC calls started,
+Reported: etcd's memory per agent (its RSS, Go heap in use and backend size, after the run less
+before the first agent), etcd requests and bytes per second as etcd counts them (`/metrics`: gRPC calls started,
 which the JSON gateway's requests become, and gRPC bytes both ways) over the whole run after start-up
 and over the quiet third (`steady_requests_per_agent_second`), the p99 of one engine step, the p99
 grant latency (a restart's start minus its planned slot), the failover, and the most restarts in
@@ -48,6 +49,10 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 METRICS = ("grpc_server_started_total", "etcd_network_client_grpc_received_bytes_total",
            "etcd_network_client_grpc_sent_bytes_total")  # fmt: skip
+# etcd's memory: the process, the Go heap in use (what the keys, leases, watches and revisions hold)
+# and the backend's size (keys and their revisions kept until a compaction)
+GAUGES = ("process_resident_memory_bytes", "go_memstats_heap_inuse_bytes", "etcd_mvcc_db_total_size_in_bytes",
+          "etcd_debugging_mvcc_keys_total")  # fmt: skip
 
 
 def etcd_counters(url: str) -> dict[str, float]:
@@ -55,7 +60,7 @@ def etcd_counters(url: str) -> dict[str, float]:
     import httpx
 
     text = httpx.get(f"{url}/metrics", timeout=5).text
-    sums = dict.fromkeys(METRICS, 0.0)
+    sums = dict.fromkeys(METRICS + GAUGES, 0.0)
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name in sums:
@@ -221,6 +226,7 @@ def _run(args: argparse.Namespace, url: str, procs: list[subprocess.Popen], work
     from remediation.coordinator.etcd import EtcdCoordinator
 
     n = args.agents
+    before = etcd_counters(url)  # etcd's memory before any agent
     budget = args.budget or max(1, n // 200)
     namespace = f"bench{uuid.uuid4().hex[:6]}"
     rng = random.Random(args.seed)
@@ -333,6 +339,11 @@ def _run(args: argparse.Namespace, url: str, procs: list[subprocess.Popen], work
             1 for o in outcomes if "started_at" in o and int(o["instance"][1:]) not in leaks
         ),
         "restarted_twice": sum(1 for c in _counts(outcomes).values() if c > 1),
+        "etcd_rss_mib": [round(before[GAUGES[0]] / 2**20, 1), round(last[GAUGES[0]] / 2**20, 1)],
+        "etcd_rss_per_agent_kib": round((last[GAUGES[0]] - before[GAUGES[0]]) / n / 1024, 1),
+        "etcd_heap_inuse_per_agent_kib": round((last[GAUGES[1]] - before[GAUGES[1]]) / n / 1024, 1),
+        "etcd_db_per_agent_kib": round((last[GAUGES[2]] - before[GAUGES[2]]) / n / 1024, 1),
+        "etcd_keys_per_agent": round((last[GAUGES[3]] - before[GAUGES[3]]) / n, 2),
         "run_seconds": round(seconds, 1),
         "quiet_seconds": round(quiet_seconds, 1),
         "startup_late_seconds": round(startup_late, 1),

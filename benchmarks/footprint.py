@@ -36,7 +36,7 @@ from agent.cli.main import COMMANDS as SUBCOMMANDS
 from agent.core.units import parse_duration
 from benchmarks.probe_cost import start_workloads, stop_workloads
 from benchmarks.serve_cost import ACCEPT, start_medic
-from probes.linux.procfs import read_status
+from probes.linux.procstatus import read_status
 from probes.registry import PROBES
 
 REPO = Path(__file__).resolve().parent.parent

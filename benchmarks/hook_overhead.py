@@ -4,7 +4,7 @@
     python benchmarks/hook_overhead.py [--allocator glibc|jemalloc|tcmalloc] [--ops 20000000] [--rounds 9]
     python benchmarks/hook_overhead.py --python [--ops 300000] [--rounds 5]
 
-The target is native_hooks/workloads/alloc_target.c (`bench OPS`: a ring of 4096 live blocks of
+The target is tests/support/workloads/alloc_target.c (`bench OPS`: a ring of 4096 live blocks of
 16-1040 bytes, one free + one malloc per op, timed inside the target). Three configurations run
 interleaved, each in a fresh process under the same allocator:
 
@@ -37,9 +37,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from native_hooks.client import HookClient
-from native_hooks.workloads import TargetIO, build_c_target, target_env
+from support.workloads import TargetIO, build_c_target, target_env
 
 CONFIGS = ("baseline", "loaded", "probed")
 SITES_CONFIGS = ("off", "frames=1", "frames=5", "frames=10")

@@ -51,7 +51,8 @@ from agent.watch.collector import KEEPALIVE, SAMPLES_PER_BUCKET, Collector
 from agent.watch.tracker import Tracker
 from benchmarks import probe_floor
 from probes.base import Probe
-from probes.linux.procfs import process_identity, read_stat, read_status
+from probes.linux.procfs import process_identity, read_stat
+from probes.linux.procstatus import read_status
 from probes.registry import PROBES, create_probe
 
 REPO = Path(__file__).resolve().parent.parent

@@ -44,7 +44,8 @@ import httpx
 
 from agent.core.units import parse_duration
 from benchmarks.probe_cost import start_workloads, stop_workloads
-from probes.linux.procfs import read_stat, read_status
+from probes.linux.procfs import read_stat
+from probes.linux.procstatus import read_status
 
 REPO = Path(__file__).resolve().parent.parent
 EXPORTER = "prometheus-process-exporter"

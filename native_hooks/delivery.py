@@ -17,8 +17,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from agent.core.errors import ProbeError
-from medic_hook.paths import ENV_SOCKET, SocketPathError, expand
-from probes.linux.procfs import HOST_ROOT, proc_path, read_cmdline, read_environ, read_status
+from medic_hook.errors import SocketPathError
+from medic_hook.paths import ENV_SOCKET, expand
+from probes.linux.procfs import HOST_ROOT, proc_path, read_cmdline, read_environ
+from probes.linux.procstatus import read_status
 
 INSTALL = "`medic hook install DIR --python` (an init container, into a volume the target mounts)"
 _OPTIONS_WITH_ARGUMENT = frozenset({"-W", "-X", "--check-hash-based-pycs"})

@@ -36,7 +36,7 @@ class HookStatus:
     kind: str | None = None  # "python" or "shim"
     error: str | None = None
     allocator: str | None = None
-    figures: dict[str, int] = field(default_factory=dict)
+    figures: dict[str, int | float] = field(default_factory=dict)
     prof: dict[str, bool] = field(default_factory=dict)
     python: dict[str, Any] = field(default_factory=dict)
 
@@ -98,16 +98,19 @@ def _probe_hook(socket: str | None, timeout: float, pid: int, root: Path) -> Hoo
     # the reply comes from the target's process: keep what has the shape the report reads
     status.kind = _text(stats.get("hook"))
     status.allocator = _text(stats.get("allocator"))
-    figures, prof, python = (
-        stats.get(k) if isinstance(stats.get(k), dict) else {} for k in ("figures", "prof", "python")
-    )
+    figures, prof, python = (_object(stats.get(k)) for k in ("figures", "prof", "python"))
     status.figures = {str(k)[:50]: v for k, v in figures.items() if is_figure(v)}
     status.prof = {str(k)[:50]: v for k, v in prof.items() if isinstance(v, bool)}
     status.python = python
     return status
 
 
-def _text(value: Any) -> str | None:
+def _object(value: object) -> dict[str, Any]:
+    """A JSON object of the reply, or an empty one when the target sent something else."""
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: object) -> str | None:
     return value[:100] if isinstance(value, str) else None
 
 

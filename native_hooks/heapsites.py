@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from native_hooks.heapprofile import HeapProfile, Mapping, StackRecord
+from native_hooks.heapprofile import HeapProfile, StackRecord
 from native_hooks.symbolize import Frame, Symbolizer
+from probes.linux.maps import Mapping
 
 STACK_DEPTH = 8  # frames kept to show where the heaviest backtrace of a site comes from
 _ALLOCATOR_OBJECT = re.compile(r"lib(jemalloc|tcmalloc\w*|medic_shim[^/]*|profiler)\.so")
@@ -71,12 +72,12 @@ def allocation_sites(
     sites = []
     for name, (n, b, an, ab) in totals.items():
         _, first, record = heaviest[name]
-        chain = [
+        shown = [
             named[a - (1 if first + j else 0)]
             for j, a in enumerate(record.frames[first : first + STACK_DEPTH])
         ]
-        stack = tuple(f.function for f in chain)
-        sites.append(Site(name, n, b, an, ab, stack, os.path.basename(chain[0].object) if chain else ""))
+        stack = tuple(f.function for f in shown)
+        sites.append(Site(name, n, b, an, ab, stack, os.path.basename(shown[0].object) if shown else ""))
     return sorted(sites, key=lambda s: (-s.live_bytes, -s.alloc_bytes, s.name))
 
 

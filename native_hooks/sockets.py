@@ -27,12 +27,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from agent.core.errors import ProbeError
+from medic_hook.errors import SocketPathError
 from medic_hook.paths import (  # noqa: F401 - the path rules, re-exported for medic's side
     AUTO,
     ENV_DIR,
     ENV_SOCKET,
     MAX_PATH_BYTES,
-    SocketPathError,
     bind_listener,
     default_dir,
     expand,
@@ -40,7 +40,8 @@ from medic_hook.paths import (  # noqa: F401 - the path rules, re-exported for m
     is_live,
     socket_name,
 )
-from probes.linux.procfs import HOST_ROOT, proc_path, read_environ, read_nspid, read_status
+from probes.linux.procfs import HOST_ROOT, proc_path, read_environ
+from probes.linux.procstatus import read_nspid, read_status
 
 SOCKET_NAME = re.compile(r"^hook\.(\d+)\.sock$")
 STALE_GRACE_SECONDS = 10.0  # a socket younger than this may be between bind() and listen()
@@ -194,7 +195,7 @@ def remove_if_stale(path: str, pid: int, now: float | None = None) -> bool:
 
 
 def _remove_stale_in(directory: str, dir_fd: int, now: float) -> list[str]:
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(dir_fd)
     except OSError:

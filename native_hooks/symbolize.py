@@ -29,11 +29,15 @@ from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from agent.core.errors import UnsafePath
 from probes.linux.fstrust import open_regular_file, trusted_program
+from probes.linux.helpers import RunAs
 from probes.linux.maps import Mapping
+
+if TYPE_CHECKING:
+    from elftools.elf.elffile import ELFFile
 
 DEMANGLE_TIMEOUT_S = 20.0
 MAX_OBJECT_BYTES = 16 * 2**30  # larger "objects" are not what a process maps for code
@@ -105,17 +109,18 @@ class ElfSymbols:
         return None
 
 
-def _build_id(elf) -> str | None:
+def _build_id(elf: ELFFile) -> str | None:
     section = elf.get_section_by_name(".note.gnu.build-id")
     if section is None:
         return None
-    for note in section.iter_notes():
+    # pyelftools types the lookup as a plain Section; a note section's is a NoteSection
+    for note in section.iter_notes():  # type: ignore[attr-defined]
         if note["n_type"] == "NT_GNU_BUILD_ID":
             return str(note["n_desc"])
     return None
 
 
-def _read_symbols(elf, section_name: str, table: dict[int, tuple[int, int, str]]) -> None:
+def _read_symbols(elf: ELFFile, section_name: str, table: dict[int, tuple[int, int, str]]) -> None:
     """Add the function symbols of one symbol table; a fast path for 64-bit little-endian files."""
     section = elf.get_section_by_name(section_name)
     if section is None or section["sh_type"] not in ("SHT_SYMTAB", "SHT_DYNSYM"):
@@ -128,7 +133,9 @@ def _read_symbols(elf, section_name: str, table: dict[int, tuple[int, int, str]]
             if info & 0xF in _FUNC_TYPES and value and shndx and name_at:
                 _add(table, value, size, info >> 4, strtab, name_at)
         return
-    for symbol in section.iter_symbols():  # portable, slower
+    # portable, slower; pyelftools makes every SHT_SYMTAB/SHT_DYNSYM section a SymbolTableSection,
+    # but types the lookup as a plain Section
+    for symbol in section.iter_symbols():  # type: ignore[attr-defined]
         info = symbol["st_info"]
         kind = {"STT_FUNC": 2, "STT_GNU_IFUNC": 10}.get(info["type"])
         if kind and symbol["st_value"] and symbol.name and symbol["st_shndx"] != "SHN_UNDEF":
@@ -157,9 +164,9 @@ class Symbolizer:
         self.root = root.rstrip("/")
         self.demangle = demangle
         self.debug_root = debug_root
-        self._objects: dict[tuple, ElfSymbols] = {}
+        self._objects: dict[tuple[int, int, int, int], ElfSymbols] = {}  # by device, inode, size, mtime
         self._demangled: dict[str, str] = {}
-        self.run_as: dict[str, Any] = {}  # subprocess credentials for c++filt (`probes.linux.helpers.run_as`)
+        self.run_as: RunAs = {}  # subprocess credentials for c++filt (`probes.linux.helpers.run_as`)
         self.demangle_problem: str | None = None  # why names stay mangled, when c++filt is refused
         self.demangler: str | None = self._find_demangler() if demangle else None
 

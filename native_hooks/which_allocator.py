@@ -22,12 +22,15 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.core.errors import ProbeError, TargetGone, UnsafePath
 from probes.linux.fstrust import open_regular_file
 from probes.linux.maps import Mapping, read_maps
 from probes.linux.procfs import HOST_ROOT, proc_path, read_environ, read_exe
+
+if TYPE_CHECKING:
+    from elftools.elf.elffile import ELFFile
 
 MAX_ELF_BYTES = 16 * 2**30
 
@@ -105,13 +108,14 @@ class _Elf:
             for section in elf.iter_sections():
                 if isinstance(section, DynamicSection):
                     for tag in section.iter_tags():
+                        # pyelftools sets `needed` and `soname` with setattr, for those tags only
                         if tag.entry.d_tag == "DT_NEEDED":
-                            self.needed.append(tag.needed)
+                            self.needed.append(tag.needed)  # type: ignore[attr-defined]
                         elif tag.entry.d_tag == "DT_SONAME":
-                            self.soname = tag.soname
+                            self.soname = tag.soname  # type: ignore[attr-defined]
 
     @contextlib.contextmanager
-    def _open(self) -> Iterator[Any]:
+    def _open(self) -> Iterator[ELFFile]:
         from elftools.common.exceptions import ELFError
         from elftools.elf.elffile import ELFFile
 
@@ -142,7 +146,9 @@ class _Elf:
             section = elf.get_section_by_name(section_name)
             if section is None:
                 return set()
-            return {s.name for s in section.iter_symbols() if s["st_shndx"] != "SHN_UNDEF" and s.name}
+            # .dynsym and .symtab are symbol tables; pyelftools types the lookup as a plain Section
+            symbols = section.iter_symbols()  # type: ignore[attr-defined]
+            return {s.name for s in symbols if s["st_shndx"] != "SHN_UNDEF" and s.name}
 
     def dynamic_symbols(self) -> set[str]:
         if self._dynamic is None:
@@ -242,11 +248,11 @@ def detect_allocator(pid: int, root: Path = HOST_ROOT) -> AllocatorGuess:
     while queue:
         current = elf(queue.popleft())
         for soname in current.needed if current else []:
-            path = by_name.get(soname)
-            if path and path not in seen:
-                seen.add(path)
-                order.append(path)
-                queue.append(path)
+            library = by_name.get(soname)
+            if library and library not in seen:
+                seen.add(library)
+                order.append(library)
+                queue.append(library)
 
     for path in dict.fromkeys(order):
         parsed = elf(path)

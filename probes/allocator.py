@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from agent.core.errors import ProbeUnavailable, TargetGone
 from agent.core.figures import is_figure
@@ -39,7 +40,7 @@ def hook_socket_for(target: ProbeTarget, root: Path = HOST_ROOT) -> str:
     """The hook socket of `target`; raises `HookNotFound` saying how to get one."""
     configured = (target.settings.get("hook") or {}).get("socket")
     if configured:
-        return configured.replace("%p", str(target.pid))
+        return str(configured).replace("%p", str(target.pid))
     found = find_socket(target.pid, root)
     if found is None:
         raise HookNotFound(f"no allocator hook for pid {target.pid} ({target.instance}): {HOOK_HOWTO}")
@@ -82,9 +83,9 @@ class AllocatorProbe:
             remove_if_stale(path, target.pid)
 
 
-def samples_from_stats(instance: str, now: float, reply: dict) -> list[Sample]:
+def samples_from_stats(instance: str, now: float, reply: Mapping[str, Any]) -> list[Sample]:
     """Samples from a hook `stats` reply; non-numeric or missing figures are skipped."""
-    figures = reply.get("figures") if isinstance(reply.get("figures"), dict) else {}
+    figures: Mapping[str, Any] = found if isinstance(found := reply.get("figures"), dict) else {}
     samples = [
         Sample(instance, metric, now, float(figures[key]))
         for key, metric in FIGURE_METRICS.items()
@@ -95,7 +96,7 @@ def samples_from_stats(instance: str, now: float, reply: dict) -> list[Sample]:
         samples.append(
             Sample(instance, "allocator_fragmentation_ratio", now, float(resident) / float(allocated))
         )
-    python = reply.get("python") if isinstance(reply.get("python"), dict) else {}
+    python: Mapping[str, Any] = found if isinstance(found := reply.get("python"), dict) else {}
     blocks = python.get("pymalloc_allocated_blocks")
     if isinstance(blocks, int) and is_figure(blocks):
         samples.append(Sample(instance, "pymalloc_allocated_blocks", now, float(blocks)))

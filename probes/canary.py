@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from agent.core.bounded import read_regular_file
 from agent.core.errors import ProbeError, UnsafePath
 from agent.core.records import ProbeResult, ProbeTarget, Sample
 from probes.base import Schedule
 from probes.latency import latency_settings
+
+if TYPE_CHECKING:
+    import httpx  # loads with the first canary (probes.scrape), not with the probe
 
 MAX_BODY_FILE = 16 * 2**20
 SETTING = "latency.canary.url"
@@ -62,7 +65,7 @@ def read_body(spec: Mapping[str, Any]) -> bytes | None:
         ) from None
 
 
-def send_canary(client, spec: Mapping[str, Any]) -> CanaryOutcome:
+def send_canary(client: httpx.Client, spec: Mapping[str, Any]) -> CanaryOutcome:
     """One canary request, never raising: failures become an outcome with `error`."""
     from probes.scrape import fetch  # with its httpx, loaded by the first canary (none by default)
 
@@ -87,9 +90,9 @@ class CanaryProbe:
     name: ClassVar[str] = "canary"
     schedule: ClassVar[Schedule] = "fast"
 
-    def __init__(self, clock=time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._client = None
+        self._client: httpx.Client | None = None  # made by the first canary
         self._schedules: dict[tuple[int, float], _Schedule] = {}
         self._lock = threading.Lock()
 

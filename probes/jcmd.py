@@ -18,15 +18,15 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from agent.core.errors import ProbeError, ProbeUnavailable, TargetGone, UnsafePath
 from probes.jvmflags import OPTION_VARS
 from probes.jvmtext import attach_failure
 from probes.linux.fstrust import check_trusted_path, trusted_program
-from probes.linux.helpers import process_ids, run_as
+from probes.linux.helpers import RunAs, process_ids, run_as
 from probes.linux.maps import read_maps
-from probes.linux.procfs import HOST_ROOT, proc_path, read_cmdline, read_environ, read_nspid
+from probes.linux.procfs import HOST_ROOT, proc_path, read_cmdline, read_environ
+from probes.linux.procstatus import read_nspid
 from probes.settings import JvmHistograms
 
 JCMD_HOWTO = "install a JDK with jcmd (Debian: openjdk-17-jdk-headless) or set histograms.jvm.jcmd"
@@ -37,7 +37,7 @@ def run_jcmd(
     commands: list[str],
     settings: JvmHistograms,
     root: Path = HOST_ROOT,
-    then: Callable[[str, dict[str, Any], Path], None] | None = None,
+    then: Callable[[str, RunAs, Path], None] | None = None,
 ) -> str:
     """jcmd's answer to `commands` from the JVM `pid`, run as the JVM's user within `settings.timeout`
     (`find_jcmd` says which jcmd); its failures as the probe errors that say what to do. `{dir}` in a
@@ -76,7 +76,7 @@ def run_jcmd(
     return done.stdout
 
 
-def _command_dir(commands: list[str], as_target: dict[str, Any]) -> str:
+def _command_dir(commands: list[str], as_target: RunAs) -> str:
     """A fresh 0700 directory holding jcmd's command file (0600): owned by the user jcmd runs as,
     so that it can read it and nobody else can."""
     workdir = tempfile.mkdtemp(prefix="medic-jcmd-")

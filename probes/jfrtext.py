@@ -25,6 +25,7 @@ and a line that is not in this shape is skipped.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 MAX_TEXT = 8 * 2**20
@@ -100,8 +101,8 @@ def parse_old_objects(text: str) -> list[OldObject]:
     return found
 
 
-def _list(lines) -> list[str]:
-    items = []
+def _list(lines: Iterator[str]) -> list[str]:
+    items: list[str] = []
     for line in lines:
         stripped = line.strip()
         if stripped == "]" or len(items) > MAX_CHAIN:
@@ -118,7 +119,7 @@ def _link(item: str) -> Link | None:
     return Link(match.group(1), histogram_name(match.group(2)), (match.group(3) or "").strip())
 
 
-def _root(lines) -> str:
+def _root(lines: Iterator[str]) -> str:
     """The `root = {...}` block after the object list (`root = N/A`: none)."""
     for line in lines:
         stripped = line.strip()

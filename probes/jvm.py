@@ -17,9 +17,10 @@ jcmd is never run against a process that is not a JVM or a JVM that refuses atta
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from agent.core.errors import ProbeError, TargetGone
 from agent.core.histograms import HistogramRow, Snapshot
@@ -116,7 +117,10 @@ class JvmProbe:
         self.retainers.forget(key)
 
 
-def _parse(result: ProbeResult, parse, text: str | None, what: str):
+Parsed = TypeVar("Parsed")  # what one section's parser makes of it
+
+
+def _parse(result: ProbeResult, parse: Callable[[str], Parsed], text: str | None, what: str) -> Parsed | None:
     """A parsed section, or None with the problem recorded (a missing or odd section is a partial failure)."""
     if text is None:
         result.problems.append(JcmdOutputError(f"{what}: jcmd's answer has no such section"))

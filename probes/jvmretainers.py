@@ -27,7 +27,6 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from agent.core.errors import ProbeError, TargetGone, UnsafePath
 from agent.core.histograms import HistogramRow, Snapshot
@@ -35,6 +34,7 @@ from agent.core.records import ProbeResult, ProbeTarget
 from probes.jcmd import run_jcmd, same_mount_namespace
 from probes.jfrtext import OldObject, parse_old_objects, retainer
 from probes.linux.fstrust import check_trusted_path
+from probes.linux.helpers import RunAs
 from probes.linux.procfs import HOST_ROOT
 from probes.settings import JvmHistograms
 
@@ -87,7 +87,9 @@ class Retainers:
         except ProbeError as exc:
             result.problems.append(exc)
 
-    def _start(self, target: ProbeTarget, now: float, settings: JvmHistograms, key: tuple) -> None:
+    def _start(
+        self, target: ProbeTarget, now: float, settings: JvmHistograms, key: tuple[str, int, float]
+    ) -> None:
         if not same_mount_namespace(target.pid, self.root):
             raise ProbeError(
                 f"the JVM {target.pid} runs in another mount namespace (a container): medic cannot read a "
@@ -109,7 +111,7 @@ class Retainers:
     def _dump(self, target: ProbeTarget, settings: JvmHistograms) -> list[OldObject]:
         samples: list[OldObject] = []
 
-        def read(directory: str, as_target: dict[str, Any], jcmd: Path) -> None:
+        def read(directory: str, as_target: RunAs, jcmd: Path) -> None:
             samples.extend(_read_dump(os.path.join(directory, DUMP), as_target, jcmd, settings))
 
         run_jcmd(
@@ -125,7 +127,7 @@ class Retainers:
         return samples
 
 
-def _read_dump(path: str, as_target: dict[str, Any], jcmd: Path, settings: JvmHistograms) -> list[OldObject]:
+def _read_dump(path: str, as_target: RunAs, jcmd: Path, settings: JvmHistograms) -> list[OldObject]:
     """The old-object samples of the dump the JVM wrote at `path`, read by `jfr print` as the JVM's user."""
     try:
         size = os.lstat(path).st_size

@@ -161,7 +161,7 @@ def parse_heap_info(text: str, source: str = "GC.heap_info") -> HeapInfo:
         if match := _METASPACE.match(line):
             meta_used, meta_committed = _bytes(*match.group(1, 2)), _bytes(*match.group(3, 4))
     gens = {}
-    spaces = {}
+    spaces: dict[str, tuple[int, int]] = {}
     region = None
     spans = []
     for line in lines:

@@ -25,13 +25,16 @@ import math
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from agent.core.errors import ProbeError
 from agent.core.quantiles import LabelKey, interval_histogram
 from agent.core.records import ProbeResult, ProbeTarget, Sample
 from probes.base import Schedule
 from probes.latency_source import Scrape, read_scrape
+
+if TYPE_CHECKING:
+    import httpx  # loads with the first scrape (probes.scrape), not with the probe
 
 __all__ = ["QUANTILE_METRICS", "LatencyProbe", "Scrape", "interval_result", "latency_settings", "read_scrape"]
 
@@ -68,7 +71,7 @@ class LatencyProbe:
     schedule: ClassVar[Schedule] = "fast"
 
     def __init__(self) -> None:
-        self._client = None
+        self._client: httpx.Client | None = None  # made by the first scrape
         self._previous: dict[tuple[int, float], Scrape] = {}
         self._totals: dict[str, RunningTotals] = {}
         self._lock = threading.Lock()

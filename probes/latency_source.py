@@ -22,7 +22,7 @@ from agent.core.errors import ProbeError
 from agent.core.quantiles import HistogramSeries, LabelKey, Snapshot
 
 if TYPE_CHECKING:
-    from probes.promtext import Exposition, PromSample
+    from probes.promrecords import Exposition, PromSample
 
 UNITS = {"seconds": 1.0, "milliseconds": 1e-3, "microseconds": 1e-6}  # seconds per unit
 _COUNTER_TYPES = (None, "counter", "untyped", "unknown")  # a family without `# TYPE` is untyped

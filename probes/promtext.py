@@ -31,22 +31,16 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from collections.abc import Iterable
 
 from agent.core.errors import ProbeError
-
-Format = Literal["text", "openmetrics"]
+from probes.promrecords import Exposition, Format, MetricFamily, PromSample
+from probes.promrules import ALL_SUFFIXES, FLOAT, OPENMETRICS_TYPES, SUFFIXES, TEXT_TYPES, check_family
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _QUOTED = re.compile(r'"((?:[^"\\\n]|\\.)*)"')
 _BLANKS = re.compile(r"[ \t]*")
-_FLOAT = re.compile(
-    r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|[iI][nN][fF](?:[iI][nN][iI][tT][yY])?|[nN][aA][nN])",
-    re.ASCII,
-)
 _INT = re.compile(r"-?\d+", re.ASCII)
 # the common sample line, parsed in one regex call; anything else takes the careful path
 _PAIR = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"'
@@ -59,50 +53,7 @@ _FAST_LINE = re.compile(
 )
 _NAME_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_:{")
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
-
-TEXT_TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped"})
-OPENMETRICS_TYPES = frozenset(
-    {"counter", "gauge", "histogram", "gaugehistogram", "stateset", "info", "summary", "unknown"}
-)
-# sample-name suffixes each family type allows beside its bare name
-_SUFFIXES: dict[str, tuple[str, ...]] = {
-    "counter": ("_total", "_created"),
-    "histogram": ("_bucket", "_count", "_sum", "_created"),
-    "gaugehistogram": ("_bucket", "_gcount", "_gsum"),
-    "summary": ("_count", "_sum", "_created"),
-    "info": ("_info",),
-}
-_ALL_SUFFIXES = tuple(sorted({s for group in _SUFFIXES.values() for s in group}, key=len, reverse=True))
 _HINT = "expected Prometheus text format 0.0.4 or OpenMetrics; is this URL a /metrics endpoint?"
-
-
-class PromSample(NamedTuple):
-    """One sample line: full sample name (`x_bucket`), labels, value, timestamp in seconds or None."""
-
-    name: str
-    labels: dict[str, str]
-    value: float
-    timestamp: float | None = None
-
-
-@dataclass(slots=True)
-class MetricFamily:
-    name: str
-    type: str  # as declared by `# TYPE`; "untyped" (text) or "unknown" (OpenMetrics) when not declared
-    help: str | None = None
-    unit: str | None = None
-    samples: list[PromSample] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class Exposition:
-    format: Format
-    families: dict[str, MetricFamily]
-    declared: dict[str, str]  # every `# TYPE` line seen (also of families not parsed): name → type
-    lines: int
-
-    def family(self, name: str) -> MetricFamily | None:
-        return self.families.get(name)
 
 
 def detect_format(text: str, content_type: str | None) -> Format:
@@ -291,10 +242,10 @@ class _Parser:
         if name is None:
             name = sample_name
             if sample_name not in self.declared:
-                for suffix in _ALL_SUFFIXES:
+                for suffix in ALL_SUFFIXES:
                     if sample_name.endswith(suffix):
                         base = sample_name[: -len(suffix)]
-                        if suffix in _SUFFIXES.get(self.declared.get(base, ""), ()):
+                        if suffix in SUFFIXES.get(self.declared.get(base, ""), ()):
                             name = base
                             break
             self.resolved[sample_name] = name
@@ -329,7 +280,7 @@ class _Parser:
             raise self.fail("expected a metric name, a '#' comment or a blank line")
         else:
             pos = 0
-        brace = _BLANKS.match(line, pos).end()
+        brace = _skip_blanks(line, pos)
         if brace < len(line) and line[brace] == "{":
             name, pos = self.labels(line, brace + 1, name, labels)
         if name is None:
@@ -363,14 +314,14 @@ class _Parser:
         """Parse a label set from just after `{`; returns the metric name (maybe quoted inside) and the end."""
         n = len(line)
         while True:
-            pos = _BLANKS.match(line, pos).end()
+            pos = _skip_blanks(line, pos)
             if pos >= n:
                 raise self.fail("unterminated label set (missing '}')")
             if line[pos] == "}":
                 return name, pos + 1
             if line[pos] == '"':
                 quoted, pos = self.quoted(line, pos)
-                pos = _BLANKS.match(line, pos).end()
+                pos = _skip_blanks(line, pos)
                 if pos < n and line[pos] == "=":
                     key = quoted
                 else:
@@ -383,18 +334,18 @@ class _Parser:
                 if not match:
                     raise self.fail(f"expected a label name at column {pos + 1}")
                 key = match.group()
-                pos = _BLANKS.match(line, match.end()).end()
+                pos = _skip_blanks(line, match.end())
             if key is not None:
                 if pos >= n or line[pos] != "=":
                     raise self.fail(f"expected '=' after label {key!r}")
-                pos = _BLANKS.match(line, pos + 1).end()
+                pos = _skip_blanks(line, pos + 1)
                 if pos >= n or line[pos] != '"':
                     raise self.fail(f"expected a quoted value for label {key!r}")
                 value, pos = self.quoted(line, pos)
                 if key in out:
                     raise self.fail(f"label {key!r} given twice")
                 out[key] = value
-                pos = _BLANKS.match(line, pos).end()
+                pos = _skip_blanks(line, pos)
             if pos < n and line[pos] == ",":
                 pos += 1
             elif pos < n and line[pos] == "}":
@@ -428,7 +379,7 @@ class _Parser:
         return "".join(out)
 
     def number(self, token: str, what: str) -> float:
-        if not _FLOAT.fullmatch(token):
+        if not FLOAT.fullmatch(token):
             raise self.fail(f"{what} {token!r} is not a number")
         return float(token)
 
@@ -444,6 +395,12 @@ class _Parser:
             raise self.fail("an exemplar needs a value and an optional timestamp")
         for token in tokens:
             self.number(token, "exemplar figure")
+
+
+def _skip_blanks(line: str, pos: int) -> int:
+    """The end of the spaces and tabs at `pos` (`_BLANKS` matches everywhere, the empty string at least)."""
+    blanks = _BLANKS.match(line, pos)
+    return blanks.end() if blanks is not None else pos
 
 
 def _simple_labels(pairs: str) -> dict[str, str] | None:
@@ -477,120 +434,3 @@ def _unescape_help(text: str, fmt: Format) -> str:
         return text
     codes = r'[\\n"]' if fmt == "openmetrics" else r"[\\n]"
     return re.sub(r"\\(" + codes + ")", lambda m: "\n" if m.group(1) == "n" else m.group(1), text)
-
-
-# ----------------------------------------------------------------------------- OpenMetrics value rules
-_ALLOWED_SAMPLES: dict[str, tuple[str, ...]] = {
-    "counter": ("_total", "_created"),
-    "gauge": ("",),
-    "histogram": ("_bucket", "_count", "_sum", "_created"),
-    "gaugehistogram": ("_bucket", "_gcount", "_gsum"),
-    "summary": ("", "_count", "_sum", "_created"),
-    "info": ("_info",),
-    "stateset": ("",),
-    "unknown": ("",),
-}
-_NOT_NEGATIVE = {
-    "counter": ("_total",),
-    "histogram": ("_bucket", "_count"),
-    "gaugehistogram": ("_bucket",),
-    "summary": ("_count", "_sum"),
-}
-
-
-FailAt = Callable[[int, str, str], ProbeError]
-
-
-class _Fail:
-    """Builds the error for one sample line."""
-
-    def __init__(self, at: list[int], lines: list[str], fail_at: FailAt) -> None:
-        self.at, self.lines, self.fail_at = at, lines, fail_at
-
-    def __call__(self, index: int, what: str) -> ProbeError:
-        lineno = self.at[index] if index < len(self.at) else 0
-        return self.fail_at(lineno, self.lines[lineno - 1] if lineno else "", what)
-
-
-def check_family(family: MetricFamily, at: list[int], lines: list[str], fail_at: FailAt) -> None:
-    """OpenMetrics rules on one family's samples; `at` holds each sample's line number."""
-    fail = _Fail(at, lines, fail_at)
-    allowed = _ALLOWED_SAMPLES.get(family.type, ("",))
-    last_time: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for i, sample in enumerate(family.samples):
-        suffix = sample.name[len(family.name) :] if sample.name.startswith(family.name) else None
-        if suffix not in allowed:
-            shown = ", ".join(family.name + s for s in allowed)
-            raise fail(i, f"{sample.name} is not a sample of {family.type} {family.name} (expected {shown})")
-        if suffix in _NOT_NEGATIVE.get(family.type, ()) and not sample.value >= 0:
-            raise fail(i, f"{sample.name} must be a non-negative number, got {sample.value}")
-        if family.type == "info" and sample.value != 1:
-            raise fail(i, f"an info sample's value is 1, got {sample.value}")
-        if family.type == "stateset":
-            if sample.value not in (0, 1):
-                raise fail(i, f"a stateset sample's value is 0 or 1, got {sample.value}")
-            if family.name not in sample.labels:
-                raise fail(i, f"a stateset sample needs the label {family.name!r}")
-        if family.type == "summary" and suffix == "":
-            quantile = _number_or_none(sample.labels.get("quantile"))
-            if quantile is None or not 0 <= quantile <= 1:
-                raise fail(
-                    i,
-                    f"a summary quantile needs a 'quantile' label between 0 and 1, got {sample.labels.get('quantile')!r}",
-                )
-            if not (sample.value >= 0 or math.isnan(sample.value)):
-                raise fail(i, f"a summary quantile's value must not be negative, got {sample.value}")
-        if sample.timestamp is not None:
-            key = (sample.name, tuple(sorted(sample.labels.items())))
-            if sample.timestamp < last_time.get(key, -math.inf):
-                raise fail(i, "timestamps of a series must not go back")
-            last_time[key] = sample.timestamp
-    if family.type in ("histogram", "gaugehistogram"):
-        _check_buckets(family, fail)
-
-
-def _number_or_none(text: str | None) -> float | None:
-    if text is None or not _FLOAT.fullmatch(text):
-        return None
-    return float(text)
-
-
-def _check_buckets(family: MetricFamily, fail: _Fail) -> None:
-    """Buckets: a numeric `le`, cumulative counts, a `+Inf` bucket, `_count` equal to it."""
-    count_suffix = "_count" if family.type == "histogram" else "_gcount"
-    groups: dict[tuple[tuple[str, str], ...], list[tuple[int, float, float]]] = {}
-    counts: dict[tuple[tuple[str, str], ...], tuple[int, float]] = {}
-    sums: dict[tuple[tuple[str, str], ...], tuple[int, float]] = {}
-    sum_suffix = "_sum" if family.type == "histogram" else "_gsum"
-    for i, sample in enumerate(family.samples):
-        key = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "le"))
-        if sample.name == family.name + "_bucket":
-            bound = _number_or_none(sample.labels.get("le"))
-            if bound is None or math.isnan(bound):
-                raise fail(i, f"a bucket needs a numeric 'le' label, got {sample.labels.get('le')!r}")
-            groups.setdefault(key, []).append((i, bound, sample.value))
-        elif sample.name == family.name + count_suffix:
-            counts[key] = (i, sample.value)
-        elif sample.name == family.name + sum_suffix:
-            sums[key] = (i, sample.value)
-    for key, buckets in groups.items():
-        previous_bound, previous_value = -math.inf, 0.0
-        for i, bound, value in buckets:
-            if bound <= previous_bound:
-                raise fail(i, "buckets must be in increasing order of 'le'")
-            if value < previous_value:
-                raise fail(i, "bucket counts must be cumulative (not decreasing)")
-            previous_bound, previous_value = bound, value
-        last_index, last_bound, last_value = buckets[-1]
-        if last_bound != math.inf:
-            raise fail(last_index, 'a histogram needs a bucket with le="+Inf"')
-        if key in counts and counts[key][1] != last_value:
-            raise fail(
-                counts[key][0], f"{family.name}{count_suffix} must equal the +Inf bucket ({last_value})"
-            )
-    for key, (i, total) in sums.items():
-        if total < 0 and not any(bound < 0 for _, bound, _ in groups.get(key, [])):
-            raise fail(i, f"a negative {sum_suffix} needs a bucket with a negative 'le'")
-    for key, (i, _) in counts.items():
-        if key not in groups:
-            raise fail(i, f"{family.name}{count_suffix} without buckets")

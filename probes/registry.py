@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from probes.base import Probe
@@ -43,4 +44,5 @@ def create_probe(name: str) -> Probe:
     except KeyError:
         raise KeyError(f"unknown probe {name!r}; known probes: {', '.join(sorted(PROBES))}") from None
     module = importlib.import_module(entry.module)
-    return getattr(module, entry.cls)()
+    factory: Callable[[], Probe] = getattr(module, entry.cls)  # a class of the table: a Probe
+    return factory()

@@ -7,6 +7,7 @@
                 ─► pause → exclude ─► restarts: window → slot reached? → blockers → mode
                 ─► lock (coordinator slot, budget checked atomically) ─► Execution thread:
                    evidence → drain → act → verify → release
+        (the restart half of the step: `remediation.fleet_restarts`)
 
 Every instance with a request ends the step with one Decision (stage, code, reason); the ledger
 keeps it when it changes, the action of a person's request says whether it is held and why, and
@@ -15,8 +16,8 @@ lock, recording once per process the restart it would make (`remediation.dry_run
 still runs and is judged as it is, and the other instances are planned as enforce would plan them
 after that restart. The pause (the kill
 switch, `remediation.pause`) holds in memory at once, even when the ledger cannot be written; the
-fleet-wide pause (`pause_fleet`) lives in the coordinator, and every agent of the namespace holds
-while it lasts (read each step, with the leader, by the elected planner).
+fleet-wide pause (`remediation.fleet_pause`) lives in the coordinator, and every agent of the
+namespace holds while it lasts.
 
 The engine sees the agent only through ports (`agent.core.ports`): an event sink, a table store
 for its ledger, and the hooks (`remediation.hooks`) that find and act on processes.
@@ -29,18 +30,19 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from agent.core.ports import EventSink, TableStore
-from remediation import dry_run, planner, policy
+from remediation import dry_run, policy
 from remediation.budget import HOUR
 from remediation.config import RemediationSection
 from remediation.coordinator import Coordinator, create_coordinator
 from remediation.coordinator.base import fleet_pause_decision
-from remediation.errors import CoordinatorError, NotShared
-from remediation.fleet_view import history_window, local_entries
+from remediation.errors import CoordinatorError
+from remediation.fleet_pause import FleetPause
+from remediation.fleet_restarts import FleetRestarts, slot_order
+from remediation.fleet_view import history_window
 from remediation.grants import ElectedPlanner
 from remediation.hooks import EngineHooks, PurgeFn
 from remediation.intake import DB_ERRORS, SUBMITTED_TTL, Intake
@@ -55,11 +57,9 @@ from remediation.model import (
     RemediationRequest,
     RestartRecord,
     StepReport,
-    WouldRestart,
 )
 from remediation.pause import KillSwitch, pause_decision
-from remediation.restarts import UNAVAILABLE, Restarts
-from remediation.text import at
+from remediation.restarts import Restarts
 
 log = logging.getLogger("medic.remediation")
 
@@ -121,12 +121,8 @@ class Engine:
             paused=self._held,
         )
         self._owns_coordinator = False
-        self._coordinator_error: str | None = None
-        self._problems: tuple[tuple[str, str], ...] = ()
         self._pruned_at = -math.inf
-        self._stepped_at: float | None = None
         self.last: StepReport | None = None
-        self._fleet_seen: dict[str, Any] | None = None  # the fleet pause the last step saw
         self.planning = ElectedPlanner(
             coordinator,
             agent_id,
@@ -134,6 +130,21 @@ class Engine:
             windows=self.windows,
             leader_ttl=config.coordinator.lease_ttl,
             fleet_ttl=config.coordinator.fleet_ttl,
+        )
+        self.fleet_pause = FleetPause(
+            coordinator, self.planning, events, agent_id=agent_id, state_dir=self.state_dir, clock=clock
+        )
+        self.fleet_restarts = FleetRestarts(
+            config,
+            coordinator=coordinator,
+            planning=self.planning,
+            restarts=self.restarts,
+            ledger=self.ledger,
+            intake=self.intake,
+            events=events,
+            agent_id=agent_id,
+            plan_settings=self.plan_settings,
+            mode=lambda: self.mode,
         )
         for action in self.ledger.interrupt_unfinished(clock()):
             events.emit(
@@ -197,74 +208,16 @@ class Engine:
         return self.switch.storage()
 
     def pause_fleet(self, reason: str, until: float, by: str | None = None) -> dict[str, Any]:
-        """The fleet-wide kill switch: no agent of the namespace purges or restarts anything until
-        `until` or `resume_fleet()`. Written to the coordinator at once; `NotShared` when this
-        agent's coordinator is its own, `CoordinatorError` when it cannot be written (nothing
-        paused then), ValueError without a reason or a future expiry."""
-        self._check_shared()
-        now = self.clock()
-        if not reason or not reason.strip():
-            raise ValueError("a pause needs a reason (who is doing what, for how long)")
-        if not math.isfinite(until) or until <= now:
-            raise ValueError("a pause needs an expiry in the future")
-        record = {"reason": reason.strip(), "until": until, "by": by, "since": now, "agent": self.agent_id}
-        self.planning.set_fleet_pause(record, now)
-        paused = self.planning.control.pause_at(now) or record
-        self._fleet_seen = paused
-        self.events.emit(
-            "remediation_paused",
-            f"remediation paused fleet-wide ({self.coordinator.describe()}) until {at(until)} "
-            f"by {by or 'an operator'}: {paused['reason']}",
-            severity="warning",
-            scope="fleet",
-            **paused,
-        )
-        return paused
+        """The fleet-wide kill switch (`FleetPause.pause`)."""
+        return self.fleet_pause.pause(reason, until, by)
 
     def resume_fleet(self, by: str | None = None) -> dict[str, Any] | None:
-        """Lift the fleet-wide pause; returns the one lifted, or None when there was none (same
-        errors as `pause_fleet`)."""
-        self._check_shared()
-        previous = self.planning.set_fleet_pause(None, self.clock())
-        self._fleet_seen = None
-        if previous is not None:
-            self.events.emit(
-                "remediation_resumed",
-                f"remediation resumed fleet-wide ({self.coordinator.describe()}) by {by or 'an operator'}; "
-                f"the pause was: {previous.get('reason')}",
-                scope="fleet",
-                by=by,
-                previous=previous,
-            )
-        return previous
-
-    def fleet_paused(self, now: float) -> dict[str, Any] | None:
-        """The fleet-wide pause in force at `now`, as the last step read it (no coordinator request)."""
-        return self.planning.control.pause_at(now)
-
-    def shared(self) -> str | None:
-        """None when the coordinator is shared with other agents (etcd, or a local file named in
-        the config); else why not."""
-        path = getattr(self.coordinator, "path", None)
-        if self.coordinator.name != "local" or path is None:
-            return None
-        if Path(path).resolve() != (self.state_dir / "coordinator.db").resolve():
-            return None
-        return (
-            f"this agent has no shared coordinator: its coordinator is the SQLite file {path} in its own "
-            "state directory, which no other agent uses, so a fleet-wide pause would hold only this agent; "
-            "use `medic pause` (without --fleet), or share one coordinator between the agents "
-            "(remediation.coordinator.local.path on one host, backend: etcd across hosts)"
-        )
-
-    def _check_shared(self) -> None:
-        why = self.shared()
-        if why is not None:
-            raise NotShared(why)
+        """Lift the fleet-wide pause (`FleetPause.resume`)."""
+        return self.fleet_pause.resume(by)
 
     def _held(self, now: float) -> dict[str, Any] | None:
         """The pause that holds at `now`, this agent's own or the fleet's (checked before acting)."""
-        return self.paused(now) or self.fleet_paused(now)
+        return self.paused(now) or self.fleet_pause.at(now)
 
     def submit(self, request: RemediationRequest) -> Decision:
         """A one-shot request (a person's restart): kept until carried out or `SUBMITTED_TTL` passes,
@@ -317,13 +270,13 @@ class Engine:
         if not self.background:
             self.restarts.wait()
             with self._lock:
-                self._reap()
+                self.fleet_restarts.reap()
         return report
 
     def _step(
         self, now: float, requests: Iterable[RemediationRequest], views: Mapping[str, InstanceView]
     ) -> StepReport:
-        self._reap()
+        self.fleet_restarts.reap()
         report = StepReport(now=now, mode=self.mode, plan=Plan(computed_at=now))
         if self.mode == "off":
             return report
@@ -342,11 +295,14 @@ class Engine:
             elif intent.action != "restart":
                 report.decisions[name] = Decision.block("policy", intent.code, intent.reason)
         wanted = {n: i for n, i in report.intents.items() if i.action == "restart"}
-        settings = replace(self.plan_settings, step=self._step_length(now))
+        settings = self.fleet_restarts.settings(now)
         answered = dry_run.answered(self.ledger, wanted, views, primary) if self.mode == "dry-run" else {}
-        fleet, history = self._shared_view(now, views, primary, wanted, report, settings, answered)
-        self._report_plan_problems(report.plan)
-        for name in sorted(wanted, key=lambda n: _slot(report.plan, n)):
+        fleet, history = self.fleet_restarts.shared_view(
+            now, views, primary, wanted, report, settings, answered
+        )
+        self.fleet_pause.note_expiry(now)
+        self.fleet_restarts.report_plan_problems(report.plan)
+        for name in sorted(wanted, key=lambda n: slot_order(report.plan, n)):
             report.decisions[name] = self._guard(
                 name, self._restart, views[name], primary[name], wanted[name], report, fleet, history, now
             )
@@ -357,15 +313,6 @@ class Engine:
             self.ledger.prune(now, self.config.retention)
             self._pruned_at = now
         return report
-
-    def _step_length(self, now: float) -> float:
-        """How long after its latest safe start this step may be the first to reach a slot: the time
-        since the previous step (the runtime adds jitter), at least `interval`, at most twice it."""
-        interval = self.config.interval
-        previous, self._stepped_at = self._stepped_at, now
-        if previous is None or now <= previous:
-            return interval
-        return min(max(now - previous, interval), 2 * interval)
 
     def _guard(self, name: str, fn: Callable[..., Decision], *args: Any) -> Decision:
         """One instance's unexpected failure becomes its decision; the other instances carry on."""
@@ -401,7 +348,7 @@ class Engine:
         pause = self.paused(now)
         if pause is not None:
             return pause_decision(pause)
-        fleet = self.fleet_paused(now)
+        fleet = self.fleet_pause.at(now)
         return fleet_pause_decision(fleet) if fleet is not None else None
 
     def _gate(self, view: InstanceView, now: float) -> Decision | None:
@@ -430,121 +377,11 @@ class Engine:
         now: float,
     ) -> Decision:
         gate = self._gate(view, now)
-        if gate is not None:
-            return gate
-        entry = report.plan.entry(view.name)
-        would = self.ledger.would_restart(view.name, view.start_time) if entry and entry.dry_run else None
-        if would is not None:  # dry-run would already have restarted this process
-            return dry_run.decision(would, request, view)
-        action_id = self.intake.action_id(request)
-        decision = self.restarts.decide(
-            view, request, intent, report.plan, fleet, history, now, report.coordinator_error, action_id
+        return (
+            gate
+            if gate is not None
+            else self.fleet_restarts.restart(view, request, intent, report, fleet, history, now)
         )
-        if decision.code == UNAVAILABLE and not report.coordinator_error:
-            self._note_coordinator(decision.reason)  # it failed at the lock itself
-        elif decision.code == "started":
-            report.started.append(view.name)
-        elif decision.code == "dry-run":
-            self.intake.done(view.name)
-        return decision
-
-    # ----------------------------------------------------------------------------- the fleet view
-    def _shared_view(
-        self,
-        now: float,
-        views: Mapping[str, InstanceView],
-        primary: Mapping[str, RemediationRequest],
-        wanted: Mapping[str, Intent],
-        report: StepReport,
-        settings: planner.PlanSettings,
-        answered: Mapping[str, WouldRestart],
-    ) -> tuple[list[FleetEntry], list[RestartRecord]]:
-        """Publish, and plan: as the elected leader for the fleet, or from the leader's grants; in
-        dry-run alone, with its would-be restarts in the history and in the plan (`remediation.dry_run`)."""
-
-        def first_seen(instance: str, finding_id: str) -> float | None:
-            case = self.ledger.case(instance, finding_id)
-            return case.first_seen if case else None
-
-        mine = local_entries(self.agent_id, views, primary, wanted, first_seen, now)
-        since = now - history_window(self.config)
-        in_dry_run = self.mode == "dry-run"
-        extra = self.ledger.would_restarts(since, self.agent_id) if in_dry_run else []
-        planned = self.planning.step(
-            now, mine, since, settings, dry_run=in_dry_run, extra_history=extra, skip=frozenset(answered)
-        )
-        report.plan = dry_run.with_would_be(
-            planned.plan, answered, views, primary, wanted, self.agent_id, settings
-        )
-        self._note_coordinator(planned.error)
-        report.coordinator_error = planned.error
-        self._note_fleet_pause(now)
-        return planned.fleet, planned.history
-
-    def _note_fleet_pause(self, now: float) -> None:
-        """The agent that set the fleet pause says when it expired (the others only hold, and say
-        so in their decisions)."""
-        seen, self._fleet_seen = self._fleet_seen, self.fleet_paused(now)
-        until = seen.get("until") if seen else None
-        if seen is None or self._fleet_seen is not None or seen.get("agent") != self.agent_id:
-            return
-        if until is not None and until <= now:
-            self.events.emit(
-                "remediation_resumed",
-                f"the fleet-wide pause ({seen.get('reason')}) expired",
-                scope="fleet",
-                **seen,
-            )
-
-    def _note_coordinator(self, error: str | None) -> None:
-        if error and error != self._coordinator_error:
-            self.events.emit(
-                "remediation_coordinator_unavailable",
-                f"{error}; no restart will start until it answers",
-                severity="error",
-                coordinator=self.coordinator.describe(),
-            )
-        elif error is None and self._coordinator_error is not None:
-            self.events.emit(
-                "remediation_coordinator_recovered", f"{self.coordinator.describe()} answers again"
-            )
-        self._coordinator_error = error
-
-    def _report_plan_problems(self, plan: Plan) -> None:
-        """One event per change of which instances cannot be saved in time (the problems' wording,
-        with its times, changes every step; the instances concerned do not)."""
-        problems = tuple(
-            sorted(
-                (e.instance, "hopeless" if e.hopeless else "late")
-                for e in plan.entries
-                if e.late or e.hopeless
-            )
-        )
-        if plan.problems and problems != self._problems:
-            self.events.emit(
-                "remediation_plan_infeasible",
-                f"{len(plan.problems)} restart(s) cannot meet their deadline: {plan.problems[0]}",
-                severity="warning",
-                problems=list(plan.problems),
-            )
-        self._problems = problems if plan.problems else ()
-
-    def _reap(self) -> None:
-        """Record how finished restarts ended in their cases; drop one-shot requests carried out."""
-        for execution in self.restarts.finished():
-            request = execution.job.request
-            if request is None:
-                continue
-            if execution.outcome in ("succeeded", "failed"):
-                self.ledger.update_case(
-                    execution.instance,
-                    request.finding_id,
-                    restarted_at=execution.finished_at,
-                    restart_outcome=execution.outcome,
-                    restart_deadline=request.deadline,
-                    restart_finding=request.finding_id,
-                )
-            self.intake.done(execution.instance, request.finding_id)
 
     # ----------------------------------------------------------------------------- views and shutdown
     def in_progress(self) -> list[str]:
@@ -557,28 +394,13 @@ class Engine:
         the last step read them (`fleet.read_at`)."""
         now = self.clock() if now is None else now
         last = self.last
-        control = self.planning.control
-        leader = control.leader
         return {
             "mode": self.mode,
             "agent": self.agent_id,
             "paused": self.paused(now),
             "pause_persisted": self.pause_storage()["persisted"],
-            "fleet": {
-                "namespace": self.config.coordinator.namespace,
-                "shared": self.shared() is None,
-                "paused": control.pause_at(now),
-                "leader": dict(leader) if leader else None,
-                "leads": bool(leader and leader.get("agent") == self.agent_id),
-                "role": control.role,
-                "read_at": control.read_at,
-                "error": control.error,
-            },
-            "coordinator": {
-                "backend": self.coordinator.describe(),
-                "ok": self._coordinator_error is None,
-                "error": self._coordinator_error,
-            },
+            "fleet": self.fleet_pause.describe(now, self.config.coordinator.namespace),
+            "coordinator": self.fleet_restarts.describe_coordinator(),
             "budget": {
                 "max_concurrent": self.limits.max_concurrent,
                 "min_interval": self.limits.min_interval,
@@ -603,18 +425,13 @@ class Engine:
         self._stop.set()
         self.restarts.wait(timeout)
         with self._lock:
-            self._reap()
+            self.fleet_restarts.reap()
         try:
             self.coordinator.resign()  # a successor need not wait for the leader key's TTL
         except CoordinatorError as exc:
             log.info("could not resign the fleet's leadership (it expires by itself): %s", exc)
         if self._owns_coordinator:
             self.coordinator.close()
-
-
-def _slot(plan: Plan, name: str) -> tuple[float, str]:
-    entry = plan.entry(name)
-    return (entry.slot_at if entry else math.inf, name)
 
 
 __all__ = ["SUBMITTED_TTL", "Engine", "EngineHooks", "PurgeFn", "StepReport", "history_window"]

@@ -32,10 +32,10 @@ from typing import Any, BinaryIO
 from probes.linux.fstrust import atomic_file, atomic_write, ensure_private_dir
 from remediation.model import InstanceView
 
-CaptureFn = Callable[[InstanceView, float], "bytes | str | dict | list | Path | Parts | None"]
+CaptureFn = Callable[[InstanceView, float], "bytes | str | dict[str, Any] | list[Any] | Path | Parts | None"]
 
 
-class Parts(dict):  # type: ignore[type-arg]
+class Parts(dict[str, object]):
     """Several files from one capture, `{part: value}`, stored as `<capture>.<part>.<suffix>`
     (a heap profile: the raw dump and its symbolized sites)."""
 
@@ -149,8 +149,8 @@ class EvidenceStore:
             with _open_regular(value) as src, atomic_file(path, 0o600) as dst:
                 size = os.fstat(src.fileno()).st_size
                 shutil.copyfileobj(_Limited(src, max(0, budget)), dst)
-            kept = min(size, max(0, budget))
-            return EvidenceItem(name, str(path), kept, kept < size, seconds)
+            copied = min(size, max(0, budget))
+            return EvidenceItem(name, str(path), copied, copied < size, seconds)
         if isinstance(value, (dict, list)):
             data, suffix = json.dumps(value, indent=2, default=str).encode(), ".json"
         elif isinstance(value, str):
@@ -188,7 +188,7 @@ def _open_regular(path: Path) -> BinaryIO:
 class _Limited:
     """A reader that stops after `limit` bytes."""
 
-    def __init__(self, raw, limit: int) -> None:
+    def __init__(self, raw: BinaryIO, limit: int) -> None:
         self.raw, self.left = raw, limit
 
     def read(self, size: int = -1) -> bytes:

@@ -19,6 +19,7 @@ from agent.core.ports import EventSink
 from remediation.deadlines import Clocks, anchored, settle
 from remediation.hooks import EngineHooks
 from remediation.ledger import Ledger
+from remediation.ledger_rows import EscalationRow
 from remediation.model import Decision, InstanceView, Intent, RemediationRequest
 from remediation.text import at, span
 
@@ -161,7 +162,7 @@ class LadderActions:
             return None
         return Intent("none", "escalated", self.hold_reason(escalation))
 
-    def hold_reason(self, escalation: dict[str, Any]) -> str:
+    def hold_reason(self, escalation: EscalationRow) -> str:
         """What holds an escalated instance, and what ends the hold: the same words in the plan, the
         decisions and the events."""
         ends = [f"a person clears it (`medic clear {escalation['instance']}`)"]
@@ -174,13 +175,13 @@ class LadderActions:
             f"until {' or '.join(ends)}"
         )
 
-    def expires_at(self, escalation: dict[str, Any]) -> float | None:
+    def expires_at(self, escalation: EscalationRow) -> float | None:
         if self.expiry is None:
             return None
         anchor = self._anchors.get((escalation["instance"], escalation["at"]))
         return anchor["until"] if anchor else escalation["at"] + self.expiry  # moved with the wall clock
 
-    def _expired(self, escalation: dict[str, Any], now: float) -> bool:
+    def _expired(self, escalation: EscalationRow, now: float) -> bool:
         until = self.expires_at(escalation)
         if until is None:
             return False

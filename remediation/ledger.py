@@ -12,7 +12,8 @@
                            are counted from the processes started after it
     remediation_control    the global pause (reason, who, until)
 
-All of it survives an agent restart; the budget itself lives in the coordinator.
+All of it survives an agent restart; the budget itself lives in the coordinator. The tables' schema
+and the records these queries return are `remediation.ledger_rows`'.
 """
 
 from __future__ import annotations
@@ -23,105 +24,27 @@ from typing import Any
 
 from agent.core.ports import TableStore
 from agent.core.sql import where_clause
-from probes.linux.procfs import CLOCK_TICKS
+from remediation.ledger_rows import (
+    ACTION_COLUMNS,
+    ADDED_COLUMNS,
+    CASE_COLUMNS,
+    FINISHED,
+    SCHEMA,
+    START_TOLERANCE,
+    WOULD,
+    DecisionRow,
+    EscalationRow,
+    decode_action,
+    encode_action,
+)
 from remediation.model import WOULD_RESTART, Decision, RemediationRequest, RestartRecord, WouldRestart
 from remediation.policy import CaseHistory, related_kinds
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS remediation_actions (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, instance TEXT NOT NULL, action TEXT NOT NULL,
-    mode TEXT NOT NULL, request_kind TEXT, finding_id TEXT, reason TEXT NOT NULL,
-    deadline REAL, slot_at REAL, created_at REAL NOT NULL, started_at REAL, finished_at REAL,
-    outcome TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '', fleet TEXT, actuator TEXT,
-    old_pid INTEGER, old_start_time REAL, new_pid INTEGER, holder TEXT, token TEXT,
-    stages TEXT NOT NULL DEFAULT '[]', evidence TEXT NOT NULL DEFAULT '[]', data TEXT NOT NULL DEFAULT '{}');
-CREATE INDEX IF NOT EXISTS remediation_actions_instance ON remediation_actions (instance, id);
-CREATE INDEX IF NOT EXISTS remediation_actions_created ON remediation_actions (created_at);
-CREATE TABLE IF NOT EXISTS remediation_decisions (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, instance TEXT NOT NULL, stage TEXT NOT NULL,
-    ok INTEGER NOT NULL, code TEXT NOT NULL, reason TEXT NOT NULL, retry_at REAL,
-    data TEXT NOT NULL DEFAULT '{}');
-CREATE INDEX IF NOT EXISTS remediation_decisions_instance ON remediation_decisions (instance, id);
-CREATE TABLE IF NOT EXISTS remediation_cases (
-    instance TEXT NOT NULL, finding_id TEXT NOT NULL, kind TEXT NOT NULL,
-    first_seen REAL NOT NULL, last_seen REAL NOT NULL, closed_at REAL,
-    purged_at REAL, purge_result TEXT, restarted_at REAL, restart_outcome TEXT, escalated_at REAL,
-    restart_deadline REAL, restart_finding TEXT,
-    PRIMARY KEY (instance, finding_id));
-CREATE TABLE IF NOT EXISTS remediation_starts (
-    instance TEXT NOT NULL, start_time REAL NOT NULL, seen_at REAL NOT NULL,
-    PRIMARY KEY (instance, start_time));
-CREATE TABLE IF NOT EXISTS remediation_control (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS remediation_escalations (
-    instance TEXT PRIMARY KEY, at REAL NOT NULL, code TEXT NOT NULL, reason TEXT NOT NULL,
-    finding_id TEXT, action_id INTEGER);
-CREATE TABLE IF NOT EXISTS remediation_resets (instance TEXT PRIMARY KEY, at REAL NOT NULL);
-"""
-_JSON_COLUMNS = ("stages", "evidence", "data")
-_ACTION_COLUMNS = [
-    "id",
-    "instance",
-    "action",
-    "mode",
-    "request_kind",
-    "finding_id",
-    "reason",
-    "deadline",
-    "slot_at",
-    "created_at",
-    "started_at",
-    "finished_at",
-    "outcome",
-    "detail",
-    "fleet",
-    "actuator",
-    "old_pid",
-    "old_start_time",
-    "new_pid",
-    "holder",
-    "token",
-    "stages",
-    "evidence",
-    "data",
-]
-_CASE_COLUMNS = [
-    "instance",
-    "finding_id",
-    "kind",
-    "first_seen",
-    "last_seen",
-    "purged_at",
-    "purge_result",
-    "restarted_at",
-    "restart_outcome",
-    "escalated_at",
-    "restart_deadline",
-    "restart_finding",
-]
-# columns added since the first release: (table, column, type), added to older state dirs on open
-_ADDED_COLUMNS = [
-    ("remediation_cases", "restart_deadline", "REAL"),
-    ("remediation_cases", "restart_finding", "TEXT"),
-]
-START_TOLERANCE = 1.0 / CLOCK_TICKS + 1e-6
-FINISHED = (
-    "succeeded",
-    "failed",
-    "interrupted",
-    "dry-run",
-    WOULD_RESTART,
-    "purged",
-    "escalated",
-    "abandoned",
-    "replaced",
-)
-_WOULD = f"('{WOULD_RESTART}', 'dry-run')"  # 'dry-run': what an older medic called a would-be restart
 
 
 class Ledger:
     def __init__(self, store: TableStore) -> None:
         self.store = store
-        store.ensure_schema(_SCHEMA)
+        store.ensure_schema(SCHEMA)
         self._add_columns()
         self._last_decision: dict[str, tuple[str, str, bool]] = {}
         for instance, stage, code, ok in store.query(
@@ -132,7 +55,7 @@ class Ledger:
 
     def _add_columns(self) -> None:
         """A state dir written by an older medic lacks the newer columns: add them (NULL in old rows)."""
-        for table, column, kind in _ADDED_COLUMNS:
+        for table, column, kind in ADDED_COLUMNS:
             present = {row[1] for row in self.store.query(f"PRAGMA table_info({table})")}
             if column not in present:
                 with self.store.transaction() as db:
@@ -163,7 +86,7 @@ class Ledger:
             "deadline": request.deadline if request else None,
             **fields,
         }
-        row = _encode(row)
+        row = encode_action(row)
         with self.store.transaction() as db:
             cur = db.execute(
                 f"INSERT INTO remediation_actions ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
@@ -175,7 +98,7 @@ class Ledger:
     def update_action(self, action_id: int, **fields: Any) -> None:
         if not fields:
             return
-        row = _encode(fields)
+        row = encode_action(fields)
         with self.store.transaction() as db:
             db.execute(
                 f"UPDATE remediation_actions SET {', '.join(f'{k} = ?' for k in row)} WHERE id = ?",
@@ -187,22 +110,22 @@ class Ledger:
     ) -> list[dict[str, Any]]:
         """Newest first."""
         where, args = where_clause([("instance = ?", instance), ("created_at >= ?", since)])
-        sql = f"SELECT {', '.join(_ACTION_COLUMNS)} FROM remediation_actions{where} ORDER BY id DESC LIMIT ?"
+        sql = f"SELECT {', '.join(ACTION_COLUMNS)} FROM remediation_actions{where} ORDER BY id DESC LIMIT ?"
         args.append(max(1, min(limit, 10_000)))
-        return [_decode(dict(zip(_ACTION_COLUMNS, row))) for row in self.store.query(sql, args)]
+        return [decode_action(dict(zip(ACTION_COLUMNS, row))) for row in self.store.query(sql, args)]
 
     def action(self, action_id: int) -> dict[str, Any] | None:
         rows = self.store.query(
-            f"SELECT {', '.join(_ACTION_COLUMNS)} FROM remediation_actions WHERE id = ?", (action_id,)
+            f"SELECT {', '.join(ACTION_COLUMNS)} FROM remediation_actions WHERE id = ?", (action_id,)
         )
-        return _decode(dict(zip(_ACTION_COLUMNS, rows[0]))) if rows else None
+        return decode_action(dict(zip(ACTION_COLUMNS, rows[0]))) if rows else None
 
     def would_restarts(self, since: float, holder: str) -> list[RestartRecord]:
         """The restarts dry-run mode would have made since `since`, as the budget counts them
         (fleet-wide as enforce's would be, never for the instance's own cooldown: `remediation.dry_run`)."""
         rows = self.store.query(
             "SELECT instance, fleet, started_at, finished_at FROM remediation_actions "
-            f"WHERE action = 'restart' AND outcome IN {_WOULD} AND started_at >= ?",
+            f"WHERE action = 'restart' AND outcome IN {WOULD} AND started_at >= ?",
             (since,),
         )
         return [
@@ -216,7 +139,7 @@ class Ledger:
             return None
         rows = self.store.query(
             "SELECT id, started_at, old_start_time, reason FROM remediation_actions WHERE instance = ? "
-            f"AND action = 'restart' AND outcome IN {_WOULD} AND abs(old_start_time - ?) <= ? "
+            f"AND action = 'restart' AND outcome IN {WOULD} AND abs(old_start_time - ?) <= ? "
             "ORDER BY id DESC LIMIT 1",
             (instance, start_time, START_TOLERANCE),
         )
@@ -264,7 +187,7 @@ class Ledger:
         self._last_decision[instance] = key
         return True
 
-    def decisions(self, *, instance: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    def decisions(self, *, instance: str | None = None, limit: int = 100) -> list[DecisionRow]:
         sql = "SELECT id, ts, instance, stage, ok, code, reason, retry_at, data FROM remediation_decisions"
         args: list[Any] = []
         if instance is not None:
@@ -330,14 +253,14 @@ class Ledger:
 
     def case(self, instance: str, finding_id: str) -> CaseHistory | None:
         rows = self.store.query(
-            f"SELECT {', '.join(_CASE_COLUMNS)} FROM remediation_cases WHERE instance = ? AND finding_id = ?",
+            f"SELECT {', '.join(CASE_COLUMNS)} FROM remediation_cases WHERE instance = ? AND finding_id = ?",
             (instance, finding_id),
         )
         return CaseHistory(*rows[0]) if rows else None
 
     def open_cases(self) -> list[CaseHistory]:
         rows = self.store.query(
-            f"SELECT {', '.join(_CASE_COLUMNS)} FROM remediation_cases WHERE closed_at IS NULL ORDER BY instance"
+            f"SELECT {', '.join(CASE_COLUMNS)} FROM remediation_cases WHERE closed_at IS NULL ORDER BY instance"
         )
         return [CaseHistory(*row) for row in rows]
 
@@ -381,15 +304,19 @@ class Ledger:
                     (now, instance, finding_id),
                 )
 
-    def escalation(self, instance: str) -> dict[str, Any] | None:
+    def escalation(self, instance: str) -> EscalationRow | None:
         rows = self.store.query(
             "SELECT instance, at, code, reason, finding_id, action_id FROM remediation_escalations WHERE instance = ?",
             (instance,),
         )
-        keys = ("instance", "at", "code", "reason", "finding_id", "action_id")
-        return dict(zip(keys, rows[0])) if rows else None
+        if not rows:
+            return None
+        name, at, code, reason, finding_id, action_id = rows[0]
+        return EscalationRow(
+            instance=name, at=at, code=code, reason=reason, finding_id=finding_id, action_id=action_id
+        )
 
-    def escalations(self) -> list[dict[str, Any]]:
+    def escalations(self) -> list[EscalationRow]:
         rows = self.store.query("SELECT instance FROM remediation_escalations ORDER BY instance")
         return [e for e in (self.escalation(r[0]) for r in rows) if e]
 
@@ -474,16 +401,3 @@ class Ledger:
                 f"({', '.join('?' * len(FINISHED))})",
                 (cutoff, *FINISHED),
             )
-
-
-def _encode(row: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(row) - set(_ACTION_COLUMNS)
-    if unknown:
-        raise ValueError(f"unknown action field(s): {', '.join(sorted(unknown))}")
-    return {k: (json.dumps(v, default=str) if k in _JSON_COLUMNS else v) for k, v in row.items()}
-
-
-def _decode(row: dict[str, Any]) -> dict[str, Any]:
-    for key in _JSON_COLUMNS:
-        row[key] = json.loads(row[key]) if row.get(key) else ([] if key != "data" else {})
-    return row

@@ -12,9 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
-from typing import Any, Literal, TypeVar, get_args, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args, get_type_hints
 
 from agent.core.figures import is_number
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 RequestKind = Literal["leak", "oom-risk", "fragmentation", "slow", "external", "manual", "crash-loop"]
 REQUEST_KINDS: tuple[str, ...] = (
@@ -342,7 +345,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-_R = TypeVar("_R")
+_R = TypeVar("_R", bound="DataclassInstance")
 
 
 def record_from_dict(cls: type[_R], data: Any, what: str) -> _R:
@@ -354,7 +357,7 @@ def record_from_dict(cls: type[_R], data: Any, what: str) -> _R:
     hints = get_type_hints(cls)
     values: dict[str, Any] = {}
     try:
-        for f in fields(cls):  # type: ignore[arg-type]
+        for f in fields(cls):
             value = data.get(f.name)
             if value is None:
                 if f.default is MISSING:

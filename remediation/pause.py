@@ -68,7 +68,7 @@ class KillSwitch:
         with self._lock:
             previous, self._pause = self._pause, None
             stored = self._save() if previous is not None or self._unsaved else True
-            previous = self._public(previous)
+            previous = None if previous is None else self._public(previous)
         if previous is not None:
             self.events.emit(
                 "remediation_resumed",
@@ -99,10 +99,8 @@ class KillSwitch:
         return None
 
     @staticmethod
-    def _public(pause: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _public(pause: dict[str, Any]) -> dict[str, Any]:
         """What people and the API see of a pause: its anchor on the boot clock is bookkeeping."""
-        if pause is None:
-            return None
         return {k: v for k, v in pause.items() if k not in ("boot_id", "boot_until")}
 
     def storage(self) -> dict[str, Any]:

@@ -111,6 +111,7 @@ def _plan_fleet(
             key=lambda e: (e.requested_at if e.requested_at is not None else now, hashes[e.instance]),
         )
     )
+    # `timed` holds the entries with a deadline, which mypy cannot see through the list
     latest = {e.instance: latest_start(e.deadline, settings) for e in timed}  # type: ignore[arg-type]
 
     # backward pass: as late as possible, one gap apart, inside windows
@@ -152,6 +153,7 @@ def _plan_fleet(
         if fleet_wide and slot > blocked_until:
             blocked_until = slot
         pushed = (why, code) if slot > max(target, now) else (None, None)
+        # `entry` is from `timed`: its deadline is set
         hopeless = slot + settings.restart_duration > entry.deadline  # type: ignore[operator]
         planned = _entry(entry, slot, latest[entry.instance], previous, pushed, settings, explain, hopeless)
         out.append(planned)
@@ -235,6 +237,7 @@ def _entry(
                 "instances that can still be saved (this one will be OOM-killed and restart by itself)"
             )
         elif late:
+            # `late` is only true with a `due`
             reason += f"; LATE by {span(slot - due + settings.step)}"  # type: ignore[operator]
         if why:
             reason += f" ({why})"

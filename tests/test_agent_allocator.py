@@ -8,9 +8,9 @@ import tempfile
 import httpx
 import pytest
 
-from native_hooks.workloads import TargetIO, build_c_target, target_env
 from support.compressed import FAST
 from support.procs import wait_until
+from support.workloads import TargetIO, build_c_target, target_env
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
 MiB = 2**20

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from native_hooks.workloads import ensure_shim
 from support.compressed import DETECT, FAST
 from support.histo import build_c, clean_env
 from support.procs import PYTHON, REPO, wait_until
+from support.workloads import ensure_shim
 
 pytestmark = pytest.mark.slow
 SERVICE = Path(__file__).parent / "support" / "pyservice.py"

@@ -12,11 +12,11 @@ from agent.core.catalog import CATALOG
 from agent.core.errors import ProbeUnavailable, TargetGone
 from agent.core.records import ProbeTarget
 from native_hooks.errors import HookNotFound
-from native_hooks.workloads import build_c_target, python_argv, target_env
 from probes.allocator import AllocatorProbe, hook_socket_for
 from probes.registry import PROBES, create_probe
 from support.native import start_target
 from support.procs import wait_until
+from support.workloads import build_c_target, python_argv, target_env
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
 MiB = 1024 * 1024

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.core.errors import ProbeError
-from probes.linux.procfs import parse_tcp_listeners
+from probes.linux.nettcp import parse_tcp_listeners
 from support.agent_runner import medic_cli
 from support.procs import free_port
 

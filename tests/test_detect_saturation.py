@@ -10,8 +10,8 @@ import pytest
 
 from agent.detect import DetectParams, InstanceSeries, analyze_instance
 from agent.detect.saturation import levelling, reach_bar, reach_margin
-from native_hooks.workloads import build_c_target, target_env
 from support.native import start_target
+from support.workloads import build_c_target, target_env
 
 MINUTE = 60.0
 T0 = 1_767_571_200.0

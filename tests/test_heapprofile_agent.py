@@ -16,11 +16,11 @@ from agent.core.records import ProbeTarget
 from agent.detect.ranking import suspects_for
 from agent.state.histograms import HistogramStore
 from agent.state.store import Store
-from native_hooks.workloads import ensure_shim
 from probes.heapprof import HeapProfileProbe
 from support.agent_runner import medic_cli
 from support.histo import build_c, clean_env, read_ready
 from support.procs import wait_until
+from support.workloads import ensure_shim
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
 FAST = {"interval": "0.5s", "slow_interval": "1s", "flush_interval": "0.3s"}

@@ -14,8 +14,8 @@ import pytest
 
 from agent.cli.hook import parse_params
 from agent.core.errors import UsageError
-from native_hooks.workloads import TargetIO, ensure_shim, python_argv, target_env
 from support.agent_runner import medic_cli
+from support.workloads import TargetIO, ensure_shim, python_argv, target_env
 
 
 @pytest.mark.native

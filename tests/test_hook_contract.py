@@ -22,8 +22,8 @@ import pytest
 from native_hooks.client import HookClient
 from native_hooks.errors import HookOpUnavailable
 from native_hooks.purge import purge
-from native_hooks.workloads import TargetIO, build_c_target, python_argv, target_env
 from support.procs import REPO, wait_until
+from support.workloads import TargetIO, build_c_target, python_argv, target_env
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
 

@@ -16,7 +16,7 @@ import pytest
 from agent.core.records import ProbeTarget
 from probes.jvm import JvmProbe
 from probes.jvmlimits import JvmLimitsProbe
-from probes.linux.procfs import read_status
+from probes.linux.procstatus import read_status
 from support.jvm_heap import build_heap_shapes, start_heap_shape
 from support.procs import wait_until
 

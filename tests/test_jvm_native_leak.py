@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import yaml
 
-from probes.linux.procfs import read_status
+from probes.linux.procstatus import read_status
 from support.jvm_native import build_native_leak, start_native_leak
 from support.procs import PYTHON, REPO, wait_until
 

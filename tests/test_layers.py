@@ -80,7 +80,12 @@ LAZY: list[tuple[str, str, str]] = [
         "httpx loads with the first scrape: no latency target, no httpx in RSS",
     ),
     ("agent.jobs.warmup", "probes.scrape", "httpx loads with the first warm-up, not with the agent"),
-    ("agent.api.histograms", "probes.jvm", "loaded by the first JVM histogram diff: no JVM, no JVM probe"),
+    (
+        "probes.latency_source",
+        "probes.promtext",
+        "the exposition parser loads with the first scrape: no latency target, no parser in RSS",
+    ),
+    ("agent.api.histograms", "probes.jcmd", "loaded by the first JVM histogram diff: no JVM, no jcmd"),
     (
         "native_hooks.doctor",
         "native_hooks.shim",
@@ -88,11 +93,6 @@ LAZY: list[tuple[str, str, str]] = [
     ),
     ("native_hooks.doctor", "native_hooks.client", "the hook client loads only when there is a hook to ask"),
     ("remediation.coordinator", "remediation.coordinator.etcd_security", "TLS material for etcd only"),
-    (
-        "agent.demo.fleet",
-        "agent.demo.load",
-        "numpy is the demo extra: `medic run` (installed without it) borrows free_ports alone",
-    ),
 ]
 
 

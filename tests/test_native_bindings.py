@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from medic_hook.glibc import MALLINFO2_FIELDS
-from native_hooks.workloads import python_argv, target_env
+from support.workloads import python_argv, target_env
 
 pytestmark = pytest.mark.native
 

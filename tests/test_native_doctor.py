@@ -14,9 +14,9 @@ import pytest
 from agent.core.errors import TargetGone
 from native_hooks.doctor import diagnose, render
 from native_hooks.which_allocator import detect_allocator
-from native_hooks.workloads import ensure_shim, python_argv, target_env
 from support.native import build_native_bins, start_target
 from support.procs import REPO, wait_until
+from support.workloads import ensure_shim, python_argv, target_env
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
 

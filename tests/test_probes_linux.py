@@ -20,7 +20,7 @@ from agent.core.catalog import CATALOG
 from agent.core.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable, TargetGone
 from agent.core.records import ProbeResult, ProbeTarget
 from probes.cgroup import CgroupProbe
-from probes.linux import procfs
+from probes.linux import procfs, procstatus
 from probes.linux.cgroupfiles import cgroup_memory_limit
 from probes.process import ProcessProbe
 from probes.registry import PROBES, create_probe
@@ -395,7 +395,8 @@ def test_real_permission_error_is_partial_for_process_and_total_for_smaps(spawn)
     target = spawn([*AS_NOBODY, "sleep", "60"])
     wait_until(
         lambda: (
-            procfs.read_status(target.pid).real_uid == 65534 and procfs.read_stat(target.pid).comm == "sleep"
+            procstatus.read_status(target.pid).real_uid == 65534
+            and procfs.read_stat(target.pid).comm == "sleep"
         )
     )
 

@@ -12,7 +12,7 @@ import pytest
 
 from agent.core.errors import TargetGone
 from agent.core.records import ProcessIdentity
-from probes.linux import procfs
+from probes.linux import procfs, procstatus
 from probes.linux.procdir import MAX_HELD, ProcDir, ProcDirs, hold_limit
 from support.procs import wait_ready, wait_until
 
@@ -36,7 +36,7 @@ def test_held_or_not_it_reads_the_fixture_files_as_the_path_readers_do():
         proc = ProcDir(identity, ROOT, hold=hold)
         assert proc.held is hold
         assert proc.stat() == procfs.read_stat(WEIRD, ROOT)
-        assert proc.status() == procfs.parse_status(
+        assert proc.status() == procstatus.parse_status(
             procfs.read_process_file(WEIRD, "status", ROOT), ids=False
         )
         assert proc.statm() == procfs.read_statm(WEIRD, ROOT)
@@ -47,7 +47,7 @@ def test_held_or_not_it_reads_the_fixture_files_as_the_path_readers_do():
 
 
 def test_status_holds_the_figures_of_statm():
-    status, statm = procfs.read_status(WEIRD, ROOT), procfs.read_statm(WEIRD, ROOT)
+    status, statm = procstatus.read_status(WEIRD, ROOT), procfs.read_statm(WEIRD, ROOT)
     assert (status.rss_bytes, status.vms_bytes) == (statm.rss_bytes, statm.vms_bytes)
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from agent.core.errors import ProbeAccessDenied, ProbeError, ProbeUnavailable, TargetGone
 from native_hooks.sockets import candidate_paths, namespace_pids
-from probes.linux import maps, procfs
+from probes.linux import maps, procfs, procstatus
 
 ROOT = Path(__file__).parent / "fixtures" / "proc"
 FIXTURE = ROOT / "proc"
@@ -87,7 +87,7 @@ def test_statm_pages_become_bytes():
 
 
 def test_status_sizes_in_bytes_and_counters():
-    status = procfs.parse_status(fixture_bytes(WEIRD, "status"))
+    status = procstatus.parse_status(fixture_bytes(WEIRD, "status"))
     assert status.rss_bytes == 1756 * 1024
     assert status.rss_anon_bytes == 108 * 1024
     assert status.rss_file_bytes == 1648 * 1024
@@ -100,7 +100,7 @@ def test_status_sizes_in_bytes_and_counters():
 
 def test_status_figures_alone_leave_out_who_the_process_is():
     data = fixture_bytes(WEIRD, "status")
-    figures, whole = procfs.parse_status(data, ids=False), procfs.parse_status(data)
+    figures, whole = procstatus.parse_status(data, ids=False), procstatus.parse_status(data)
     assert (figures.uids, figures.ns_pids, figures.real_uid, figures.effective_gid) == ((), (), None, None)
     assert figures._replace(uids=whole.uids, ns_pids=whole.ns_pids) == whole._replace(
         real_uid=None, effective_uid=None, effective_gid=None
@@ -109,7 +109,7 @@ def test_status_figures_alone_leave_out_who_the_process_is():
 
 
 def test_status_of_a_kernel_thread_has_no_memory_lines():
-    status = procfs.parse_status(fixture_bytes(KTHREAD, "status"))
+    status = procstatus.parse_status(fixture_bytes(KTHREAD, "status"))
     assert status.rss_bytes is None and status.rss_anon_bytes is None and status.swap_bytes is None
     assert status.voluntary_ctx_switches is not None
 
@@ -125,7 +125,7 @@ def test_status_of_a_kernel_thread_has_no_memory_lines():
 )
 def test_malformed_status(data, message):
     with pytest.raises(ProbeError, match=message):
-        procfs.parse_status(data)
+        procstatus.parse_status(data)
 
 
 def test_smaps_rollup_uss_is_private_clean_plus_dirty():
@@ -214,9 +214,9 @@ def test_environ_round_trips_any_bytes(env):
 
 
 def test_nspid_of_a_process_two_pid_namespaces_down():
-    assert procfs.read_nspid(NESTED, ROOT) == (NESTED, 2, 1)
-    assert procfs.read_status(NESTED, ROOT).uids == (0, 0, 0, 0)
-    assert procfs.read_nspid(WEIRD, ROOT) == (WEIRD,)
+    assert procstatus.read_nspid(NESTED, ROOT) == (NESTED, 2, 1)
+    assert procstatus.read_status(NESTED, ROOT).uids == (0, 0, 0, 0)
+    assert procstatus.read_nspid(WEIRD, ROOT) == (WEIRD,)
     assert namespace_pids(NESTED, ROOT) == {NESTED, 2, 1}
     assert namespace_pids(999999, ROOT) == {999999}  # unreadable: only the pid itself
 
@@ -226,7 +226,7 @@ def test_nspid_absent_on_old_kernels_is_the_pid_itself(tmp_path):
     old = b"".join(line for line in status.splitlines(keepends=True) if not line.startswith(b"NSpid:"))
     (tmp_path / "proc" / "77").mkdir(parents=True)
     (tmp_path / "proc" / "77" / "status").write_bytes(old)
-    assert procfs.read_nspid(77, tmp_path) == (77,)
+    assert procstatus.read_nspid(77, tmp_path) == (77,)
 
 
 def test_hook_socket_candidates_of_a_nested_pid_go_through_its_root():
@@ -373,7 +373,7 @@ def test_a_new_process_with_a_new_pid_has_a_new_identity(spawn):
 def test_live_readers_agree_with_psutil():
     pid = os.getpid()
     statm = procfs.read_statm(pid)
-    status = procfs.read_status(pid)
+    status = procstatus.read_status(pid)
     info = psutil.Process(pid).memory_info()
     assert abs(statm.rss_bytes - info.rss) < 4 << 20
     assert status.rss_bytes is not None and abs(status.rss_bytes - info.rss) < 4 << 20
@@ -384,14 +384,14 @@ def test_live_readers_agree_with_psutil():
 # --------------------------------------------------------------------------- fuzzing: ProbeError or a record
 
 
-def parse_status_figures(data: bytes) -> procfs.ProcStatus:
-    return procfs.parse_status(data, ids=False)
+def parse_status_figures(data: bytes) -> procstatus.ProcStatus:
+    return procstatus.parse_status(data, ids=False)
 
 
 PARSERS = [
     procfs.parse_stat,
     procfs.parse_statm,
-    procfs.parse_status,
+    procstatus.parse_status,
     parse_status_figures,
     procfs.parse_smaps_rollup,
     procfs.parse_meminfo,

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.core.records import ProbeTarget
-from native_hooks.workloads import TargetIO, build_c_target, target_env
 from probes.pyhist import PythonHistogramProbe, snapshot_from_reply
 from support.histo import clean_env, read_ready, write_python
 from support.procs import REPO, wait_until
+from support.workloads import TargetIO, build_c_target, target_env
 
 FAST = {"interval": "0.5s", "slow_interval": "1s", "flush_interval": "0.3s"}
 

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.api.app import ApiContext, create_app
+from agent.api.app import create_app
+from agent.api.context import ApiContext
 from agent.api.metrics import Telemetry
 from agent.config.loader import validate_config
 from agent.jobs.detection import Detection

@@ -8,19 +8,17 @@ from __future__ import annotations
 import copy
 import time
 import uuid
-from dataclasses import dataclass, field
 
 import pytest
 
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
-from agent.watch.discovery import by_pid
-from agent.watch.supervisor import ManagedProcess
 from remediation.config import RemediationSection
 from remediation.coordinator.etcd import EtcdCoordinator
 from remediation.coordinator.local import LocalCoordinator
 from remediation.engine import Engine, EngineHooks
 from remediation.model import InstanceView, PlanEntry, RemediationRequest
+from support.managed_children import ManagedChildren
 from support.procs import workload_argv
 from support.remediation import NEEDS_ETCD, etcd_server
 
@@ -40,29 +38,14 @@ DEADLINES = {"a": 8.5, "b": 10.25, "c": 30.0}
 FOUND = {"a": 0.0, "b": 4.5, "c": 0.0}
 
 
-@dataclass
-class Children:
+class Children(ManagedChildren):
     """Real leaking processes for one engine: launched, found, restarted like managed commands."""
 
-    names: list[str]
-    managed: dict[str, ManagedProcess] = field(default_factory=dict)
-    first: dict[str, float] = field(default_factory=dict)  # the start time of each first process
-
-    def __post_init__(self) -> None:
+    def __init__(self, names: list[str]) -> None:
         argv = workload_argv("leak", "--rate", "1Mi", "--every", "0.1s", "--cap", "32Mi")
-        for name in self.names:
-            self.managed[name] = ManagedProcess(name, argv, stop_timeout=2)
-            self.managed[name].launch()
-
-    def locate(self, name: str):
-        pid = self.managed[name].pid
-        return by_pid(pid) if pid else None
-
-    def restart(self, name: str, timeout: float) -> int:
-        process = self.managed[name]
-        process.stop(timeout)
-        process.stopping = False
-        return process.launch()
+        super().__init__(dict.fromkeys(names, argv))
+        self.names = names
+        self.first: dict[str, float] = {}  # the start time of each first process
 
     def views(self) -> list[InstanceView]:
         out = []
@@ -94,11 +77,6 @@ class Children:
             and v.start_time == self.first.get(v.name)
             and now >= origin + FOUND[v.name]
         ]
-
-    def close(self) -> None:
-        for process in self.managed.values():
-            process.stopping = True
-            process.stop(2)
 
 
 def coordinator_for(kind: str, tmp_path, url: str | None, namespace: str):

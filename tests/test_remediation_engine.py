@@ -18,8 +18,6 @@ import pytest
 
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
-from agent.watch.discovery import by_pid
-from agent.watch.supervisor import ManagedProcess
 from probes.linux.procfs import read_cmdline, read_statm
 from remediation.config import RemediationSection
 from remediation.coordinator.etcd import EtcdCoordinator
@@ -27,6 +25,7 @@ from remediation.coordinator.local import LocalCoordinator
 from remediation.engine import Engine, EngineHooks
 from remediation.model import Decision, InstanceView, RemediationRequest
 from remediation.planner import latest_start
+from support.managed_children import ManagedChildren
 from support.procs import free_port, workload_argv
 
 pytestmark = pytest.mark.slow
@@ -58,30 +57,16 @@ def config(**overrides) -> RemediationSection:
     return RemediationSection.model_validate(data)
 
 
-class Fleet:
+class Fleet(ManagedChildren):
     """Real managed children plus a tiny leak detector: what the agent's runtime will inject."""
 
     def __init__(self, argvs: dict[str, list[str]], limit: int = 200 * MiB, fleet: str = "test") -> None:
-        self.managed = {name: ManagedProcess(name, argv, stop_timeout=2) for name, argv in argvs.items()}
+        super().__init__(argvs)
         self.limit = limit
         self.fleet = fleet
         self.samples: dict[tuple[str, float], list[tuple[float, int]]] = {}
         self.peak: dict[str, int] = dict.fromkeys(argvs, 0)
-        self.restarts: list[tuple[str, float]] = []
-        for process in self.managed.values():
-            process.launch()
         time.sleep(0.3)
-
-    def locate(self, name: str):
-        pid = self.managed[name].pid
-        return by_pid(pid) if pid else None
-
-    def restart(self, name: str, timeout: float) -> int:
-        process = self.managed[name]
-        process.stop(timeout)
-        process.stopping = False
-        self.restarts.append((name, time.time()))
-        return process.launch()
 
     def relaunch_exited(self) -> None:
         """What the tracker does for managed children that died on their own."""
@@ -142,11 +127,6 @@ class Fleet:
                 )
         return found
 
-    def close(self) -> None:
-        for process in self.managed.values():
-            process.stopping = True
-            process.stop(1)
-
 
 @pytest.fixture
 def made(tmp_path):
@@ -181,7 +161,7 @@ def made(tmp_path):
     for engine in engines:
         engine.close(timeout=5)
     for fleet in fleets:
-        fleet.close()
+        fleet.close(timeout=1)
     for store in stores:
         store.close()
 

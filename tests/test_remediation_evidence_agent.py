@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from native_hooks.workloads import ensure_shim
 from support.compressed import DETECT
 from support.histo import build_c, clean_env, read_ready
 from support.procs import wait_until
+from support.workloads import ensure_shim
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
 

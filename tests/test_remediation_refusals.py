@@ -68,6 +68,8 @@ def test_a_held_manual_restart_says_why_in_its_answer_the_plan_and_the_actions(a
     assert "held: cooldown" in plan.stdout and "once more" in plan.stdout, plan.stdout
     held = next(a for a in actions(agent) if a["outcome"] == "held")
     assert "cooldown is 1h" in held["detail"] and "tried again" in held["detail"], held
+    # each ask is a case of its own, however soon after the last one it comes
+    assert held["finding_id"] != by_outcome["succeeded"]["finding_id"], (held, by_outcome)
     budget = agent.get("/api/v1/plan")["budget"]
     assert budget["text"] in plan.stdout  # the dashboard shows this very text
 

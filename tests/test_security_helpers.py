@@ -152,9 +152,14 @@ needs_jdk = pytest.mark.skipif(
 @pytest.mark.slow
 @needs_jdk
 @pytest.mark.skipif(not IS_ROOT, reason="needs root")
-def test_jcmd_runs_as_the_jvms_user_and_still_reads_the_histogram(spawn, scratch):
+def test_jcmd_runs_as_the_jvms_user_and_still_reads_the_histogram(spawn, scratch, monkeypatch):
     """A real JVM of `nobody`: the system jcmd attaches as `nobody` (root's supplementary groups and
     uid are dropped), and a configured, trusted jcmd does too."""
+    # the probe's command directories go to a temporary root of this test's own, so that the check
+    # that they are gone is not fooled by other tests' JVM probes running at the same time
+    private_tmp = _open_dir("medic-tmproot-")
+    scratch.append(private_tmp)
+    monkeypatch.setattr(tempfile, "tempdir", str(private_tmp))
     classes = _open_dir("medic-java-")
     scratch.append(classes)
     build_java(classes)
@@ -181,7 +186,7 @@ def test_jcmd_runs_as_the_jvms_user_and_still_reads_the_histogram(spawn, scratch
     assert result.problems == [] and "jvm_histogram_bytes" in {s.metric for s in result.samples}
     assert (seen / "uid").read_text().split() == [str(NOBODY)]
     assert (seen / "groups").read_text().split() == [str(NOBODY)]
-    assert not list(Path(tempfile.gettempdir()).glob("medic-jcmd-*/commands"))  # its command file is gone
+    assert list(private_tmp.iterdir()) == []  # its command directories are gone
 
 
 # ------------------------------------------------------------------------------ heap-profile dumps

@@ -24,8 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from native_hooks.workloads import ensure_shim
-from probes.linux.procfs import read_status
+from probes.linux.procstatus import read_status
 from support.compressed import DETECT, FAST, remediation
 from support.histo import clean_env, read_ready
 from support.procs import PYTHON, REPO, wait_until
@@ -38,6 +37,7 @@ from support.services import (
     write_embedding_cache,
     write_feature_store,
 )
+from support.workloads import ensure_shim
 
 pytestmark = pytest.mark.slow
 MiB = 2**20

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from native_hooks.client import HookClient, request
 from native_hooks.shim import shim_path
-from native_hooks.workloads import TargetIO, ensure_shim, target_env
 from support.native import build_native_bins, start_target
 from support.procs import REPO, wait_until
+from support.workloads import TargetIO, ensure_shim, target_env
 
 pytestmark = pytest.mark.native
 

@@ -26,6 +26,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
+from agent.api.context import ApiContext
 from agent.api.guard import MAX_JSON_DEPTH, content_length, json_too_deep
 from agent.api.outbox import outbox_routes
 from agent.notify.external import ExternalAlert, open_external_finding, resolve_external_finding
@@ -95,7 +96,7 @@ def authenticate(
 
 
 def apply_alerts(
-    ctx: Any, payload: AmWebhook, alerts: list[InboundAlert], now: float
+    ctx: ApiContext, payload: AmWebhook, alerts: list[InboundAlert], now: float
 ) -> tuple[int, dict[str, Any]]:
     """Open or resolve findings for the alerts; the HTTP status and the answer body."""
     spec = ctx.notify.receiver
@@ -154,14 +155,14 @@ def apply_alerts(
             )
         else:
             reason = f"Alertmanager reports {alert.alertname} resolved"
-            finding = resolve_external_finding(
+            resolved = resolve_external_finding(
                 ctx.store, ctx.events, instance, alert.fingerprint, reason, now
             )
             results.append(
                 {
                     **entry,
-                    "result": "resolved" if finding else "not-open",
-                    "finding_id": finding and finding["id"],
+                    "result": "resolved" if resolved else "not-open",
+                    "finding_id": resolved and resolved["id"],
                 }
             )
     unknown = [r for r in results if r["result"] == "unknown-instance"]
@@ -180,7 +181,7 @@ def _unknown(alert: InboundAlert, labels: list[str], known: set[str]) -> str:
     )
 
 
-def create_router(ctx: Any) -> APIRouter:
+def create_router(ctx: ApiContext) -> APIRouter:
     """The integration endpoints, for `create_app`: the Alertmanager receiver and the outbox view."""
     spec = ctx.notify.receiver
     secret = spec.secret("notify.receiver")

@@ -10,7 +10,6 @@ import inspect
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
@@ -24,25 +23,20 @@ from agent import __version__
 from agent.api.alertmanager import PATH as RECEIVER_PATH
 from agent.api.alertmanager import create_router as create_integrations_router
 from agent.api.auth import TokenGuard
+from agent.api.context import ApiContext
 from agent.api.dashboard import dashboard_routes
-from agent.api.guard import DEFAULT_MAX_BODY, HttpGuard, allowed_hosts, route_policies
+from agent.api.guard import HttpGuard, allowed_hosts, route_policies
 from agent.api.histograms import histogram_routes
 from agent.api.instances import instances_routes
-from agent.api.metrics import Telemetry
 from agent.api.query import parse_time
 from agent.api.remediation import remediation_routes
 from agent.core.catalog import CATALOG
 from agent.core.errors import ProbeError
 from agent.core.records import ProbeTarget
 from agent.core.units import parse_duration
-from agent.jobs.detection import Detection
 from agent.jobs.purge import purge_instance
-from agent.jobs.remediation import Remediation
-from agent.notify.config import NotifySection
 from agent.notify.external import external_findings
-from agent.state.eventlog import EventLog
-from agent.state.store import Store
-from agent.watch.tracker import Tracker
+from agent.watch.instances import InstanceState
 
 MAX_POINTS = 2000
 MAX_ID = 2**63 - 1  # SQLite's INTEGER
@@ -59,24 +53,6 @@ NO_OPENTELEMETRY = {
     "operation_spans": False,
     "auto_configure": False,
 }
-
-
-@dataclass
-class ApiContext:
-    tracker: Tracker
-    store: Store
-    telemetry: Telemetry
-    events: EventLog
-    token: str
-    detection: Detection
-    remediation: Remediation | None = None
-    started_at: float = field(default_factory=time.time)
-    config_path: str | None = None
-    notify: NotifySection = field(default_factory=NotifySection)
-    allowed_hosts: frozenset[str] | None = None  # Host names answered; None: loopback only
-    max_body: int = DEFAULT_MAX_BODY  # request bodies, except the Alertmanager receiver's
-    time_scale: float = 1.0  # agent.time_scale: above 1, windows and deadlines are compressed (a demo)
-    agent_name: str | None = None  # the `agent` label of this agent's alerts (agent.name)
 
 
 class PurgeRequest(BaseModel):
@@ -138,7 +114,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(dashboard_routes())  # the web dashboard at / (agent/api/dashboard.py)
     app.include_router(instances_routes(ctx))  # the instance list, once per tick (agent/api/instances.py)
 
-    def instance_or_404(name: str) -> Any:
+    def instance_or_404(name: str) -> InstanceState:
         state = ctx.tracker.get(name)
         if state is None:
             known = ", ".join(sorted(ctx.tracker.states)) or "none"
@@ -165,7 +141,10 @@ def create_app(ctx: ApiContext) -> FastAPI:
         accept, encoding = request.headers.get("accept", ""), request.headers.get("accept-encoding", "")
         pages = ctx.telemetry.pages
         # served from the event loop when this tick's page is built; built in a thread otherwise
-        body, headers = pages.peek(accept, encoding) or await run_in_threadpool(pages.get, accept, encoding)
+        page = pages.peek(accept, encoding)
+        if page is None:
+            page = await run_in_threadpool(pages.get, accept, encoding)
+        body, headers = page
         return Response(body, headers=headers)
 
     @app.get("/api/v1/instances/{name}")

@@ -79,7 +79,7 @@ def allowed_hosts(listen_host: str, configured: Iterable[str] | None = None) -> 
 
 
 def _local_names() -> set[str]:
-    import psutil
+    import psutil  # type: ignore[import-untyped]  # psutil ships no type information (no stubs among the lint tools)
 
     names = {socket.gethostname().lower(), socket.getfqdn().lower()}
     for addresses in psutil.net_if_addrs().values():

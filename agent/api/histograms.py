@@ -20,6 +20,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 
+from agent.api.context import ApiContext
 from agent.api.query import parse_time
 from agent.core.errors import ProbeError
 from agent.core.histograms import Snapshot
@@ -70,7 +71,7 @@ def diff_range(
     return DiffRange(from_, to, from_id, to_id, top)
 
 
-def histogram_routes(ctx: Any) -> APIRouter:
+def histogram_routes(ctx: ApiContext) -> APIRouter:
     """Routes over `ctx.store` (an `agent.state.store.Store`) and `ctx.tracker` (for instance names)."""
     router = APIRouter()
     histos = HistogramStore(ctx.store)
@@ -106,7 +107,7 @@ def histogram_routes(ctx: Any) -> APIRouter:
         newest = [s for s in (histos.nearest(name, k, now) for k in ("class", "type")) if s is not None]
         if newest:
             return max(newest, key=lambda s: s.ts).kind
-        from probes.jvm import is_jvm  # loaded by the first such diff: an agent without JVMs need not
+        from probes.jcmd import is_jvm  # loaded by the first such diff: an agent without JVMs need not
 
         state = ctx.tracker.get(name)
         pid = getattr(state, "pid", None)

@@ -25,6 +25,7 @@ from prometheus_client.exposition import gzip_accepted
 from pydantic import TypeAdapter
 from starlette.concurrency import run_in_threadpool
 
+from agent.api.context import ApiContext
 from agent.api.snapshots import TickCache
 from agent.config.model import InstanceSpec
 from agent.watch.instances import InstanceState
@@ -70,7 +71,7 @@ def etag_matches(if_none_match: str | None, etag: str) -> bool:
     return any(tag == "*" or tag.removeprefix("W/") == etag for tag in tags)
 
 
-def instances_routes(ctx: Any) -> APIRouter:
+def instances_routes(ctx: ApiContext) -> APIRouter:
     """The instance list, for `create_app` (`ctx` is its `ApiContext`)."""
     router = APIRouter()
     built: TickCache[tuple[bytes, str]] = TickCache(

@@ -25,6 +25,7 @@ from agent.api.snapshots import TickCache, Ticks
 from agent.config.model import InstanceSpec
 from agent.core.catalog import CATALOG, ExportedFamily, exported_families, exported_sample
 from agent.detect.lifecycle import earlier_process
+from agent.jobs.detection import Detection
 from agent.watch.tracker import Tracker
 
 MAX_VARIANTS = 4  # pages (and encoders) kept at once: Prometheus asks for one, a person's curl another
@@ -138,8 +139,12 @@ def _instance_info(seen: list[_Seen], fleet_label: str) -> Metric:
     return info
 
 
+# the families whose samples carry one value per label set (an instance, a probe)
+LabelledFamily = CounterMetricFamily | GaugeMetricFamily
+
+
 def _by_instance(
-    kind: type, name: str, help_text: str, values: Iterable[tuple[dict[str, str], float]]
+    kind: type[LabelledFamily], name: str, help_text: str, values: Iterable[tuple[dict[str, str], float]]
 ) -> Metric:
     """A family labelled by instance `name` alone, from `(the instance's labels, value)` pairs."""
     family = kind(name, help_text, labels=["name"])
@@ -148,7 +153,7 @@ def _by_instance(
     return family
 
 
-def _add(family: Metric, labels: dict[str, str], value: float) -> None:
+def _add(family: LabelledFamily, labels: dict[str, str], value: float) -> None:
     """`family.add_metric` with the instance's own label dict, shared by its samples on the page, and
     the sample name `add_metric` gave the family's first sample (a counter's has `_total`)."""
     if family.samples:
@@ -157,7 +162,9 @@ def _add(family: Metric, labels: dict[str, str], value: float) -> None:
         family.add_metric(list(labels.values()), value)
 
 
-def _by_probe(kind: type, name: str, help_text: str, values: Iterable[tuple[str, str, float]]) -> Metric:
+def _by_probe(
+    kind: type[LabelledFamily], name: str, help_text: str, values: Iterable[tuple[str, str, float]]
+) -> Metric:
     """A family labelled by `probe` and instance `name`, from `(probe, instance, value)` triples."""
     family = kind(name, help_text, labels=["probe", "name"])
     for probe, instance, value in values:
@@ -209,7 +216,7 @@ class FindingCollector(Collector):
     process is measured, and the series is absent, so `medic_time_to_oom_seconds < X` cannot fire
     on it; past a limit set only in medic's config it is unknown too (`agent.detect.oom`)."""
 
-    def __init__(self, detection, tracker: Tracker) -> None:
+    def __init__(self, detection: Detection, tracker: Tracker) -> None:
         self.detection = detection
         self.tracker = tracker
 
@@ -258,8 +265,8 @@ class FindingCollector(Collector):
                 and value == value
             ):
                 soonest[finding.instance] = min(value, soonest.get(finding.instance, float("inf")))
-        for key, count in sorted(counts.items()):
-            findings.add_metric(list(key), count)
+        for labels, count in sorted(counts.items()):
+            findings.add_metric(list(labels), count)
         for name, value in sorted(soonest.items()):
             ttoom.add_metric([name], value)
         yield from (findings, slope, ttoom)
@@ -298,8 +305,8 @@ class Telemetry:
         self.max_age = max_age
         self.pages = Pages(self.registry, self.ticks, max_age)
 
-    def watch_findings(self, detection) -> None:
-        """Export the open findings of `detection` (an `agent.jobs.detection.Detection`)."""
+    def watch_findings(self, detection: Detection) -> None:
+        """Export the open findings of `detection`."""
         self.registry.register(FindingCollector(detection, self.tracker))
 
     def changed(self) -> None:

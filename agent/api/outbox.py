@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.api.auth import TokenGuard
+from agent.api.context import ApiContext
 from agent.notify.config import delivery_names
 from agent.notify.outbox import Outbox
 from agent.notify.router import ensure_router_schema
@@ -22,7 +23,7 @@ class RequeueRequest(BaseModel):
     reason: str = Field("requested through the API", max_length=500)
 
 
-def outbox_routes(ctx: Any) -> APIRouter:
+def outbox_routes(ctx: ApiContext) -> APIRouter:
     router = APIRouter()
     outbox = Outbox(ctx.store, ctx.notify.retry)
     ensure_router_schema(ctx.store)

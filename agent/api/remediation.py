@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import base64
 import os
+import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -28,6 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.api.auth import TokenGuard
 from agent.core.units import parse_duration
 from agent.jobs.remediation import Remediation
+from agent.watch.instances import InstanceState
+from remediation.engine import Engine
 from remediation.errors import CoordinatorError, NotShared
 from remediation.model import Decision, RemediationRequest
 
@@ -69,7 +72,7 @@ def audit_by(identity: str, body: BaseModel | None) -> str:
 MAX_EVIDENCE_READ = 16 * 2**20
 
 
-def read_evidence(engine: Any, path: str) -> bytes:
+def read_evidence(engine: Engine, path: str) -> bytes:
     """One stored evidence file: only under the engine's evidence directory, never through a symlink,
     at most `MAX_EVIDENCE_READ` bytes; a file pruned since is a 404 that says so."""
     store = engine.restarts.evidence
@@ -115,7 +118,9 @@ def request_status(decision: Decision | None) -> str:
     return "held" if not decision.ok else "requested"
 
 
-def remediation_routes(remediation: Remediation, guard: TokenGuard, instance_or_404) -> APIRouter:
+def remediation_routes(
+    remediation: Remediation, guard: TokenGuard, instance_or_404: Callable[[str], InstanceState]
+) -> APIRouter:
     """The routes; `guard` checks the admin token and names the caller for the audit trail."""
     router = APIRouter(prefix="/api/v1")
     engine = remediation.engine
@@ -177,7 +182,8 @@ def remediation_routes(remediation: Remediation, guard: TokenGuard, instance_or_
         request = RemediationRequest(
             name,
             "manual",
-            f"manual-{name}-{int(time.time())}",
+            # every ask its own case: two asks within one second must not share the first one's restart
+            f"manual-{name}-{int(time.time())}-{secrets.token_hex(4)}",
             body.reason,
             force=body.force,
             requested_by=audit_by(who, body),

@@ -13,17 +13,36 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Literal, TextIO, TypedDict
 
 from agent.cli.options import duration, when
 from agent.core.text import echo, printable
+
+if TYPE_CHECKING:
+    from agent.detect.engine import InstanceAnalysis
+    from agent.detect.model import Finding, InstanceSeries
+    from agent.detect.params import DetectParams
+    from agent.series.records import ImportResult
 
 HELP = (
     "Run the leak, OOM-risk and fragmentation detectors on recorded series (JSON Lines or Prometheus export)."
 )
 
 LIMIT_METRIC = "memory_limit_bytes"
+SpanName = Literal["window", "long_window", "horizon", "warmup"]
+SPAN_OPTIONS: tuple[SpanName, ...] = ("window", "long_window", "horizon", "warmup")
+FleetOf = Callable[["InstanceSeries"], str]
+
+
+class Spans(TypedDict, total=False):
+    """The detector durations given on the command line, in seconds: the rest keep their defaults."""
+
+    window: float
+    long_window: float
+    horizon: float
+    warmup: float
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
     from agent.series.buckets import quantiles_from_columns
     from agent.series.reader import collector_paused, read_files
 
-    spans: dict[str, float] = {}
-    for name in ("window", "long_window", "horizon", "warmup"):
+    spans: Spans = {}
+    for name in SPAN_OPTIONS:
         if getattr(args, name) is not None:
             try:
                 spans[name] = parse_duration(getattr(args, name))
@@ -219,7 +238,7 @@ def _resolve(text: str, now: float) -> float:
     return number if number >= 1e9 else now - number
 
 
-def _pull(args: argparse.Namespace, progress: Progress) -> Any:
+def _pull(args: argparse.Namespace, progress: Progress) -> ImportResult:
     """The series of `--query` over [--start, --end] from `--prometheus`, with the agent's bounds."""
     from pathlib import Path
 
@@ -255,7 +274,12 @@ def _pull(args: argparse.Namespace, progress: Progress) -> Any:
     return pull_range(spec, strict=args.strict, progress=progress.pulling)
 
 
-def _judge_latency(instances: list, analyses: list, fleet_of: Any, args: argparse.Namespace) -> None:
+def _judge_latency(
+    instances: list[InstanceSeries],
+    analyses: list[InstanceAnalysis],
+    fleet_of: FleetOf | None,
+    args: argparse.Namespace,
+) -> None:
     """The slow detector over the latency series of the input, with the same fleets as memory."""
     from agent.core.errors import UsageError
     from agent.core.units import parse_duration
@@ -271,7 +295,7 @@ def _judge_latency(instances: list, analyses: list, fleet_of: Any, args: argpars
         slo = Slo(args.slo_quantile, threshold, window)
     elif args.slo_for:
         raise UsageError("--slo-for needs --slo THRESHOLD")
-    groups: dict[str, list] = {}
+    groups: dict[str, list[InstanceSeries]] = {}
     for series in instances:
         groups.setdefault(fleet_of(series) if fleet_of else "", []).append(series)
     analyze_slow(
@@ -281,7 +305,7 @@ def _judge_latency(instances: list, analyses: list, fleet_of: Any, args: argpars
     )
 
 
-def _fleet_of(result: Any, label: str | None) -> Any:
+def _fleet_of(result: ImportResult, label: str | None) -> FleetOf | None:
     """Each instance's fleet: its `label` label (instances without it form one fleet), else one
     fleet for the whole input."""
     if label is None:
@@ -289,7 +313,7 @@ def _fleet_of(result: Any, label: str | None) -> Any:
     return lambda series: result.labels.get(series.instance, {}).get(label, "")
 
 
-def _apply_limit_metric(instances: list, name: str | None) -> list[str]:
+def _apply_limit_metric(instances: list[InstanceSeries], name: str | None) -> list[str]:
     """Use `name` as each instance's limit series; the instances that lack it."""
     missing = []
     for series in instances:
@@ -310,7 +334,7 @@ def _when(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M")
 
 
-def _finding_row(f: Any, opened: Any, start: float | None) -> dict[str, str]:
+def _finding_row(f: Finding, opened: Finding, start: float | None) -> dict[str, str]:
     """A finding as a table row, with the figures it had when it opened (what the alert said)."""
     from agent.core.units import format_bytes, format_duration
 
@@ -332,7 +356,7 @@ def _finding_row(f: Any, opened: Any, start: float | None) -> dict[str, str]:
     }
 
 
-def _table(analyses: list, points: int, elapsed: float, missing_limit: list[str]) -> str:
+def _table(analyses: list[InstanceAnalysis], points: int, elapsed: float, missing_limit: list[str]) -> str:
     from agent.core.units import format_duration
 
     columns = ["instance", "kind", "verdict", "severity", "first fired (UTC)", "after", "resolved", "slope", "%/h",
@@ -340,7 +364,8 @@ def _table(analyses: list, points: int, elapsed: float, missing_limit: list[str]
     rows = []
     for a in analyses:
         if not a.findings:
-            span = format_duration(a.last_ts - a.first_ts) if a.first_ts is not None else "-"
+            first, last = a.first_ts, a.last_ts  # both None when the series has no samples
+            span = format_duration(last - first) if first is not None and last is not None else "-"
             rows.append({"instance": a.instance, "kind": f"no findings ({span} of data)"})
         for f in a.findings:
             rows.append({"instance": a.instance, **_finding_row(f, a.at_open.get(f.id, f), a.first_ts)})
@@ -370,7 +395,13 @@ def _table(analyses: list, points: int, elapsed: float, missing_limit: list[str]
     return "\n".join(lines) + "\n"
 
 
-def _json_report(analyses: list, params: Any, result: Any, missing_limit: list[str], elapsed: float) -> dict:
+def _json_report(
+    analyses: list[InstanceAnalysis],
+    params: DetectParams,
+    result: ImportResult,
+    missing_limit: list[str],
+    elapsed: float,
+) -> dict[str, object]:
     instances = []
     for a in analyses:
         doc = a.to_dict()

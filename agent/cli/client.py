@@ -25,7 +25,7 @@ from agent.core.bounded import AnswerTooLarge, AnswerTooSlow, read_bounded
 from agent.core.errors import AgentUnreachable, ApiError, ProbeError, UnsafePath, UsageError
 from agent.state import AGENT_FILE_NAME, TOKEN_FILE_NAME
 from probes.linux.fstrust import read_private_file
-from probes.linux.procfs import read_tcp_listeners
+from probes.linux.nettcp import read_tcp_listeners
 from probes.linux.secrets import read_token
 
 DEFAULT_URL = "http://127.0.0.1:9464"
@@ -34,6 +34,9 @@ MAX_REPLY_BYTES = 128 * 2**20  # the largest answer: a 16 MiB evidence item, JSO
 REPLY_DEADLINE_FACTOR = 3  # a whole answer within this many times the per-read timeout
 replies_received = 0  # JSON objects the agent answered in this process: see `agent.cli.main`
 agent_owners: set[int] = set()  # owners of the state dir and token file this process read
+
+ApiReply = dict[str, Any]
+"""A JSON object the agent answered: its fields are the API's (docs/api.md), read where rendered."""
 
 
 def state_dir(explicit: str | None) -> str | None:
@@ -79,7 +82,8 @@ def _url_from_state(path: Path) -> str:
         raise UsageError(f"{path} is not the JSON an agent writes; give --url") from None
     if not isinstance(info, dict) or not isinstance(info.get("url"), str):
         raise UsageError(f"{path} names no url; give --url")
-    return info["url"]
+    url: str = info["url"]
+    return url
 
 
 def admin_token(token_file: str | None, state: str | None = None) -> str:
@@ -170,11 +174,11 @@ def check_token_recipient(url: str) -> None:
         )
 
 
-def get_json(url: str, path: str, params: dict[str, Any] | None = None, timeout: float = 5.0) -> Any:
+def get_json(url: str, path: str, params: dict[str, Any] | None = None, timeout: float = 5.0) -> ApiReply:
     return _request("GET", url, path, params=params, timeout=timeout)
 
 
-def post_json(url: str, path: str, body: dict[str, Any], token: str, timeout: float = 30.0) -> Any:
+def post_json(url: str, path: str, body: dict[str, Any], token: str, timeout: float = 30.0) -> ApiReply:
     """POST with the admin token, to a loopback listener only when it is the agent's user's."""
     check_token_recipient(url)
     return _request(
@@ -182,7 +186,7 @@ def post_json(url: str, path: str, body: dict[str, Any], token: str, timeout: fl
     )
 
 
-def _request(method: str, url: str, path: str, timeout: float, **kwargs: Any) -> Any:
+def _request(method: str, url: str, path: str, timeout: float, **kwargs: Any) -> ApiReply:
     """One request; the answer must be a JSON object read within `MAX_REPLY_BYTES` and a total of
     `REPLY_DEADLINE_FACTOR * timeout` seconds: whatever else answers at the address (a proxy's
     page, a server that drips or never stops) is an `ApiError` that says so, never a traceback."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import TypedDict
 
 from agent.core.errors import UsageError
 from agent.core.text import echo
@@ -30,10 +31,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def tree(parser: argparse.ArgumentParser, path: str = "") -> dict[str, dict]:
+class CommandNode(TypedDict):
+    """What completes after one command path."""
+
+    subcommands: list[str]
+    options: list[str]
+    choices: dict[str, list[str]]  # per option flag
+
+
+def tree(parser: argparse.ArgumentParser, path: str = "") -> dict[str, CommandNode]:
     """Per command path ("" for the top, "hook install"...): its subcommands, options and the
     choices of each option that has them."""
-    node: dict = {"subcommands": [], "options": [], "choices": {}}
+    node: CommandNode = {"subcommands": [], "options": [], "choices": {}}
     found = {path: node}
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -60,7 +69,7 @@ def _words(items: list[str]) -> str:
     return " ".join(item for item in items if _WORD.match(item))
 
 
-def _functions(nodes: dict[str, dict]) -> str:
+def _functions(nodes: dict[str, CommandNode]) -> str:
     """Shell functions (valid in bash and zsh) that answer, for a command path, its subcommands,
     its options, and the choices of one of its options."""
     subs = "".join(f'        "{path}") echo "{_words(n["subcommands"])}" ;;\n' for path, n in nodes.items())

@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from agent.core.text import echo
+
+if TYPE_CHECKING:
+    from agent.config.model import Config
 
 HELP = "validate a config file (`medic config check FILE`) and print the effective configuration"
 
@@ -19,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     check.add_argument("--quiet", "-q", action="store_true", help="print nothing when the file is valid")
 
 
-def _warnings(config) -> list[str]:
+def _warnings(config: Config) -> list[str]:
     """Valid, but probably not what was meant."""
     from agent.config.timescale import time_axis
     from agent.watch.supervisor import relaunch_warnings
@@ -31,7 +35,7 @@ def _warnings(config) -> list[str]:
     )
 
 
-def _time_axis(config) -> list[str]:
+def _time_axis(config: Config) -> list[str]:
     """With agent.time_scale: every duration it changed, as comment lines of the printed config."""
     from agent.config.timescale import scaled
     from agent.core.units import format_fine_duration as shown

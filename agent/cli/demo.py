@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from agent.cli.options import duration
 from agent.core.errors import UsageError
@@ -25,7 +25,11 @@ from agent.core.text import echo
 from agent.core.units import format_bytes, format_duration, parse_duration, parse_size
 
 if TYPE_CHECKING:
+    from agent.cli.client import ApiReply
     from agent.demo.config import DemoSettings
+    from agent.demo.fleet import Fleet
+    from agent.demo.load import TargetStats
+    from agent.demo.narrate import ApiGet
 
 HELP = "start real onnxruntime servers (healthy, leaking, slow) and narrate what medic finds and does"
 POLL = 1.0
@@ -107,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         fleet.start()
 
-        def get(path: str, **params: Any) -> dict:
+        def get(path: str, /, **params: Any) -> ApiReply:
             return get_json(fleet.url, path, params)
 
         _say(out, _header(fleet))
@@ -148,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _header(fleet) -> str:
+def _header(fleet: Fleet) -> str:
     s = fleet.settings
     servers = ", ".join(f"{x.name} {x.behaviour} :{x.port}" for x in fleet.servers)
     return (
@@ -161,14 +165,14 @@ def _header(fleet) -> str:
     )
 
 
-def _restarted(get) -> set[str]:
+def _restarted(get: ApiGet) -> set[str]:
     actions = get("/api/v1/actions", limit=1000).get("actions") or []
     return {a.get("instance") for a in actions if a.get("outcome") == "succeeded"}
 
 
-def _load(fleet) -> dict:
+def _load(fleet: Fleet) -> dict[str, TargetStats]:
     return dict(fleet.load.stats) if fleet.load is not None else {}
 
 
-def _say(out, text: str) -> None:
+def _say(out: TextIO, text: str) -> None:
     echo(text, file=out, flush=True)

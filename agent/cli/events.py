@@ -8,7 +8,7 @@ import json
 import time
 from datetime import datetime
 
-from agent.cli.client import admin_token, agent_url, get_json, post_json
+from agent.cli.client import ApiReply, admin_token, agent_url, get_json, post_json
 from agent.cli.options import free_text, when
 from agent.core.text import echo, printable, render
 
@@ -40,12 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _params(args: argparse.Namespace, **extra) -> dict:
+def _params(args: argparse.Namespace, **extra: object) -> dict[str, object]:
     params = {"instance": args.instance, "kind": args.kind, "since": args.since, "limit": args.limit, **extra}
     return {k: v for k, v in params.items() if v not in (None, [], "")}
 
 
-def _rows(events: list[dict]) -> list[list]:
+def _rows(events: list[ApiReply]) -> list[list[object]]:
     return [
         [
             datetime.fromtimestamp(e["ts"]).strftime("%Y-%m-%d %H:%M:%S"),

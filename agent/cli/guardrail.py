@@ -19,11 +19,14 @@ import argparse
 import json
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.cli.options import duration
 from agent.core.errors import UsageError
 from agent.core.text import echo
+
+if TYPE_CHECKING:
+    from agent.guardrail.options import Options
 
 HELP = (
     "run a candidate build beside the baseline on the same requests; fail on a leak, slowdown or more errors"
@@ -81,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--quiet", "-q", action="store_true", help="no progress lines")
 
 
-def options_from(args: argparse.Namespace) -> Any:
+def options_from(args: argparse.Namespace) -> Options:
     from agent.core.units import parse_size
     from agent.guardrail.options import (
         MAX_CONCURRENCY,

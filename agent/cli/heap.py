@@ -11,7 +11,7 @@ import argparse
 import json
 import os
 
-from agent.cli.client import agent_url, get_json
+from agent.cli.client import ApiReply, agent_url, get_json
 from agent.cli.histo import render_diff, render_suspects
 from agent.cli.options import duration, when
 from agent.core.errors import ApiError, UsageError
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     attribution = get_json(url, f"{base}/attribution", {"since": args.since})  # also: the instance exists
     suspects = get_json(url, f"{base}/suspects", {"since": args.since, "kind": "site"})
     try:
-        body: dict = get_json(url, f"{base}/heap/diff", {"from": args.base, "top": args.top})
+        body: ApiReply = get_json(url, f"{base}/heap/diff", {"from": args.base, "top": args.top})
     except ApiError as exc:  # no heap profiles (yet): the layers still say where memory grows
         body = {"instance": args.name, "kind": "site", "error": str(exc)}
     if args.json:
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sites(args: argparse.Namespace, instance: dict) -> int:
+def _sites(args: argparse.Namespace, instance: ApiReply) -> int:
     """Start or stop the tracemalloc session in the instance's process, through its hook."""
     from agent.core.units import parse_duration
     from native_hooks.client import HookClient
@@ -117,7 +117,7 @@ def _sites(args: argparse.Namespace, instance: dict) -> int:
     return 0
 
 
-def render_attribution(body: dict) -> str:
+def render_attribution(body: ApiReply) -> str:
     rows = [
         [
             layer["name"],

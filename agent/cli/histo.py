@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from agent.cli.client import agent_url, get_json
+from agent.cli.client import ApiReply, agent_url, get_json
 from agent.cli.options import when
 from agent.core.text import echo, held_by_text, printable, render
 from agent.core.units import format_bytes, format_duration
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def render_snapshot(snapshot: dict) -> str:
+def render_snapshot(snapshot: ApiReply) -> str:
     if snapshot["kind"] == "nmt":  # NMT categories: committed bytes, no object counts
         rows = [[i + 1, format_bytes(row["bytes"]), row["name"]] for i, row in enumerate(snapshot["rows"])]
         committed = format_bytes(snapshot["total_bytes"])
@@ -76,7 +76,7 @@ def render_snapshot(snapshot: dict) -> str:
     return head + "\n" + render(["#", "COUNT", "BYTES", "NAME"], rows, numeric={0, 1, 2})
 
 
-def render_diff(body: dict) -> str:
+def render_diff(body: ApiReply) -> str:
     seconds = body["seconds"]
     rows = []
     for row in body["rows"]:
@@ -104,7 +104,7 @@ def render_diff(body: dict) -> str:
     )
 
 
-def render_suspects(suspects: list[dict]) -> str:
+def render_suspects(suspects: list[ApiReply]) -> str:
     if not suspects:
         return "suspects: none grows steadily (need at least 4 snapshots of one process)"
     rows = [
@@ -124,7 +124,7 @@ def render_suspects(suspects: list[dict]) -> str:
     )
 
 
-def _filled_at(suspect: dict) -> str:
+def _filled_at(suspect: ApiReply) -> str:
     """Where a Python container suspect is filled (`filled at app.py:41`)."""
     return f"filled at {suspect['added_at']}" if suspect.get("added_at") else ""
 

@@ -167,7 +167,8 @@ def install_hook(directory: str, allocator: str = "glibc") -> dict[str, Any]:
     from native_hooks.preloads import PRELOADS
     from native_hooks.shim import shim_path
 
-    sources = [(find_library(PRELOADS[allocator]), PRELOADS[allocator])] if PRELOADS.get(allocator) else []
+    preload = PRELOADS.get(allocator)
+    sources = [(find_library(preload), preload)] if preload else []
     sources.append((shim_path(), INSTALLED_SHIM))
     try:
         os.makedirs(directory, mode=0o755, exist_ok=True)

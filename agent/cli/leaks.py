@@ -9,7 +9,7 @@ import argparse
 import json
 import time
 
-from agent.cli.client import agent_url, get_json
+from agent.cli.client import ApiReply, agent_url, get_json
 from agent.core.text import echo, held_by_text, printable, render
 from agent.core.units import format_bytes, format_duration
 
@@ -29,7 +29,7 @@ def _rate(bytes_per_second: float | None) -> str:
     return f"{format_bytes(per_hour)}/h"
 
 
-def _time_to_oom(evidence: dict) -> str:
+def _time_to_oom(evidence: ApiReply) -> str:
     """`5h40m`; `0s (at its limit)` at an enforced limit; `past its limit` past a config-only one,
     where when the kernel would kill the process is not known."""
     ttoom = evidence.get("time_to_oom_seconds")
@@ -38,7 +38,7 @@ def _time_to_oom(evidence: dict) -> str:
     return format_duration(ttoom)
 
 
-def _suspect(evidence: dict) -> str:
+def _suspect(evidence: ApiReply) -> str:
     """The top suspect of a leak: what grows, how much of the growth it explains, and what holds it."""
     suspects = evidence.get("suspects") or []
     if not suspects or not isinstance(suspects[0], dict):
@@ -50,7 +50,7 @@ def _suspect(evidence: dict) -> str:
     return f"{named} {held}" if held else named
 
 
-def notes(finding: dict, now: float) -> list[str]:
+def notes(finding: ApiReply, now: float) -> list[str]:
     """Lines said under the table about one finding: what holds its first suspects and the line that
     adds to it, and what it waits for (allocation sites being collected, or why their tracing ended)."""
     evidence = finding.get("evidence") or {}
@@ -75,7 +75,7 @@ def notes(finding: dict, now: float) -> list[str]:
     return [f"{finding['instance']} {finding['kind']}: {line}" for line in out]
 
 
-def _attribution(evidence: dict) -> str:
+def _attribution(evidence: ApiReply) -> str:
     """Where the growth is, in a few words: the attribution's verdict up to its advice."""
     verdict = (evidence.get("attribution") or {}).get("verdict")
     if not isinstance(verdict, str) or not verdict:

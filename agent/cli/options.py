@@ -11,10 +11,20 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import TypedDict
 
 from agent.core.units import parse_duration
 
-GLOBAL_OPTIONS: list[tuple[str, dict]] = [
+
+class OptionSpec(TypedDict, total=False):
+    """The keyword arguments of one global option's `add_argument`."""
+
+    help: str
+    metavar: str
+    action: str
+
+
+GLOBAL_OPTIONS: list[tuple[str, OptionSpec]] = [
     (
         "--url",
         {

@@ -6,7 +6,7 @@ import argparse
 import json
 from datetime import datetime
 
-from agent.cli.client import get_json
+from agent.cli.client import ApiReply, get_json
 from agent.core.text import echo, printable, render
 from agent.core.units import format_duration
 
@@ -15,7 +15,7 @@ def _time(ts: float | None) -> str:
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
 
 
-def _what(item: dict) -> str:
+def _what(item: ApiReply) -> str:
     payload = item.get("payload") or {}
     status = payload.get("status")
     name = payload.get("alertname") or item["kind"]

@@ -8,7 +8,7 @@ import argparse
 import json
 from datetime import datetime
 
-from agent.cli.client import agent_url, get_json
+from agent.cli.client import ApiReply, agent_url, get_json
 from agent.core.text import echo, printable, render
 from agent.core.units import format_duration
 
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fleet(fleet: dict, now: float) -> list[str]:
+def _fleet(fleet: ApiReply, now: float) -> list[str]:
     """The namespace's pause and its elected planner, as the agent's last step read them."""
     lines = []
     namespace = printable(fleet.get("namespace") or "?")
@@ -115,7 +115,7 @@ def _fleet(fleet: dict, now: float) -> list[str]:
     return lines
 
 
-def _request(request: dict, now: float) -> str:
+def _request(request: ApiReply, now: float) -> str:
     """A person's restart request still waiting: who asked, when, and what holds it."""
     by = printable(request.get("requested_by") or "an operator")
     detail = printable(request.get("detail") or "waiting for the next remediation step")
@@ -126,7 +126,7 @@ def _request(request: dict, now: float) -> str:
     )
 
 
-def _held(decision: dict, now: float) -> str:
+def _held(decision: ApiReply, now: float) -> str:
     """A refusal in a few words: its stage and code, its reason, and when it is tried again."""
     text = f"{printable(decision.get('stage'))}/{printable(decision.get('code'))}: {printable(decision.get('reason'))}"
     retry = decision.get("retry_at")
@@ -135,7 +135,7 @@ def _held(decision: dict, now: float) -> str:
     return text
 
 
-def _row(entry: dict, decision: dict | None, now: float) -> list[str]:
+def _row(entry: ApiReply, decision: ApiReply | None, now: float) -> list[str]:
     """One planned restart; a slot held (a blocker, the pause, the lock, or the budget limit that
     moved it: `held: cooldown`) says so, and so does dry-run's would-be restart (nothing was
     restarted)."""

@@ -7,8 +7,9 @@ import argparse
 import getpass
 import json
 from datetime import datetime
+from typing import TypeGuard
 
-from agent.cli.client import admin_token, agent_url, post_json
+from agent.cli.client import ApiReply, admin_token, agent_url, post_json
 from agent.cli.options import free_text
 from agent.core.text import echo, printable
 
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def answer(name: str, reply: dict) -> str:
+def answer(name: str, reply: ApiReply) -> str:
     """What became of the request, in one line: started, would restart (dry-run), or held and why."""
     decision = reply.get("decision") or reply.get("accepted") or {}
     action = f" (action {reply['action_id']})" if isinstance(reply.get("action_id"), int) else ""
@@ -58,5 +59,5 @@ def answer(name: str, reply: dict) -> str:
     return f"{printable(name)}: restart requested{action} ({reason}); mode {mode}; see `medic plan`"
 
 
-def _is_time(value: object) -> bool:
+def _is_time(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 4102444800

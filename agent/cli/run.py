@@ -18,9 +18,20 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 from agent.cli.options import duration
 from agent.core.text import echo, printable
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from agent.config.model import Config
+    from agent.runtime import AgentInfo
+
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
 
 HELP = "run the agent (on a config, a command after --, pids/regexes, or the built-in demo)"
 DEMO_LISTEN = "127.0.0.1:9464"
@@ -52,13 +63,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_config(args: argparse.Namespace) -> tuple[object, str | None, bool]:
+def build_config(args: argparse.Namespace) -> tuple[Config, str | None, bool]:
     """The validated config from file + flags; returns (config, main instance name, is_demo)."""
     from agent.config.loader import load_config, validate_config
     from agent.core.errors import UsageError
     from agent.watch.discovery import by_pid
 
-    data: dict = {}
+    data: dict[str, Any] = {}  # the config's JSON form, as pydantic dumps it: validated below
     if args.config:
         data = load_config(args.config).model_dump(mode="json", exclude_defaults=True, by_alias=True)
     agent = data.setdefault("agent", {})
@@ -68,7 +79,7 @@ def build_config(args: argparse.Namespace) -> tuple[object, str | None, bool]:
         if getattr(args, flag):
             agent[key] = getattr(args, flag)
     instances = data.setdefault("instances", [])
-    extra: dict = {"memory_limit": args.memory_limit} if args.memory_limit else {}
+    extra: dict[str, str] = {"memory_limit": args.memory_limit} if args.memory_limit else {}
     for pid in args.pid:
         if by_pid(pid) is None:  # a pid names one process: none now means none ever (pids are reused)
             raise UsageError(
@@ -139,7 +150,7 @@ DEMO_HISTOGRAMS = {"python": {"interval": "2s", "sites": {"interval": "2s", "fra
 DEMO_REMEDIATION = {"mode": "enforce", "interval": "1s"}  # production's budget, plan and ladder, compressed
 
 
-def demo_instances(rate: str = DEMO_LEAK_RATE, cap: str = DEMO_LEAK_CAP) -> list[dict]:
+def demo_instances(rate: str = DEMO_LEAK_RATE, cap: str = DEMO_LEAK_CAP) -> list[dict[str, object]]:
     """demo-leaky and demo-stable (memory), demo-fast and demo-slow: four peers whose latency a canary
     times, one of them 150 ms slow; `rate` and `cap` of the leak (a test runs the demo faster)."""
     from agent.demo.fleet import free_ports
@@ -154,7 +165,7 @@ def demo_instances(rate: str = DEMO_LEAK_RATE, cap: str = DEMO_LEAK_CAP) -> list
         "demo-fast": (["stable", "--size", "16Mi"], {}),
         "demo-slow": (["stable", "--size", "16Mi", "--delay", DEMO_SLOW_DELAY], {}),
     }
-    instances = []
+    instances: list[dict[str, object]] = []
     for (name, (args, extra)), port in zip(workloads.items(), free_ports(len(workloads)), strict=True):
         canary = {"url": f"http://127.0.0.1:{port}/", "interval": "1s", "timeout": "2s"}
         instances.append(
@@ -176,7 +187,7 @@ class PrintableFormatter(logging.Formatter):
     def formatMessage(self, record: logging.LogRecord) -> str:
         return printable(super().formatMessage(record))
 
-    def formatException(self, ei) -> str:
+    def formatException(self, ei: ExcInfo) -> str:
         return printable(super().formatException(ei), newlines=True)
 
     def formatStack(self, stack_info: str) -> str:
@@ -196,12 +207,12 @@ def configure_logging(level: str) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def _announce(state_dir: str):
+def _announce(state_dir: Path) -> Callable[[AgentInfo], None]:
     """With --json: one JSON line on stdout once the agent listens, for scripts that start it."""
     import json
     import os
 
-    def announce(info: dict) -> None:
+    def announce(info: AgentInfo) -> None:
         line = {"url": info["url"], "state_dir": os.path.abspath(state_dir), "pid": info["pid"]}
         echo(json.dumps({**line, "version": info["version"]}), flush=True)
 
@@ -237,9 +248,9 @@ def run(args: argparse.Namespace) -> int:
     config, main, demo = build_config(args)
     become_init_if_pid1()  # in a container without an init, reap orphans from a process of its own
     configure_logging(args.log_level)
-    announce = _announce(config.agent.state_dir) if args.json else None  # type: ignore[attr-defined]
+    announce = _announce(config.agent.state_dir) if args.json else None
 
-    def on_listening(info: dict) -> None:
+    def on_listening(info: AgentInfo) -> None:
         """The banner names the bound address (`--port 0` picks one), then the JSON line if asked."""
         if demo:
             echo(demo_banner(info["url"].removeprefix("http://")), file=sys.stderr)
@@ -247,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
             announce(info)
 
     agent = Agent(
-        config,  # type: ignore[arg-type]
+        config,
         main_instance=main,
         config_path=args.config,
         on_listening=on_listening if demo or announce is not None else None,

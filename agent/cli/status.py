@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from agent.cli.client import agent_url, get_json
+from agent.cli.client import ApiReply, agent_url, get_json
 from agent.core.text import echo, render
 from agent.core.units import format_bytes, format_duration
 
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _processes(inst: dict) -> str | int | None:
+def _processes(inst: ApiReply) -> str | int | None:
     """How many processes the instance is (its own and its workers), and how many workers ended."""
     if inst.get("status") != "up":
         return None
@@ -143,7 +143,7 @@ def _one(args: argparse.Namespace) -> int:
     return 0
 
 
-def _limit(inst: dict, limit: float | None) -> str:
+def _limit(inst: ApiReply, limit: float | None) -> str:
     """The memory limit and where it came from; for a JVM, its heap's own ceiling too."""
     text = f"{format_bytes(limit)} {inst.get('memory_limit_source') or ''}".strip() if limit else "-"
     heap = next((c for c in inst.get("ceilings") or [] if c.get("layer") == "jvm_heap"), None)

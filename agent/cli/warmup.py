@@ -14,10 +14,14 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING, Any
 
 from agent.cli.options import duration
 from agent.core.errors import UsageError
 from agent.core.text import echo, printable
+
+if TYPE_CHECKING:
+    from agent.jobs.warmup import WarmupRequest
 
 HELP = "replay warm-up requests to an instance until K in a row answer within a target latency"
 
@@ -43,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
 
 
-def _instance_latency(name: str, config_path: str | None) -> dict:
+def _instance_latency(name: str, config_path: str | None) -> dict[str, Any]:
+    """The instance's `latency` section as the config's JSON dump (pydantic types it `Any`), or {}."""
     if not config_path:
         return {}
     from agent.config.loader import load_config
@@ -97,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--consecutive must be at least 1; --target, --deadline and --timeout above 0")
     requests = load_requests(args.requests)
 
-    def show(request, latency, error) -> None:
+    def show(request: WarmupRequest, latency: float | None, error: str | None) -> None:
         took = f"{latency * 1000:8.1f}ms" if latency is not None else "       -  "
         line = f"{took}  {request.method} {printable(request.url(url))}"
         echo(line + (f"  {printable(error)}" if error else ""), flush=True)

@@ -6,10 +6,12 @@
       slow: {peer_window: 5m, trend_window: 30m}                          # latency
 
 `memory` has the keys of `agent.detect.params.DetectParams`, `slow` those of
-`agent.detect.latency_rules.SlowParams`, with the same defaults (docs/detection.md and docs/latency.md
-explain them). Each key is typed and bounded here, so a bad value is refused on load in one line that
-names it (`detect.memory.window: ...`); the rules that relate two keys (`long_window` at least
-`window`) are the parameters' own and are reported on the section (`detect.memory: ...`).
+`agent.detect.latency_rules.SlowParams` (docs/detection.md and docs/latency.md explain them): each
+section is built from its parameters' fields, whose `Setting` (`agent.detect.params.setting`) gives a
+key's default, kind and bounds, so a tunable is declared once and the config cannot drift from the
+detector. Each key is typed and bounded, so a bad value is refused on load in one line that names it
+(`detect.memory.window: ...`); the rules that relate two keys (`long_window` at least `window`) are the
+parameters' own and are reported on the section (`detect.memory: ...`).
 
 Durations are production's: `agent.time_scale` compresses them, with the remediation's, in one place
 (`agent.config.timescale`). `history_problems` says when the store would not keep the history the
@@ -18,18 +20,18 @@ memory detectors need at the resolution they read it at; the config refuses such
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, create_model, model_validator
 
 from agent.core.types import MAX_COUNT, MAX_DURATION, Duration, Interval, PositiveDuration, Size, Strict
 from agent.core.units import format_duration, format_fine_duration
 from agent.detect.latency_rules import SlowParams
-from agent.detect.params import MAX_COUNT as MEMORY_MAX_COUNT
-from agent.detect.params import DetectParams
+from agent.detect.params import SETTING, DetectParams, Kind, Setting
 
-ROLLUP_SECONDS = 60.0  # the store's rollup resolution (agent.state.store): finer buckets need raw samples
+ROLLUP_SECONDS = 60.0  # the store's rollup resolution (agent.state.series): finer buckets need raw samples
 
 
 def _not_bool(value: Any) -> Any:
@@ -42,33 +44,41 @@ def _not_bool(value: Any) -> Any:
 Whole = Annotated[int, BeforeValidator(_not_bool)]  # `3`, `3.0`, `"3"`; never `3.5`, `true` or `.inf`
 Number = Annotated[float, BeforeValidator(_not_bool), Field(allow_inf_nan=False)]
 Figure = Annotated[Number, Field(ge=0, le=MAX_DURATION)]  # a ratio, rate or score: bounded like a duration
+KINDS: dict[Kind, Any] = {
+    "duration": Duration,
+    "span": PositiveDuration,
+    "count": Whole,
+    "number": Number,
+    "figure": Figure,
+    "size": Size,
+}
 
-_MEMORY = DetectParams()
-_SLOW = SlowParams()
+
+def _key(param: dataclasses.Field[Any], default: Any) -> tuple[Any, Any]:
+    """The config key of one tunable: its kind's type, its default and bounds (`Setting`)."""
+    setting: Setting = param.metadata[SETTING]  # a tunable without one is an error on import
+    bounds = {name: getattr(setting, name) for name in ("ge", "gt", "le", "lt")}
+    if setting.kind == "count" and bounds["le"] is None:
+        bounds["le"] = MAX_COUNT
+    default = int(default) if setting.kind == "size" else default
+    return KINDS[setting.kind], Field(default, **{k: v for k, v in bounds.items() if v is not None})
 
 
-class MemoryDetection(Strict):
-    """`detect.memory`: the leak, oom-risk and fragmentation detectors (`DetectParams`)."""
+def _keys(params: type[Any]) -> dict[str, Any]:
+    """A section's keys: one per field of its parameters, in their order, with their defaults."""
+    defaults = params()
+    return {param.name: _key(param, getattr(defaults, param.name)) for param in dataclasses.fields(params)}
 
-    window: PositiveDuration = _MEMORY.window
-    long_window: PositiveDuration = _MEMORY.long_window
-    horizon: PositiveDuration = _MEMORY.horizon
-    warmup: Duration = _MEMORY.warmup
-    min_buckets: Whole = Field(_MEMORY.min_buckets, ge=4, le=MEMORY_MAX_COUNT)
-    confidence: Number = Field(_MEMORY.confidence, gt=0.5, lt=1)
-    confidence_clear: Number = Field(_MEMORY.confidence_clear, gt=0, lt=1)
-    decel_ratio: Number = _MEMORY.decel_ratio
-    min_rate: Number = _MEMORY.min_rate
-    open_after: Whole = Field(_MEMORY.open_after, ge=1, le=MEMORY_MAX_COUNT)
-    resolve_after: Whole = Field(_MEMORY.resolve_after, ge=1, le=MEMORY_MAX_COUNT)
-    frag_ratio: Number = Field(_MEMORY.frag_ratio, gt=1)
-    frag_ratio_jvm: Number = Field(_MEMORY.frag_ratio_jvm, gt=1)
-    frag_min_bytes: Size = int(_MEMORY.frag_min_bytes)
-    max_extrapolation: Number = Field(_MEMORY.max_extrapolation, ge=1, le=MEMORY_MAX_COUNT)
-    season: PositiveDuration = _MEMORY.season
-    season_days: Whole = Field(_MEMORY.season_days, ge=3, le=MEMORY_MAX_COUNT)
-    gap: PositiveDuration = _MEMORY.gap
-    reset_drop: Number = Field(_MEMORY.reset_drop, gt=0, lt=1)
+
+def _values(section: Strict, params: type[Any]) -> dict[str, Any]:
+    """The section's values as its parameters' fields take them (a size's bytes as a float)."""
+    types = get_type_hints(params)
+    return {name: types[name](value) for name, value in section.model_dump().items()}
+
+
+class MemoryRules(Strict):
+    """`detect.memory`: the leak, oom-risk and fragmentation detectors (`DetectParams`, whose fields
+    `MemoryDetection` adds as its keys)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -79,58 +89,48 @@ class MemoryDetection(Strict):
         return data
 
     @model_validator(mode="after")
-    def _consistent(self) -> MemoryDetection:
+    def _consistent(self) -> MemoryRules:
         memory_params(self)  # the rules across keys, such as long_window >= window
         return self
 
 
-class SlowDetection(Strict):
-    """`detect.slow`: the latency detector (`SlowParams`)."""
-
-    step: PositiveDuration = _SLOW.step
-    stale: PositiveDuration = _SLOW.stale
-    min_coverage: Figure = _SLOW.min_coverage
-    fire_fraction: Figure = _SLOW.fire_fraction
-    clear_margin: Figure = _SLOW.clear_margin
-    clear_fraction: Figure = _SLOW.clear_fraction
-    peer_window: PositiveDuration = _SLOW.peer_window
-    peer_min: Whole = Field(_SLOW.peer_min, ge=1, le=MAX_COUNT)
-    peer_z: Figure = _SLOW.peer_z
-    peer_ratio: Figure = _SLOW.peer_ratio
-    peer_floor: Duration = _SLOW.peer_floor
-    peer_z_clear: Figure = _SLOW.peer_z_clear
-    peer_ratio_clear: Figure = _SLOW.peer_ratio_clear
-    peer_min_scale: Figure = _SLOW.peer_min_scale
-    trend_window: PositiveDuration = _SLOW.trend_window
-    trend_buckets: Whole = Field(_SLOW.trend_buckets, ge=6, le=MAX_COUNT)
-    trend_confidence: Figure = _SLOW.trend_confidence
-    trend_confidence_clear: Figure = _SLOW.trend_confidence_clear
-    trend_min_growth: Figure = _SLOW.trend_min_growth
-    trend_decel: Figure = _SLOW.trend_decel
-    horizon: Duration = _SLOW.horizon
-    throttle_ratio: Figure = _SLOW.throttle_ratio
-    pressure_ratio: Figure = _SLOW.pressure_ratio
-    near_limit: Figure = _SLOW.near_limit
-    major_faults_rate: Figure = _SLOW.major_faults_rate
-    open_after: Whole = Field(_SLOW.open_after, ge=1, le=MAX_COUNT)
-    resolve_after: Whole = Field(_SLOW.resolve_after, ge=1, le=MAX_COUNT)
+class SlowRules(Strict):
+    """`detect.slow`: the latency detector (`SlowParams`, whose fields `SlowDetection` adds as its keys)."""
 
     @model_validator(mode="after")
-    def _consistent(self) -> SlowDetection:
+    def _consistent(self) -> SlowRules:
         slow_params(self)
         return self
 
 
-def memory_params(section: MemoryDetection) -> DetectParams:
+if TYPE_CHECKING:  # the keys are added on import, from the parameters' fields
+    MemoryDetection = MemoryRules
+    SlowDetection = SlowRules
+else:
+    MemoryDetection = create_model(
+        "MemoryDetection",
+        __base__=MemoryRules,
+        __module__=__name__,
+        __doc__=MemoryRules.__doc__,
+        **_keys(DetectParams),
+    )
+    SlowDetection = create_model(
+        "SlowDetection",
+        __base__=SlowRules,
+        __module__=__name__,
+        __doc__=SlowRules.__doc__,
+        **_keys(SlowParams),
+    )
+
+
+def memory_params(section: MemoryRules) -> DetectParams:
     """The memory detectors' parameters; `ValueError` for values that do not fit together."""
-    values = section.model_dump()
-    values["frag_min_bytes"] = float(section.frag_min_bytes)
-    return DetectParams(**values)
+    return DetectParams(**_values(section, DetectParams))
 
 
-def slow_params(section: SlowDetection) -> SlowParams:
+def slow_params(section: SlowRules) -> SlowParams:
     """The latency detector's parameters; `ValueError` for values that do not fit together."""
-    return SlowParams(**section.model_dump())
+    return SlowParams(**_values(section, SlowParams))
 
 
 MOVED_TIME_SCALE = (

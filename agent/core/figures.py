@@ -8,6 +8,8 @@ failure as malformed input, said as such.
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 FIGURE_LIMIT = 2**63  # a signed 64-bit counter: a Java long, SQLite's INTEGER; far past any real figure
 EARLIEST_TIME, LATEST_TIME = 0.0, 4_102_444_800.0  # 1970 to 2100: a unix time outside is a typo or junk
 
@@ -21,7 +23,7 @@ def decimal(text: str, limit: int = FIGURE_LIMIT) -> int | None:
     return value if value < limit else None
 
 
-def is_number(value: object) -> bool:
+def is_number(value: object) -> TypeGuard[int | float]:
     """A real number (not a bool) that is finite and within ±2**63."""
     return (
         isinstance(value, (int, float))
@@ -30,6 +32,6 @@ def is_number(value: object) -> bool:
     )
 
 
-def is_figure(value: object) -> bool:
+def is_figure(value: object) -> TypeGuard[int | float]:
     """A count or size: a number that is also not negative."""
-    return is_number(value) and value >= 0  # type: ignore[operator]
+    return is_number(value) and value >= 0

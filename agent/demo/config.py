@@ -118,9 +118,12 @@ def server_argv(server: ServerSpec, model: Path, settings: DemoSettings) -> list
     return argv
 
 
-def demo_config(settings: DemoSettings, servers: list[ServerSpec], model: Path, state_dir: Path) -> dict:
+def demo_config(
+    settings: DemoSettings, servers: list[ServerSpec], model: Path, state_dir: Path
+) -> dict[str, object]:
     """The medic config of the demo, as plain data (`agent.config.loader.validate_config` accepts it)."""
-    instances, overrides = [], {}
+    instances: list[dict[str, object]] = []
+    overrides: dict[str, object] = {}
     for server in servers:
         instances.append(
             {

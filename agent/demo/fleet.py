@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import agent
 from agent.core.errors import MedicError, ProbeError
@@ -28,6 +29,9 @@ from agent.demo.model import build_model
 from agent.state import AGENT_FILE_NAME
 from probes.linux.fstrust import atomic_write, ensure_private_dir
 from probes.linux.procfs import read_cmdline
+
+if TYPE_CHECKING:
+    from agent.demo.load import LoadGenerator
 
 
 def free_ports(count: int) -> list[int]:
@@ -60,8 +64,8 @@ class Fleet:
         self.state_dir = Path(tempfile.mkdtemp(prefix="medic-demo-")) if state_dir is None else state_dir
         self.servers: list[ServerSpec] = []
         self.url = ""
-        self.agent: subprocess.Popen | None = None
-        self.load = None  # LoadGenerator, once started
+        self.agent: subprocess.Popen[bytes] | None = None
+        self.load: LoadGenerator | None = None  # once started
         self.server_pids: set[int] = set()  # every server pid seen, killed at close if still there
         self.log_path = self.state_dir / "agent.log"
 
@@ -115,7 +119,7 @@ class Fleet:
             self.check()
             if info.exists():
                 try:
-                    url = json.loads(info.read_text())["url"]
+                    url: str = json.loads(info.read_text())["url"]
                     if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
                         return url
                 except (ValueError, KeyError, httpx.HTTPError):
@@ -172,7 +176,7 @@ def _write_private(path: Path, text: str) -> None:
     atomic_write(path, text.encode("utf-8"), 0o600)  # a fresh O_EXCL name renamed: no link followed
 
 
-def _stop_group(proc: subprocess.Popen, timeout: float) -> None:
+def _stop_group(proc: subprocess.Popen[bytes], timeout: float) -> None:
     """SIGTERM to the process (it stops its own children), SIGKILL to its group after `timeout`."""
     if proc.poll() is None:
         try:

@@ -9,9 +9,8 @@ on odd input: a field that is missing or of the wrong type gives a shorter line,
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from agent.core.units import format_bytes, format_duration
 
@@ -33,6 +32,12 @@ TOLD = {
 PLAN_MOVED = 10.0  # a planned slot that moves more than this is told again
 SUSPECT_KINDS = {"site": "allocation site", "type": "Python type", "class": "class"}
 MAX_LINE = 220
+
+
+class ApiGet(Protocol):
+    """`get(path, **params)`: one GET of the agent's API and the JSON object it answers."""
+
+    def __call__(self, path: str, /, **params: object) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,14 +62,19 @@ def clock(ts: float) -> str:
         return "--:--:--"
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         return None
     return float(value)
 
 
-def _text(value: Any, default: str = "") -> str:
+def _text(value: object, default: str = "") -> str:
     return value if isinstance(value, str) else default
+
+
+def _fields(value: object) -> dict[str, object]:
+    """`value` when it is a JSON object, else an empty one: a field of the wrong type reads as absent."""
+    return value if isinstance(value, dict) else {}
 
 
 def _short(text: str) -> str:
@@ -72,13 +82,13 @@ def _short(text: str) -> str:
     return text if len(text) <= MAX_LINE else text[: MAX_LINE - 1] + "…"
 
 
-def describe_finding(finding: Any) -> str | None:
+def describe_finding(finding: object) -> str | None:
     """One line for an opened finding: leaks with their rate and time to OOM, others by their summary."""
     if not isinstance(finding, dict):
         return None
     name = _text(finding.get("instance"), "?")
     kind = _text(finding.get("kind"), "finding")
-    evidence = finding.get("evidence") if isinstance(finding.get("evidence"), dict) else {}
+    evidence = _fields(finding.get("evidence"))
     slope = _number(evidence.get("slope_bytes_per_second"))
     if kind == "leak" and slope is not None:
         line = f"{name} leaks {format_bytes(slope * 60)}/min"
@@ -95,7 +105,7 @@ def describe_finding(finding: Any) -> str | None:
     return _short(summary) if summary else f"{name}: {kind} finding opened"
 
 
-def top_suspect(finding: Any) -> dict[str, Any] | None:
+def top_suspect(finding: object) -> dict[str, Any] | None:
     """The first suspect a memory finding names, or None."""
     evidence = finding.get("evidence") if isinstance(finding, dict) else None
     suspects = evidence.get("suspects") if isinstance(evidence, dict) else None
@@ -103,10 +113,10 @@ def top_suspect(finding: Any) -> dict[str, Any] | None:
     return first if isinstance(first, dict) and isinstance(first.get("name"), str) else None
 
 
-def describe_suspect(finding: Any) -> str | None:
+def describe_suspect(finding: object) -> str | None:
     """`serving-2: what grows: FILE:LINE (allocation site, +1.2 MiB/h)`: the finding's first suspect."""
     suspect = top_suspect(finding)
-    if suspect is None:
+    if suspect is None or not isinstance(finding, dict):  # a suspect comes only from a finding object
         return None
     name = _text(finding.get("instance"), "?")
     kind = SUSPECT_KINDS.get(_text(suspect.get("kind")), _text(suspect.get("kind"), "suspect"))
@@ -120,18 +130,18 @@ def describe_suspect(finding: Any) -> str | None:
     return _short(f"{name}: what grows: {suspect['name']} ({', '.join(said)})")
 
 
-def describe_event(event: Any) -> str | None:
+def describe_event(event: object) -> str | None:
     """One line for an event worth telling in a demo, or None for the rest (probe noise, ...)."""
     if not isinstance(event, dict):
         return None
     kind = _text(event.get("kind"))
     name = _text(event.get("instance"), "?")
     message = _text(event.get("message"))
-    data = event.get("data") if isinstance(event.get("data"), dict) else {}
+    data = _fields(event.get("data"))
     if kind == "finding_opened":
         return describe_finding(data.get("finding"))
     if kind == "finding_resolved":
-        finding = data.get("finding") if isinstance(data.get("finding"), dict) else {}
+        finding = _fields(data.get("finding"))
         reason = _text(data.get("reason")) or "cleared"
         return _short(f"{name}: {_text(finding.get('kind'), 'finding')} finding resolved ({reason})")
     if kind == "remediation_restart_started":
@@ -145,7 +155,7 @@ def describe_event(event: Any) -> str | None:
     return None
 
 
-def describe_plan_entry(entry: Any) -> str | None:
+def describe_plan_entry(entry: object) -> str | None:
     """`restart of serving-2 planned at 12:03:10 (leak, OOM projected 12:04:30)`."""
     if not isinstance(entry, dict):
         return None
@@ -167,7 +177,7 @@ def describe_plan_entry(entry: Any) -> str | None:
     return _short(line + (f" ({', '.join(why)})" if why else ""))
 
 
-def status_line(instances: Any) -> str | None:
+def status_line(instances: object) -> str | None:
     """`serving-0 71 MiB p99 2ms | serving-2 163 MiB/384 MiB | …`: memory and latency at a glance."""
     if not isinstance(instances, list):
         return None
@@ -181,7 +191,7 @@ def status_line(instances: Any) -> str | None:
             continue
         rss = _number(inst.get("rss_bytes"))
         part += f" {format_bytes(rss)}"
-        latest = inst.get("latest") if isinstance(inst.get("latest"), dict) else {}
+        latest = _fields(inst.get("latest"))
         p99 = _number(latest.get("latency_p99_seconds"))
         if p99 is not None:
             part += f" p99 {p99 * 1000:.0f}ms"
@@ -193,7 +203,7 @@ def status_line(instances: Any) -> str | None:
 class Narrator:
     """Turns the agent's API into narration lines; `get(path, **params) -> dict` does the HTTP."""
 
-    get: Callable[..., dict]
+    get: ApiGet
     status_every: float = 15.0
     lines: list[Line] = field(default_factory=list)
     pids: dict[str, int] = field(default_factory=dict)
@@ -227,7 +237,7 @@ class Narrator:
             self._after_id = max(self._after_id, int(_number(event.get("id")) or 0))
             name = event.get("instance") if isinstance(event.get("instance"), str) else None
             kind = _text(event.get("kind"))
-            data = event.get("data") if isinstance(event.get("data"), dict) else {}
+            data = _fields(event.get("data"))
             self._track_restart(kind, name, data)
             if kind in ("instance_down", "instance_exited") and name in self._before:
                 continue  # the process medic is restarting went away: expected, not news
@@ -248,7 +258,7 @@ class Narrator:
                     self._suspected.add(key)
                     new.append(Line(now, "suspect", text, _text(finding.get("instance")) or None))
 
-    def _track_restart(self, kind: str, name: str | None, data: dict) -> None:
+    def _track_restart(self, kind: str, name: str | None, data: dict[str, object]) -> None:
         """The pids come from the events themselves: the instance list may show the new process
         before the narrator reads the event that started its restart."""
         if name is None:
@@ -298,7 +308,7 @@ class Narrator:
             if rss is not None and name not in self._before:
                 self._rss[name] = rss
         if self.status_every and now - self._last_status >= self.status_every:
-            text = status_line(instances)
-            if text:
+            status = status_line(instances)
+            if status:
                 self._last_status = now
-                new.append(Line(now, "status", text))
+                new.append(Line(now, "status", status))

@@ -3,21 +3,24 @@ table for people or one JSON document (`medic demo --json`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from agent.core.text import render as render_table
 from agent.core.units import format_bytes
 from agent.demo.config import DemoSettings, ServerSpec
-from agent.demo.narrate import Line, top_suspect
+from agent.demo.narrate import ApiGet, Line, top_suspect
+
+if TYPE_CHECKING:
+    from agent.demo.load import TargetStats  # a type only: agent.demo.load brings numpy along
 
 
 def collect(
-    get: Callable[..., dict],
+    get: ApiGet,
     settings: DemoSettings,
     servers: list[ServerSpec],
     lines: list[Line],
-    load: dict[str, Any],
+    load: Mapping[str, TargetStats],
     started: float,
     ended: float,
 ) -> dict[str, Any]:

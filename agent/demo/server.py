@@ -69,7 +69,7 @@ class Model:
     """The onnxruntime session and the behaviour that sees its outputs."""
 
     def __init__(self, path: str, behaviour: behaviours.Behaviour) -> None:
-        import onnxruntime as ort
+        import onnxruntime as ort  # type: ignore[import-untyped]  # it ships no py.typed marker
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1  # the demo shares a small machine with the agent and its peers
@@ -89,7 +89,8 @@ class Model:
         values = self.session.run_with_ort_values(self.outputs, {"x": x})
         named = dict(zip(self.outputs, values))
         self.behaviour.keep(named)
-        return named["scores"].numpy().round(5).tolist()
+        scores: list[list[float]] = named["scores"].numpy().round(5).tolist()  # a score list per row
+        return scores
 
 
 class Server(ThreadingHTTPServer):
@@ -121,7 +122,8 @@ class Handler(BaseHTTPRequestHandler):
             self._drain()
             return self._send(404, {"error": f"unknown path {self.path!r}; POST {PREDICT_PATH}"})
         started = time.perf_counter()
-        status, payload = 200, {}
+        status = 200
+        payload: dict[str, object] = {}
         try:
             length = int(self.headers.get("Content-Length") or 0)
             if not 0 < length <= MAX_BODY:

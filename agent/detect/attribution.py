@@ -35,9 +35,10 @@ from typing import Any
 from agent.core.units import format_bytes
 from agent.detect.ranking import suspects_for
 from agent.detect.retainers import with_held_by
-from agent.detect.suspects import MIN_CONFIDENCE, growth
+from agent.detect.sustained import MIN_CONFIDENCE, growth
 from agent.state.histograms import HistogramStore
-from agent.state.store import Aggregate, Store
+from agent.state.series import Aggregate
+from agent.state.store import Store
 
 GRID_POINTS = 48
 INPUTS = (
@@ -137,7 +138,7 @@ def attribution_for(store: Store, instance: str, since: float, now: float) -> At
         return result
     layers, figures = split(grid, known)
     xs = [since + (i + 0.5) * step for i in known]
-    rss_values = [rss[i] for i in known]
+    rss_values = [v for v in rss if v is not None]  # at the points `known`
     rss_growth = growth(xs, rss_values)
     result.rss_bytes = rss_values[-1]
     result.rss_bytes_per_second = rss_growth.slope
@@ -254,13 +255,14 @@ def _on_grid(
     pick = min if agg == "min" else max
     for ts, value in points:
         i = min(count - 1, max(0, int((ts - since) / step)))
-        values[i] = value if values[i] is None else pick(values[i], value)
-    last = None
-    for i, value in enumerate(values):
-        if value is None:
+        current = values[i]
+        values[i] = value if current is None else pick(current, value)
+    last: float | None = None
+    for i, found in enumerate(values):
+        if found is None:
             values[i] = last
         else:
-            last = value
+            last = found
     return values
 
 
@@ -275,7 +277,9 @@ def _missing(grid: dict[str, list[float | None]]) -> list[str]:
     return missing
 
 
-def _verdict(result: Attribution, rss_confidence: float, grid: dict, sites: bool) -> tuple[str | None, str]:
+def _verdict(
+    result: Attribution, rss_confidence: float, grid: dict[str, list[float | None]], sites: bool
+) -> tuple[str | None, str]:
     growing = [
         layer for layer in result.layers if layer.bytes_per_second > 0 and layer.confidence >= MIN_CONFIDENCE
     ]
@@ -299,7 +303,7 @@ def _verdict(result: Attribution, rss_confidence: float, grid: dict, sites: bool
     return top.name, _explain(top.name, grid, result.instance, sites)
 
 
-def _explain(layer: str, grid: dict, instance: str, sites: bool) -> str:
+def _explain(layer: str, grid: dict[str, list[float | None]], instance: str, sites: bool) -> str:
     has = {metric for metric, values in grid.items() if any(v is not None for v in values)}
     jvm = bool(has & {"jvm_heap_committed_bytes", "jvm_nmt_committed_bytes"})
     nmt = "jvm_nmt_committed_bytes" in has

@@ -15,10 +15,23 @@ from agent.detect.model import InstanceSeries, Points
 
 
 class CauseThresholds(Protocol):
-    throttle_ratio: float  # throttled in this fraction of CFS periods (or seconds per second)
-    pressure_ratio: float  # PSI memory `some` stall seconds per second
-    near_limit: float  # RSS over this fraction of the memory limit
-    major_faults_rate: float  # major page faults per second
+    """What `likely_causes` reads of the slow detector's params (read-only: `SlowParams` is frozen)."""
+
+    @property
+    def throttle_ratio(self) -> float:
+        """Throttled in this fraction of CFS periods (or seconds per second)."""
+
+    @property
+    def pressure_ratio(self) -> float:
+        """PSI memory `some` stall seconds per second."""
+
+    @property
+    def near_limit(self) -> float:
+        """RSS over this fraction of the memory limit."""
+
+    @property
+    def major_faults_rate(self) -> float:
+        """Major page faults per second."""
 
 
 def likely_causes(

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
+from agent.core.types import Kind, Severity
 from agent.core.units import format_bytes
-from agent.detect.growth import PEAK_BUCKETS, Fit, fits, peak, time_to_limit
+from agent.detect.fit import Fit
+from agent.detect.growth import PEAK_BUCKETS, fits, peak, time_to_limit
 from agent.detect.jvm import DIRECT, HEAP_MAX, HEAP_USABLE, LAYERS, METASPACE, NATIVE, value_at
-from agent.detect.model import JVM_HEAP_AFTER_GC, RSS, Kind, Observation, Severity, State, Verdict
+from agent.detect.model import JVM_HEAP_AFTER_GC, RSS, Observation, State, Verdict
 from agent.detect.params import DetectParams
 from agent.detect.prepared import Prepared
 
@@ -59,7 +62,7 @@ class Context:
         """Where the RSS peaks are now."""
         if self._peak is False:
             self._peak = peak(self.prep, RSS, self.life, self.tick)
-        return self._peak  # type: ignore[return-value]
+        return self._peak
 
     @property
     def lifetime_start(self) -> float:
@@ -140,7 +143,7 @@ class Context:
         summary: str,
         severity: Severity = "info",
         verdict: Verdict | None = None,
-        evidence: dict | None = None,
+        evidence: dict[str, Any] | None = None,
     ) -> Observation:
         return Observation(
             instance=self.prep.instance,

@@ -19,11 +19,21 @@ window) and by how much, and `note_both` writes the same into the leak's observa
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 from agent.core.units import format_bytes
 from agent.detect.context import Context
 from agent.detect.jvm import HEAP_COMMITTED, HEAP_MAX
-from agent.detect.model import ACTIVE, ALLOCATED, JVM_HEAP_AFTER_GC, RESIDENT, RSS, Observation
+from agent.detect.model import (
+    ACTIVE,
+    ALLOCATED,
+    JVM_HEAP_AFTER_GC,
+    RESIDENT,
+    RSS,
+    Observation,
+    State,
+    Verdict,
+)
 from agent.detect.trend import median
 
 CLEAR_FRACTION = 0.8  # clear when ratio excess or bytes fall below 80 % of the firing thresholds
@@ -110,7 +120,7 @@ def judge_fragmentation(ctx: Context, leak: Observation | None = None) -> Observ
             summary += f"; beside a leak: {both['text']}"
         return ctx.observation("fragmentation", "firing", summary, "warning", verdict, evidence)
     clear_ratio = 1 + CLEAR_FRACTION * (ratio_needed - 1)
-    state = (
+    state: State = (
         "clear" if leaking or ratio < clear_ratio or excess < CLEAR_FRACTION * p.frag_min_bytes else "holding"
     )
     summary = f"resident {format_bytes(resident_bytes)} for {format_bytes(live_bytes)} live ({ratio:.2f}x)"
@@ -179,7 +189,17 @@ def _grows(ctx: Context) -> bool:
     )
 
 
-def _dominance(excess: float, leak: Observation, window: float) -> dict:
+class Dominance(TypedDict):
+    """Evidence `both`: which of fragmentation and a leak holds more memory, and by how much."""
+
+    dominant: str  # "fragmentation" | "leak"
+    excess_bytes: float
+    leak_growth_bytes: float
+    factor: float | None
+    text: str
+
+
+def _dominance(excess: float, leak: Observation, window: float) -> Dominance:
     """Which of two present explanations holds more memory: the excess over the live bytes, or what the
     leak added over the window."""
     slope = leak.evidence.get("slope_bytes_per_second") or 0.0
@@ -210,7 +230,7 @@ def note_both(leak: Observation, frag: Observation) -> None:
 
 def _split_excess(
     ctx: Context, live: str, first: int, end: int, jvm: bool, excess: float
-) -> tuple[str, float | None, str]:
+) -> tuple[Verdict, float | None, str]:
     """(verdict, bytes a purge/trim could return, advice)."""
     if jvm:
         return (

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Sequence
 from functools import lru_cache
 from itertools import repeat
 from operator import add, mul, sub
-from typing import Any
+from typing import cast
 
+from agent.detect.fit import Fit
 from agent.detect.params import DetectParams
 from agent.detect.prepared import Prepared
-from agent.detect.saturation import MIN_POINTS, Levelling, least_squares, levelling, reach_margin
+from agent.detect.saturation import least_squares
 from agent.detect.trend import (
     MAX_RHO,
     STEP_HOLD,
@@ -30,170 +30,13 @@ from agent.detect.trend import (
     Trend,
     mann_kendall,
     median,
-    might_rise,
     normal_cdf,
     remove_steps,
-    thirds_rise,
-    trend,
 )
 
 REQUESTS = ("requests_total",)  # a request counter: memory that follows it is traffic, not a leak
 STEP_FLOOR = 0.02  # a level shift must exceed 2 % of the level to be removed as a step
 PEAK_BUCKETS = 4  # the peak is the median of the last few bucket maxima (ignores one burst)
-
-
-@dataclass(slots=True)
-class Fit:
-    """One scale's view of one series at one tick."""
-
-    metric: str
-    scale: str  # "window" | "half-day" | "long" | "daily"
-    width: float  # bucket width of the scale
-    idx: list[int]  # bucket indices
-    ys: list[float]  # lower envelope, daily profile removed
-    offset: float  # the profile at the last point (add back to get the metric's units)
-    seasonal: bool  # a non-flat daily profile was removed
-    profile_known: bool
-    floor: float  # smallest level shift removed as a step
-    _rising: bool | None = None
-    _raw_rise: float | None = None
-    _steps: Steps | None = None
-    _z: float | None = None
-    _trend: Trend | None = None
-    wave: float = 0.0  # the cycle scale: half the swing of the fitted daily sine (0 elsewhere)
-    floors: list[float] | None = None  # the lower envelope before any profile was removed
-    _make_trend: Callable[[], Trend] | None = None  # a scale's own trend, made on first use
-    _levelling: Levelling | bool | None = False  # False: not computed yet
-    basis: list[list[float]] | None = None  # the cycle scale: its sine and cosine, fitted with a curve too
-
-    @property
-    def curve(self) -> Levelling | None:
-        """The rising concave curve the step-free floor follows best (a cache filling to its TTL,
-        a warm-up, fragmentation like log(t)), compared with a line. The daily scale's
-        day-over-day differences have no curve of their own: its deceleration tells."""
-        if self._levelling is False:
-            self._levelling = self._curve(len(self.idx))
-        return self._levelling  # type: ignore[return-value]
-
-    def _curve(self, n: int) -> Levelling | None:
-        """`curve` over the first `n` buckets of the fit."""
-        if self.scale == "daily":
-            return None
-        if self.basis is not None and self.floors is not None:  # the daily wave fitted with it
-            return levelling(self.xs[:n], self.floors[:n], [col[:n] for col in self.basis])
-        return levelling(self.xs[:n], self.steps.clean[:n])
-
-    @property
-    def levelling(self) -> Levelling | None:
-        """The curve, when it shows the growth levelling off (None: steady growth, or cannot tell)."""
-        curve = self.curve
-        return curve if curve is not None and curve.levelled else None
-
-    @property
-    def saturation_ruled_out(self) -> bool:
-        """Enough buckets to tell a curve from a line, and no levelling curve fits better than the
-        line: what a critical severity (one that remediation acts on) needs."""
-        if self.scale == "daily":
-            return True
-        n = len(self.idx)
-        if n < MIN_POINTS:
-            return False
-        # the newest bucket alone (a burst that filled it) must not hide the bend of the others;
-        # on the cycle scale a sine bends to fit a cache filling up: the floor's own curve counts too
-        curves = [self.curve, self._curve(n - 1)]
-        if self.basis is not None and self.floors is not None:
-            curves.append(levelling(self.xs, self.floors))
-        return not any(c is not None and c.possible for c in curves)
-
-    def reach(self, room: float, within: float) -> float:
-        """`reach_margin` of the step-free floor (on the cycle scale, with the daily sine fitted
-        beside each curve): how firmly every curve that rises less than `room` over `within` is
-        rejected. The daily scale's differences have no curve: they always reach."""
-        if self.scale == "daily":
-            return math.inf
-        if self.basis is not None and self.floors is not None:
-            return reach_margin(self.xs, self.floors, room, within, self.basis)
-        return reach_margin(self.xs, self.steps.clean, room, within)
-
-    @property
-    def rising(self) -> bool:
-        """Whether the window has visibly risen once steps are removed (else it is not growing)."""
-        if self._rising is None:
-            self._raw_rise = thirds_rise(self.ys)
-            self._rising = might_rise(self.ys, self.floor, self._raw_rise) and self.steps.risen
-        return self._rising
-
-    @property
-    def steps(self) -> Steps:
-        if self._steps is None:
-            self._steps = remove_steps(self.ys, self.floor, self._raw_rise)
-        return self._steps
-
-    @property
-    def confidence(self) -> float:
-        """One-sided Mann-Kendall confidence that the step-free window grows (0 if not risen)."""
-        if not self.rising:
-            return 0.0
-        if self._z is None:
-            self._z = mann_kendall(self.steps.clean)[1]
-        return normal_cdf(self._z)
-
-    @property
-    def xs(self) -> list[float]:
-        width, half = self.width, 0.5 * self.width
-        return [b * width + half for b in self.idx]
-
-    @property
-    def trend(self) -> Trend:
-        if self._trend is None:
-            if self._make_trend is not None:
-                self._trend = self._make_trend()
-                return self._trend
-            self.confidence  # noqa: B018 - computes z
-            self._trend = trend(self.xs, self.ys, self.steps, self._z or 0.0)
-        return self._trend
-
-    @property
-    def level(self) -> float:
-        """Lower-envelope level at the end of the fit, in the metric's units."""
-        return self.trend.level + self.offset
-
-    @property
-    def coverage(self) -> float:
-        """Seconds of history the fit stands on."""
-        return (self.idx[-1] - self.idx[0] + 1) * self.width
-
-    def long_enough(self, params: DetectParams, ttoom: float | None) -> bool:
-        """Whether the fit may project `ttoom`: at most `max_extrapolation` times its coverage
-        (with no limit known, it must cover its scale's whole window)."""
-        if ttoom is None:
-            needed = params.window if self.scale == "window" else params.long_window
-        else:
-            needed = ttoom / params.max_extrapolation
-        return self.coverage >= needed - 1e-6
-
-    @property
-    def pct_per_hour(self) -> float:
-        level = self.level
-        return self.trend.slope * 3600 / level * 100 if level > 0 else 0.0
-
-    def evidence(self) -> dict[str, Any]:
-        t = self.trend
-        return {
-            "series": self.metric,
-            "scale": self.scale,
-            "slope_bytes_per_second": t.slope,
-            "pct_per_hour": self.pct_per_hour,
-            "recent_slope_bytes_per_second": t.recent_slope,
-            "confidence": round(t.confidence, 6),
-            "z": round(t.z, 3),
-            "points": t.n,
-            "span_seconds": self.coverage,
-            "level_bytes": self.level,
-            "noise_bytes": t.noise,
-            "steps_removed": t.steps,
-            "seasonal_adjusted": self.seasonal,
-        }
 
 
 LONG_SPANS = (1 / 2, 1.0)  # the long scale also fits the trailing half of its window,
@@ -210,7 +53,7 @@ def fits(prep: Prepared, metric: str, life: int, tick: float) -> list[Fit]:
     half = _fit(prep, metric, life, tick, "half-day", 1.0)
     # the long scale changes only when one of its buckets completes (or the day's profile): cache it
     key = (metric, life, math.floor(tick / params.long_bucket + 1e-9), math.floor(tick / params.season))
-    long = prep.cache.get(key)
+    long = cast("list[Fit] | None", prep.cache.get(key))  # the cache holds each key's own kind
     if long is None:
         long = []
         for part in LONG_SPANS:
@@ -247,22 +90,23 @@ def _fit(prep: Prepared, metric: str, life: int, tick: float, scale: str, part: 
     seasonal = profile is not None and profile.amplitude > 0
     offset = 0.0
     ys = lo
-    if seasonal:
+    if profile is not None and seasonal:
         table = profile.values
         size = len(table)
         n, start = len(idx), idx[0] % size
+        removed: Sequence[float]  # the profile under each bucket of the fit
         if idx[-1] - idx[0] != n - 1:
-            part = [table[b % size] for b in idx]
+            removed = [table[b % size] for b in idx]
         elif start + n <= size:  # no gap: the profile's values from `start` on, wrapping round
-            part = table[start : start + n]
+            removed = table[start : start + n]
         else:
-            part = (table * (n // size + 2))[start : start + n]
+            removed = (table * (n // size + 2))[start : start + n]
         offset = table[idx[-1] % size]
         if profile.relative:  # a workload's prior: fractions of this fit's own level
             level = median(lo)
-            part = list(map(mul, part, repeat(level, n)))
+            removed = list(map(mul, removed, repeat(level, n)))
             offset = offset * level
-        ys = list(map(sub, lo, part))
+        ys = list(map(sub, lo, removed))
     fit = Fit(metric, scale, width, idx, ys, offset, seasonal, profile is not None, STEP_FLOOR * abs(lo[-1]))
     fit.floors = lo
     return fit
@@ -386,7 +230,7 @@ def at_record(prep: Prepared, metric: str, life: int, tick: float) -> bool:
     end = math.floor(tick / width + 1e-9)
     start = math.ceil((prep.starts[life] + prep.warmup(life)) / width - 1e-9)
     means = []
-    hi = end
+    hi: float = end
     oldest = end - params.season_days * per  # no further back than the history the agent keeps
     while hi - per >= max(start, oldest) - 1e-9:
         lo_b = round(hi - per)

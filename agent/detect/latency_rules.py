@@ -17,6 +17,7 @@ from typing import Any
 from agent.core.timescale import EVIDENCE_SAMPLES, STALE_SAMPLES, WINDOW_SAMPLES, TimeScale
 from agent.core.units import format_duration
 from agent.detect.model import START_TIME, InstanceSeries, Points, State
+from agent.detect.params import setting
 from agent.detect.trend import Trend, mann_kendall, median, remove_steps, trend
 
 QUANTILE_METRICS = {
@@ -50,33 +51,37 @@ RELATIVE_GROWTH = 0.3  # it fires when that ratio grew by 30 % and is 30 % above
 
 @dataclass(frozen=True, slots=True)
 class SlowParams:
-    step: float = 30.0  # judgement grid, seconds: calls within one step are one judgement
-    stale: float = 90.0  # a value holds at most this long (the agent re-stores flat values every 60 s)
-    min_coverage: float = 0.8  # data must cover this fraction of a window to judge it
-    fire_fraction: float = 0.9  # slo: over the threshold this fraction of `for` → firing
-    clear_margin: float = 0.9  # slo: clear when over margin × threshold less than …
-    clear_fraction: float = 0.5  # … this fraction of the time
-    peer_window: float = 300.0
-    peer_min: int = 3  # fewest peers for the peer rule
-    peer_z: float = 5.0  # peer: robust z to fire …
-    peer_ratio: float = 2.0  # … and at least this many times the peers' median …
-    peer_floor: float = 0.005  # … and at least this many seconds above it
-    peer_z_clear: float = 3.0
-    peer_ratio_clear: float = 1.5
-    peer_min_scale: float = 0.1  # the peers' spread counts as at least this fraction of their median
-    trend_window: float = 1800.0
-    trend_buckets: int = 12
-    trend_confidence: float = 0.999
-    trend_confidence_clear: float = 0.9
-    trend_min_growth: float = 0.5  # trend: fire on growth of at least +50 % over the window …
-    trend_decel: float = 0.4  # … that is not levelling off (recent slope / window slope) …
-    horizon: float = 3600.0  # … and reaches the SLO within this long (when there is an SLO)
-    throttle_ratio: float = 0.1  # cause: throttled in this fraction of CFS periods
-    pressure_ratio: float = 0.05  # cause: PSI memory `some` stall seconds per second
-    near_limit: float = 0.9  # cause: RSS over this fraction of the memory limit
-    major_faults_rate: float = 50.0  # cause: major page faults per second
-    open_after: int = 2  # lifecycle: consecutive firing judgements to open a finding
-    resolve_after: int = 4  # lifecycle: consecutive clear judgements to resolve it
+    step: float = setting(30.0, "span")  # judgement grid, seconds: calls within one step are one judgement
+    # a value holds at most this long (the agent re-stores flat values every 60 s)
+    stale: float = setting(90.0, "span")
+    min_coverage: float = setting(0.8, "figure")  # data must cover this fraction of a window to judge it
+    fire_fraction: float = setting(0.9, "figure")  # slo: over the threshold this fraction of `for` → firing
+    clear_margin: float = setting(0.9, "figure")  # slo: clear when over margin × threshold less than …
+    clear_fraction: float = setting(0.5, "figure")  # … this fraction of the time
+    peer_window: float = setting(300.0, "span")
+    peer_min: int = setting(3, "count", ge=1)  # fewest peers for the peer rule
+    peer_z: float = setting(5.0, "figure")  # peer: robust z to fire …
+    peer_ratio: float = setting(2.0, "figure")  # … and at least this many times the peers' median …
+    peer_floor: float = setting(0.005, "duration")  # … and at least this many seconds above it
+    peer_z_clear: float = setting(3.0, "figure")
+    peer_ratio_clear: float = setting(1.5, "figure")
+    # the peers' spread counts as at least this fraction of their median
+    peer_min_scale: float = setting(0.1, "figure")
+    trend_window: float = setting(1800.0, "span")
+    trend_buckets: int = setting(12, "count", ge=6)
+    trend_confidence: float = setting(0.999, "figure")
+    trend_confidence_clear: float = setting(0.9, "figure")
+    # trend: fire on growth of at least +50 % over the window …
+    trend_min_growth: float = setting(0.5, "figure")
+    trend_decel: float = setting(0.4, "figure")  # … that is not levelling off (recent slope / window slope) …
+    # … and reaches the SLO within this long (when there is an SLO)
+    horizon: float = setting(3600.0, "duration")
+    throttle_ratio: float = setting(0.1, "figure")  # cause: throttled in this fraction of CFS periods
+    pressure_ratio: float = setting(0.05, "figure")  # cause: PSI memory `some` stall seconds per second
+    near_limit: float = setting(0.9, "figure")  # cause: RSS over this fraction of the memory limit
+    major_faults_rate: float = setting(50.0, "figure")  # cause: major page faults per second
+    open_after: int = setting(2, "count", ge=1)  # lifecycle: consecutive firing judgements to open a finding
+    resolve_after: int = setting(4, "count", ge=1)  # lifecycle: consecutive clear judgements to resolve it
 
     def __post_init__(self) -> None:
         if not (self.step > 0 and self.stale > 0 and self.peer_window > 0 and self.trend_window > 0):

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from agent.core.types import Severity
 from agent.core.units import format_bytes, format_duration, format_rate
 from agent.detect.context import Context, Projection, leak_layers
-from agent.detect.growth import Fit, at_record, time_to_limit, traffic_explains
+from agent.detect.fit import Fit
+from agent.detect.growth import at_record, time_to_limit, traffic_explains
 from agent.detect.jvm import LAYERS, NATIVE, Layer
 from agent.detect.lifetimes import carried
-from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, PYMALLOC, RSS, Observation, Severity, State
+from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, PYMALLOC, RSS, Observation, State, Verdict
 from agent.detect.oom import past_the_limit, reported_time_to_oom, saturation_ruled_out
 from agent.detect.params import DetectParams
 
@@ -175,6 +177,7 @@ def judge_leak(ctx: Context) -> Observation:
         return ctx.observation("leak", state, summary, evidence={"series": fit.metric})
     fit, _, ttoom, _ = max(risen, key=lambda a: a[0].trend.z)
     evidence = fit.evidence() | {"time_to_oom_seconds": ttoom, "limit_bytes": ctx.limit}
+    verdict: Verdict | None
     if any(a[3] for a in assessed):
         summary = (
             f"{fit.metric} grew but is levelling off (recent slope {fit.trend.decel:.0%} of the window's)"
@@ -230,7 +233,7 @@ def _leak_observation(ctx: Context, fit: Fit, ttoom: float | None, native: bool)
     layer = LAYERS.get(fit.metric)
     layered = layer is not None and projection.layer is not None
     above = not layered and ttoom is not None and ttoom <= 0
-    if layered:
+    if layer is not None and layered:
         summary = f"{ctx.prep.instance} leaks {layer.title}: " + _layer_text(layer, projection, fit, ttoom)
     else:
         where = " outside the Java heap" if native else ""

@@ -201,7 +201,7 @@ def _verdict(finding: Finding, obs: Observation, params: DetectParams) -> Verdic
     return new
 
 
-def _resolve(finding: Finding, tick: float, reason: str, verdict: str | None) -> Transition:
+def _resolve(finding: Finding, tick: float, reason: str, verdict: Verdict | None) -> Transition:
     finding.state = "resolved"
     finding.resolved_at = tick
     finding.last_tick = tick

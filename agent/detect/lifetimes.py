@@ -12,10 +12,12 @@ previous lifetime's end shows.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from agent.core.units import format_duration
 from agent.detect.context import Context
-from agent.detect.growth import Fit, fits, time_to_limit, traffic_explains
+from agent.detect.fit import Fit
+from agent.detect.growth import fits, time_to_limit, traffic_explains
 
 ALIKE = (0.67, 1.5)  # the current growth within these factors of the previous lifetime's
 
@@ -64,7 +66,7 @@ def ended_growing(ctx: Context, metric: str) -> tuple[Fit, float, float] | None:
     return found
 
 
-def carried(ctx: Context, metric: str) -> tuple[Fit, float | None, dict] | None:
+def carried(ctx: Context, metric: str) -> tuple[Fit, float | None, dict[str, Any]] | None:
     """(the fit, its time to OOM, the evidence) when this lifetime, past its warm-up and one
     window, grows steadily at the rate at which the previous lifetime was still growing when it
     ended: a leak cut short by restarts. None otherwise. The previous lifetime is the second fit

@@ -17,9 +17,11 @@ so the time to OOM is unknown (None), never 0 for a process that keeps running.
 
 from __future__ import annotations
 
+from agent.core.types import Severity
 from agent.core.units import format_bytes, format_duration, format_rate
 from agent.detect.context import Context, oom_series
-from agent.detect.growth import Fit, time_to_limit, traffic_explains
+from agent.detect.fit import Fit
+from agent.detect.growth import time_to_limit, traffic_explains
 from agent.detect.jvm import LAYERS
 from agent.detect.model import Observation, State
 from agent.detect.params import DetectParams
@@ -122,7 +124,7 @@ def above_limit(ctx: Context) -> Observation | None:
         "peak_bytes": peak,
         "lifetime_start": ctx.lifetime_start,
     }
-    severity = "critical" if enforced(ctx) else "error"
+    severity: Severity = "critical" if enforced(ctx) else "error"
     return ctx.observation("oom-risk", "firing", summary, severity=severity, evidence=evidence)
 
 
@@ -209,7 +211,7 @@ def judge_oom(ctx: Context) -> Observation:
             f"{ctx.prep.instance} RSS peaks {format_bytes(ctx.peak)} projected to reach the limit "
             f"{format_bytes(ctx.limit)} in {format_duration(ttoom)} (+{format_bytes(slope * 3600)}/h)"
         )
-    severity = (
+    severity: Severity = (
         "critical"
         if ttoom < p.horizon / 4 and (proven or saturation_ruled_out(ctx, fit, oom_peak(ctx, fit)))
         else "error"

@@ -8,8 +8,8 @@ at the same instants.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal, TypeVar
 
 from agent.core.timescale import TimeScale
 
@@ -17,47 +17,80 @@ DAY = 86400.0
 MAX_SPAN = 365 * DAY  # a longer window or horizon is a typo (and overflows the grid arithmetic)
 MAX_COUNT = 10_000
 
+SETTING = "setting"  # the metadata key of a tunable's `Setting`
+Kind = Literal["duration", "span", "count", "number", "figure", "size"]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """How a tunable is written in the `detect:` config section, which `agent.config.detect` builds
+    from these fields, so each key's name, default and bounds are declared once, here. The kind says
+    what a value may be written as: a `duration` (`6h`, at least 0) or a `span` (a duration above 0),
+    a whole `count` (at most the config's `MAX_COUNT` unless `le` says less), a finite `number`, a
+    `figure` (a ratio, rate or score: a number from 0 bounded like a duration) or a `size` (`128Mi`);
+    the bounds narrow it."""
+
+    kind: Kind
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+
+def setting(
+    default: T,
+    kind: Kind,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+) -> T:
+    """A tunable with its default and how the config writes and bounds it (`Setting`)."""
+    return field(default=default, metadata={SETTING: Setting(kind, ge=ge, gt=gt, le=le, lt=lt)})
+
 
 @dataclass(frozen=True, slots=True)
 class DetectParams:
-    window: float = 6 * 3600.0
+    window: float = setting(6 * 3600.0, "span")
     """Span of the main trend fit; the lower envelope is taken in buckets of `window / 24`."""
-    long_window: float = 48 * 3600.0
+    long_window: float = setting(48 * 3600.0, "span")
     """Span of the slow-leak fit, in buckets of `long_window / 24` (a whole number of main buckets)."""
-    horizon: float = 24 * 3600.0
+    horizon: float = setting(24 * 3600.0, "span")
     """`oom-risk` fires when the projected time to the memory limit is shorter than this."""
-    warmup: float = 30 * 60.0
+    warmup: float = setting(30 * 60.0, "duration")
     """Growth in the first `warmup` of each process lifetime is not judged as a leak."""
-    min_buckets: int = 6
+    min_buckets: int = setting(6, "count", ge=4, le=MAX_COUNT)
     """Fewest lower-envelope buckets a fit needs (6 × 15 min = 1.5 h at the defaults)."""
-    confidence: float = 0.999
+    confidence: float = setting(0.999, "number", gt=0.5, lt=1)
     """Trend confidence (one-sided Mann-Kendall) needed to fire."""
-    confidence_clear: float = 0.9
+    confidence_clear: float = setting(0.9, "number", gt=0, lt=1)
     """Below this the trend is clearly gone; between the two, findings hold."""
-    decel_ratio: float = 0.5
+    decel_ratio: float = setting(0.5, "number")
     """Growth whose recent slope is below this fraction of its earlier slope is plateauing."""
-    min_rate: float = 0.02
+    min_rate: float = setting(0.02, "number")
     """Growth slower than this (% of the level per hour) is never a leak."""
-    open_after: int = 2
+    open_after: int = setting(2, "count", ge=1, le=MAX_COUNT)
     """Consecutive firing judgements (one every `step`) before a finding opens."""
-    resolve_after: int = 4
+    resolve_after: int = setting(4, "count", ge=1, le=MAX_COUNT)
     """Consecutive clear judgements before an open finding resolves."""
-    frag_ratio: float = 1.5
+    frag_ratio: float = setting(1.5, "number", gt=1)
     """Resident / live bytes above this is fragmentation (allocator statistics)."""
-    frag_ratio_jvm: float = 3.0
+    frag_ratio_jvm: float = setting(3.0, "number", gt=1)
     """RSS / heap-after-GC above this is a JVM holding heap it does not use."""
-    frag_min_bytes: float = 128 * 2**20
+    frag_min_bytes: float = setting(128 * 2**20, "size")
     """Resident minus live bytes must exceed this for a fragmentation finding."""
-    max_extrapolation: float = 7.0
+    max_extrapolation: float = setting(7.0, "number", ge=1, le=MAX_COUNT)
     """A fit may project at most this many times its own span: a leak needs at least
     `min(window, time_to_oom / max_extrapolation)` of steady growth."""
-    season: float = DAY
+    season: float = setting(DAY, "span")
     """Period of the traffic cycle the profile learns (a day; tests compress it)."""
-    season_days: int = 7
+    season_days: int = setting(7, "count", ge=3, le=MAX_COUNT)
     """Periods of history used to learn the profile (at least 3 are needed)."""
-    gap: float = 30 * 60.0
+    gap: float = setting(30 * 60.0, "span")
     """Offline only: a gap in the samples longer than this starts a new process lifetime."""
-    reset_drop: float = 0.5
+    reset_drop: float = setting(0.5, "number", gt=0, lt=1)
     """Offline only: memory falling below this fraction of its lower envelope is a restart."""
 
     def __post_init__(self) -> None:
@@ -131,7 +164,9 @@ class DetectParams:
         them shrink alike: by less than the scale when a bucket would be shorter than a probe interval."""
         axis = TimeScale.of(scale)
         axis = axis.capped(self.bucket, axis.samples(1))
-        return replace(self, **{name: axis.span(getattr(self, name)) for name in sorted(_DURATIONS)})
+        spans = {name: axis.span(getattr(self, name)) for name in sorted(_DURATIONS)}
+        # every name in _DURATIONS is a float field; mypy matches ** against the int fields too
+        return replace(self, **spans)  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -37,8 +37,9 @@ class Prepared:
         self._base: dict[str, Envelope] = {}
         self._long: dict[str, Envelope] = {}
         self._flat: dict[tuple[str, float], tuple[list[int], list[float]]] = {}
-        self._profiles: dict[tuple[str, float, float], Profile | None] = {}
-        self.cache: dict[tuple, object] = {}  # judgements that only change when a long bucket completes
+        self._profiles: dict[tuple[str, float, float, bool], Profile | None] = {}
+        # judgements that only change when a long bucket completes
+        self.cache: dict[tuple[object, ...], object] = {}
         self._limit = self._limit_points(series)
 
     def first_in_life(self, metric: str, life: int) -> float:

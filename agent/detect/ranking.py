@@ -8,7 +8,6 @@ from __future__ import annotations
 from agent.core.histograms import Snapshot
 from agent.detect.pysuspects import python_order
 from agent.detect.suspects import (
-    MIN_POINTS,
     SUSPECT_KINDS,
     Suspect,
     current_lifetime,
@@ -18,6 +17,7 @@ from agent.detect.suspects import (
     rank,
     with_shares,
 )
+from agent.detect.sustained import MIN_POINTS
 from agent.state.histograms import HistogramStore
 from agent.state.store import Store
 

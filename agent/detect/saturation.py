@@ -180,8 +180,9 @@ def _rss(columns: list[list[float]], ys: list[float]) -> float | None:
     coef = _simple(columns[1], dev) if len(columns) == 2 else least_squares(columns, dev)
     if coef is None:
         return None
-    total = sum(map(mul, dev, dev))
-    return total - sum(c * sum(map(mul, col, dev)) for c, col in zip(coef, columns, strict=True))
+    total: float = sum(map(mul, dev, dev))
+    explained: float = sum(c * sum(map(mul, col, dev)) for c, col in zip(coef, columns, strict=True))
+    return total - explained
 
 
 def _median(values: list[float]) -> float:

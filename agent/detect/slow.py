@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from agent.core.timescale import WINDOW_SAMPLES, TimeScale
+from agent.core.types import Kind, Severity
 from agent.detect.causes import likely_causes
 from agent.detect.latency_rules import (
     CANARY,
@@ -46,7 +47,7 @@ from agent.detect.latency_rules import (
     relative_instants,
     relative_ratios,
 )
-from agent.detect.model import START_TIME, InstanceSeries, Kind, Observation, Severity, State
+from agent.detect.model import START_TIME, InstanceSeries, Observation, State
 
 __all__ = [
     "DEFAULT_SLOW",

@@ -156,7 +156,7 @@ class _FleetReplay:
         self._screen_instants = (self.tick_array.tobytes(), self.judged_array.tobytes())
         self.python_levels: dict[tuple[int, int], Level | None] = {}
         screens = [self._screen(w) if screen else None for w in self.windows]
-        self.levels: list[array | None] = [found[0] if found else None for found in screens]
+        self.levels: list[array[float] | None] = [found[0] if found else None for found in screens]
         self.odd = [found[2] if found else set() for found in screens]
         self.candidates: list[list[int]] = [
             found[1] if found else list(range(len(self.ticks))) for found in screens
@@ -173,7 +173,7 @@ class _FleetReplay:
             for index, extra in self._relative_candidates().items():
                 self.candidates[index] = sorted({*self.candidates[index], *extra})
 
-    def _screen(self, window: _Window) -> tuple[array, list[int], set[int], str, set[int]] | None:
+    def _screen(self, window: _Window) -> tuple[array[float], list[int], set[int], str, set[int]] | None:
         """(level per tick, -inf for none; the ticks where the SLO or trend rule might fire or the
         level needs Python; those of them that need Python; the series judged; the ticks where
         another series may be judged instead) from the C screen, or None when this instance must
@@ -296,8 +296,8 @@ class _FleetReplay:
             at = [
                 index.get(round((when - back * k) / params.step)) for k in range(RELATIVE_POINTS)
             ]  # newest first
-            for i, row in enumerate(ratios):
-                values = [row[k] for k in at if k is not None and not math.isnan(row[k])]
+            for i, of_instance in enumerate(ratios):
+                values = [of_instance[k] for k in at if k is not None and not math.isnan(of_instance[k])]
                 if not values:
                     continue
                 recent = max(values[:5]) if len(values) >= 5 else max(values)
@@ -319,8 +319,8 @@ class _FleetReplay:
         key = (i, t)
         if key not in self.python_levels:
             view = self._view(i, t)
-            value = view.level(self.params.peer_window, self.judged[t], self.params)
-            self.python_levels[key] = None if value is None else Level(value, view.metric)
+            seconds = view.level(self.params.peer_window, self.judged[t], self.params)
+            self.python_levels[key] = None if seconds is None else Level(seconds, view.metric)
         return self.python_levels[key]
 
     def _view(self, i: int, t: int) -> LatencyView:

@@ -4,7 +4,7 @@ Each name's bytes and count across the snapshots of the current process lifetime
 leak detector's robust trend test (`agent.detect.trend`: level shifts removed, Theil-Sen slope,
 Mann-Kendall confidence corrected for autocorrelation). A suspect grows in bytes **and** in count,
 confidently, well clear of its scatter, with a floor that rises block after block, and without
-levelling off (see `Growth.sustained`). Garbage counted by `GC.class_histogram -all` lands anywhere
+levelling off (`agent.detect.sustained`). Garbage counted by `GC.class_histogram -all` lands anywhere
 in its range at each snapshot: a few snapshots of it can fool a trend test, rarely all four checks.
 
 JVM classes are judged on their post-GC floor: the live histogram when there are enough of those,
@@ -30,23 +30,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from itertools import pairwise
 from typing import Any
 
 from agent.core.histograms import Snapshot
 from agent.core.units import format_bytes
 from agent.detect.model import Points
-from agent.detect.trend import mann_kendall, normal_cdf, remove_steps, theil_sen, trend
+from agent.detect.sustained import MIN_CONFIDENCE, MIN_POINTS, growth
+from agent.detect.trend import theil_sen
 from agent.state.store import Store
 
-MIN_POINTS = 4  # the trend test needs at least four snapshots
-MIN_CONFIDENCE = 0.95
-MIN_SIGNAL = 4.0  # garbage that happens to rise over a few snapshots scatters widely around its line
-MIN_ASCENT = 0.8  # ... and its floor does not rise block after block (see `ascent`)
-CLEAR_SIGNAL = 20.0  # a rise this many times the scatter is judged without the autocorrelation discount
-ASCENT_BLOCKS = 8
-DECEL_RATIO = 0.25
-STEP_FLOOR = 0.02  # as the leak detector: a level shift must exceed 2 % of the level to be removed
 REFERENCES = {
     "class": ("jvm_heap_after_gc_bytes", "jvm_heap_used_bytes", "rss_bytes"),
     "type": ("allocator_allocated_bytes", "rss_bytes"),
@@ -115,59 +107,6 @@ class Suspect:
             "held_by": list(self.held_by),
             "added_at": self.added_at,
         }
-
-
-@dataclass(frozen=True, slots=True)
-class Growth:
-    slope: float
-    confidence: float
-    decel: float
-    signal: float = 0.0  # rise over the window divided by the scatter around the fitted line
-    ascent: float = 0.0  # share of rising steps between the minima of (up to 8) consecutive blocks
-
-    @property
-    def sustained(self) -> bool:
-        """Confident, clear of the scatter, rising from block to block, and not levelling off."""
-        return (
-            self.slope > 0
-            and self.confidence >= MIN_CONFIDENCE
-            and self.signal >= MIN_SIGNAL
-            and self.ascent >= MIN_ASCENT
-            and self.decel >= DECEL_RATIO
-        )
-
-
-def ascent(ys: list[float], blocks: int = ASCENT_BLOCKS) -> float:
-    """Share of steps up between the lower envelopes of consecutive blocks of `ys`.
-
-    Garbage counted by `-all` histograms lands anywhere in its range at each snapshot, and a few random
-    snapshots can line up well enough for a trend test; a leak keeps its floor rising block after block.
-    Taking block minima keeps this true for a slow leak under noise over a long window.
-    """
-    n = len(ys)
-    k = min(n, blocks)
-    if k < 2:
-        return 0.0
-    bounds = [round(i * n / k) for i in range(k + 1)]
-    floors = [min(ys[bounds[i] : bounds[i + 1]]) for i in range(k)]
-    return sum(b > a for a, b in pairwise(floors)) / (k - 1)
-
-
-def growth(xs: list[float], ys: list[float]) -> Growth:
-    """Robust slope and one-sided confidence that `ys` grows (0 unless it visibly rose)."""
-    if len(xs) < MIN_POINTS or max(ys) == min(ys):
-        return Growth(0.0, 0.0, 0.0)
-    steps = remove_steps(ys, STEP_FLOOR * abs(ys[-1]))
-    if not steps.risen:
-        return Growth(theil_sen(xs, steps.clean), 0.0, 0.0)
-    z = mann_kendall(steps.clean)[1]
-    fitted = trend(xs, ys, steps, z)
-    rise = fitted.slope * (xs[-1] - xs[0])
-    signal = rise / fitted.noise if fitted.noise > 0 else math.inf
-    # the trend test discounts z for autocorrelated residuals (a drift wandering up for hours); on a
-    # few snapshots of a near-perfect line the residuals are specks whose pattern says nothing
-    confidence = normal_cdf(z) if signal >= CLEAR_SIGNAL else fitted.confidence
-    return Growth(fitted.slope, confidence, fitted.decel, signal, ascent(steps.clean))
 
 
 def current_lifetime(snapshots: list[Snapshot]) -> list[Snapshot]:
@@ -309,7 +248,7 @@ def owns_native(suspect: Suspect) -> bool:
     return suspect.name.startswith(NATIVE_OWNERS)
 
 
-def native_order(suspect: Suspect) -> tuple:
+def native_order(suspect: Suspect) -> tuple[bool, bool, float, float, str]:
     """Classes whose counts follow the native bytes first, JDK owners of native memory first among
     those, then by how closely and how fast they follow."""
     r = suspect.correlation or 0.0

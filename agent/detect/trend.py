@@ -24,9 +24,10 @@ from itertools import repeat
 from operator import add, itemgetter, mul, sub, truediv
 
 try:  # the O(n²) kernels in C, built with the package; the Python twins below are the reference
-    from agent.detect import _kernels
+    from agent.detect import _kernels as _kernels  # exported: agent.series and slow_replay use it too
 except ImportError:  # a source tree that was not built: same results, slower
-    _kernels = None
+    # mypy types the name as the module (its stub); None is the fallback every caller checks first
+    _kernels = None  # type: ignore[assignment]
 
 STEP_SIGMAS = 6.0  # a bucket-to-bucket change this many robust sigmas off the typical one is a step
 MAX_STEPS = 2  # more jumps than this in one window are growth, not reloads
@@ -176,7 +177,7 @@ def might_rise(ys: list[float], floor: float, raw_rise: float) -> bool:
     """
     if raw_rise > 0:
         return True
-    diffs = list(map(sub, ys[1:], ys[:-1]))
+    diffs: list[float] = list(map(sub, ys[1:], ys[:-1]))
     return min(diffs) < _median_sorted(sorted(diffs)) - floor
 
 
@@ -207,7 +208,7 @@ def slope_median(xs: list[float], ys: list[float]) -> float:
 
 
 @lru_cache(maxsize=256)
-def _pair_getters(n: int) -> tuple[itemgetter, itemgetter]:
+def _pair_getters(n: int) -> tuple[itemgetter[tuple[int, ...]], itemgetter[tuple[int, ...]]]:
     first = [i for i in range(n - 1) for _ in range(i + 1, n)]
     second = [j for i in range(n - 1) for j in range(i + 1, n)]
     return itemgetter(*first), itemgetter(*second)

@@ -1,8 +1,9 @@
 """The verdicts of one run, each with its evidence and a confidence.
 
-- `leak`: medic's leak detector (`agent.detect`) on the run's compressed time scale fires on the
-  candidate's live bytes (allocator `allocated` when both builds have the hook, else RSS), and the
-  candidate grows faster than the baseline by `leak_rate`, and by `leak_margin` when both grow.
+- `leak`: medic's leak detector (`agent.detect`) on the run's compressed time scale
+  (`agent.guardrail.growth`) fires on the candidate's live bytes (allocator `allocated` when both
+  builds have the hook, else RSS), and the candidate grows faster than the baseline by `leak_rate`,
+  and by `leak_margin` when both grow.
 - `fragmentation`: the detector fires on the candidate's RSS while its allocated bytes stay flat
   (grow at under a quarter of the RSS rate), by the same margins; needs allocator figures.
 - `slower`: p50 or p99 worse by more than its threshold at the confidence asked: the one-sided
@@ -12,53 +13,33 @@
 - `errors`: error ratio higher by more than `errors`, exact conditional binomial test.
 - `peak-memory`: the candidate's peak RSS above the baseline's by `peak` and `peak_bytes`;
   the confidence is the share of rounds in which that holds.
-
-The compressed scale: the detector is given the measurement as one process lifetime of D seconds
-with its main window D/2, its long window D, a "season" of D/3 (growth must set a record in the
-last third, not only drift), no warm-up (the run's warm-up phase is not in the series), and a
-trend confidence of 0.995. It judges once, at the end, as `medic analyze` would at that tick.
-
-The detector reads each build's samples on the requests' clock: a sample's time is where the
-build's answered requests had reached, the run's D seconds spread evenly over them. A build grows
-with the work it does, so when a busy machine stalls the server, the load or the sampler for a
-few seconds (no request answered), its memory holds flat on the wall clock and those flat
-stretches would read as growth that levels off; on the requests' clock they take no time. The
-rates the verdicts print and compare are still bytes per wall-clock second.
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
 from agent.core.units import format_bytes, format_duration
-from agent.detect.engine import evaluate
-from agent.detect.model import ALLOCATED, RESIDENT, RSS, InstanceSeries, Observation
-from agent.detect.params import DetectParams
+from agent.detect.model import ALLOCATED, RESIDENT, RSS
 from agent.guardrail.driver import Record
+from agent.guardrail.growth import MIN_POINTS, Growth, growth, judge_series, on_requests_clock
 from agent.guardrail.measure import BuildSeries
 from agent.guardrail.options import Thresholds
 from agent.guardrail.stats import (
     Comparison,
     blocks_by_time,
     compare,
-    lower_envelope,
     more_errors_p,
     quantile,
     quantile_of_blocks,
     ratio_of_sums,
-    theil_sen,
     time_edges,
 )
 
-# the trend confidence the detector needs in a run: one lifetime under constant load, with no daily
-# cycle to mistake for growth, and the baseline beside it; its 0.999 is for hours of production data
-DETECTOR_CONFIDENCE = 0.995
 FLAT_SHARE = 0.25  # allocated bytes growing at under this share of the RSS rate count as flat
-MIN_POINTS = 12
 MIN_P99_REQUESTS = 2000  # a p99 that stands on 20 requests of each build
 NAMES = ("leak", "fragmentation", "slower", "cpu", "errors", "peak-memory")
 
@@ -97,98 +78,6 @@ class Measurement:
     builds: tuple[BuildSeries, BuildSeries]
     limit: float
     server_latency: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-def detector_params(duration: float) -> DetectParams:
-    """The leak detector compressed onto a run of `duration` seconds (see the module doc)."""
-    return DetectParams(
-        window=duration / 2,
-        long_window=duration,
-        horizon=duration,
-        warmup=0.0,
-        season=duration / 3,
-        season_days=3,
-        gap=duration,
-        confidence=DETECTOR_CONFIDENCE,
-    )
-
-
-@dataclass(slots=True)
-class Growth:
-    metric: str
-    firing: bool
-    confidence: float
-    slope: float  # bytes a second, Theil-Sen over the lower envelope (24 buckets)
-    detector_slope: float | None
-    summary: str
-    level: float | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "series": self.metric,
-            "detector": "firing" if self.firing else "not firing",
-            "detector_summary": self.summary,
-            "detector_confidence": round(self.confidence, 6),
-            "slope_bytes_per_second": self.slope,
-            "slope_per_minute": format_bytes(self.slope * 60) + "/min",
-            "detector_slope_bytes_per_second": self.detector_slope,
-            "level_bytes": self.level,
-        }
-
-
-def on_requests_clock(
-    build: BuildSeries, points: list[tuple[float, float]], start: float, end: float
-) -> list[tuple[float, float]]:
-    """`points` within [start, end] with their times moved to the build's requests' clock (see the
-    module doc) between its first and last sample, which keep their times; a stall's samples become
-    one point, its lowest. Unchanged when too few requests were answered to make a clock of them."""
-    answered = [(t, n) for t, n in build.answered if start <= t <= end]
-    if len(answered) < MIN_POINTS or answered[-1][1] - answered[0][1] < MIN_POINTS:
-        return [p for p in points if start <= p[0] <= end]
-    times = [t for t, _ in answered]
-    first, total = answered[0][1], answered[-1][1] - answered[0][1]
-    begin, span = times[0], times[-1] - times[0]  # the first and last samples stay where they were
-    moved: dict[float, float] = {}
-    for t, v in points:
-        if not start <= t <= end:
-            continue
-        i = min(bisect_left(times, t), len(times) - 1)
-        at = begin + span * (answered[i][1] - first) / total
-        moved[at] = min(v, moved.get(at, v))
-    return sorted(moved.items())
-
-
-def judge_series(points: dict[str, list[tuple[float, float]]], start: float, end: float) -> list[Observation]:
-    """The detector's observations on `points` (unix ts), rebased onto its grid at the end of the run."""
-    duration = end - start
-    params = detector_params(duration)
-    origin = round(1e6 / params.step) * params.step
-    rebased = {
-        metric: [(origin + (t - start), v) for t, v in pts if start <= t <= end]
-        for metric, pts in points.items()
-    }
-    series = InstanceSeries("candidate", rebased, restarts=[], started_at=origin)
-    return evaluate(series, origin + duration + 1e-6, params)
-
-
-def growth(build: BuildSeries, metric: str, start: float, end: float) -> Growth | None:
-    points = build.points(metric)
-    if len([p for p in points if start <= p[0] <= end]) < MIN_POINTS:
-        return None
-    work = on_requests_clock(build, points, start, end)
-    leak = next(o for o in judge_series({metric: work}, start, end) if o.kind == "leak")
-    envelope = lower_envelope(points, start, end, 24)
-    slope = theil_sen(envelope)
-    confidence = leak.evidence.get("confidence")
-    return Growth(
-        metric,
-        leak.state == "firing",
-        float(confidence) if isinstance(confidence, (int, float)) else 0.0,
-        slope,
-        leak.evidence.get("slope_bytes_per_second"),
-        leak.summary,
-        envelope[-1][1] if envelope else None,
-    )
 
 
 def _grows_more(cand: Growth, base: Growth | None, t: Thresholds) -> tuple[bool, float]:

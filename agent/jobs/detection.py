@@ -173,7 +173,9 @@ class Detection:
                 self._record(change)
         return transitions
 
-    def _workloads(self, states: list, series: list[InstanceSeries]) -> dict[str, list[InstanceSeries]]:
+    def _workloads(
+        self, states: list[tuple[str, dict[str, Any], float | None]], series: list[InstanceSeries]
+    ) -> dict[str, list[InstanceSeries]]:
         """The instances grouped by workload key (their `workload_label` label, else their name)."""
         groups: dict[str, list[InstanceSeries]] = {}
         for (name, settings, _), item in zip(states, series, strict=True):

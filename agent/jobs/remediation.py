@@ -16,8 +16,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
+from agent.config.model import LatencySpec
 from agent.core.errors import ProbeError
 from agent.core.records import ProbeTarget, ProcessIdentity
 from agent.jobs.crashloop import CrashLoops
@@ -202,7 +202,7 @@ class Remediation:
             out.append(
                 RemediationRequest(
                     finding.instance,
-                    finding.kind,  # type: ignore[arg-type]  # REMEDIABLE kinds are request kinds
+                    finding.kind,
                     finding.id,
                     finding.summary,
                     deadline=deadline,
@@ -228,7 +228,7 @@ class Remediation:
     def _warmup_settings(self, name: str) -> WarmupSection | None:
         return (self.config.for_instance(name).verify or self.config.verify).warmup
 
-    def _latency(self, name: str) -> Any:
+    def _latency(self, name: str) -> LatencySpec | None:
         state = self.tracker.get(name)
         return state.spec.latency if state is not None else None
 

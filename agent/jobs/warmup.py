@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
+from agent.config.model import LatencySpec
 from agent.core.errors import ConfigError, ProbeError
+from remediation.config import WarmupSection
 from remediation.model import Decision, InstanceView
 
 if TYPE_CHECKING:
@@ -240,7 +242,7 @@ def _reason(outcome: WarmupOutcome, target: float, consecutive: int, deadline: f
 
 
 # ----------------------------------------------------------------------------- the gate in the loop
-def latency_defaults(latency: Any) -> tuple[str | None, float | None]:
+def latency_defaults(latency: LatencySpec | None) -> tuple[str | None, float | None]:
     """The base URL and the latency target an instance's `latency:` section implies: its canary URL,
     else the origin of its Prometheus URL; the threshold of its SLO."""
     if latency is None:
@@ -256,8 +258,8 @@ def latency_defaults(latency: Any) -> tuple[str | None, float | None]:
 
 
 def warmup_gate(
-    settings_for: Callable[[str], Any],
-    latency_for: Callable[[str], Any],
+    settings_for: Callable[[str], WarmupSection | None],
+    latency_for: Callable[[str], LatencySpec | None],
     clock: Callable[[], float] = time.time,
 ) -> Callable[[InstanceView, float], Decision]:
     """The engine's `warmup_gate(view, deadline)`: replay the instance's `verify.warmup.requests` to the

@@ -79,14 +79,16 @@ class _Secret(Strict):
         return None
 
 
-class _SinkBase(Strict):
+class CommonSinkSpec(Strict):
+    """What every sink's settings have, whatever its target."""
+
     name: str | None = None  # default: the type, with its index when several share it
     min_severity: Severity | None = None  # overrides notify.min_severity for this sink
     kinds: list[str] | None = None  # only these event kinds (see docs/alerts.md); default: all routed kinds
     timeout: Annotated[Duration, within(0.05, 120)] = 5.0
 
     @model_validator(mode="after")
-    def _check_name_and_kinds(self) -> _SinkBase:
+    def _check_name_and_kinds(self) -> CommonSinkSpec:
         if self.name is not None and not _SINK_NAME.match(self.name):
             raise ValueError(f"name: expected letters, digits, '.', '_' or '-', got {self.name!r}")
         if self.kinds is not None:
@@ -98,7 +100,7 @@ class _SinkBase(Strict):
         return self
 
 
-class AlertmanagerSinkSpec(_SinkBase):
+class AlertmanagerSinkSpec(CommonSinkSpec):
     """Posts alerts to `POST /api/v2/alerts`, re-posts them while active, and holds silences.
 
     `urls` lists the replicas of one highly available Alertmanager: every alert goes to each of
@@ -128,7 +130,7 @@ class AlertmanagerSinkSpec(_SinkBase):
         return list(self.urls) if self.urls is not None else [self.url or ""]
 
 
-class WebhookSinkSpec(_SinkBase, _Secret):
+class WebhookSinkSpec(CommonSinkSpec, _Secret):
     """Generic JSON (schema version 1), signed with HMAC-SHA256 over `timestamp.body`."""
 
     type: Literal["webhook"]
@@ -142,7 +144,7 @@ class WebhookSinkSpec(_SinkBase, _Secret):
         return self
 
 
-class SlackSinkSpec(_SinkBase):
+class SlackSinkSpec(CommonSinkSpec):
     """A Slack-compatible incoming webhook (also Mattermost, Rocket.Chat)."""
 
     type: Literal["slack"]

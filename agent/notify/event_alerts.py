@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from agent.core.records import Event
 
@@ -121,10 +121,21 @@ class Route:
         return self.alertname(event) if callable(self.alertname) else self.alertname
 
 
-_FINDING = {"alertname": _finding_alertname, "key": _finding_key, "gated": True}
-_DOWN = {"alertname": "MedicInstanceDown", "key": _per_instance("instance_down")}
-_ESCALATED = {"alertname": "MedicEscalated", "key": _per_instance("escalated")}
-_COORDINATOR = {"alertname": "MedicCoordinatorUnreachable", "key": lambda e: "coordinator_unreachable"}
+class _AlertOf(TypedDict, total=False):
+    """The alert several kinds of `ROUTES` fire and resolve alike."""
+
+    alertname: str | Callable[[Event], str]
+    key: Callable[[Event], str]
+    gated: bool
+
+
+_FINDING: _AlertOf = {"alertname": _finding_alertname, "key": _finding_key, "gated": True}
+_DOWN: _AlertOf = {"alertname": "MedicInstanceDown", "key": _per_instance("instance_down")}
+_ESCALATED: _AlertOf = {"alertname": "MedicEscalated", "key": _per_instance("escalated")}
+_COORDINATOR: _AlertOf = {
+    "alertname": "MedicCoordinatorUnreachable",
+    "key": lambda e: "coordinator_unreachable",
+}
 
 ROUTES: dict[str, Route] = {
     "finding_opened": Route("fire", **_FINDING),

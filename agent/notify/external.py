@@ -51,7 +51,7 @@ def ensure_external_schema(store: Store) -> None:
     store.ensure_schema(_SCHEMA)
 
 
-def finding_dict(row: tuple) -> dict[str, Any]:
+def finding_dict(row: tuple[Any, ...]) -> dict[str, Any]:
     (fid, instance, fingerprint, alertname, severity, state, summary, evidence, first_seen, opened_at, updated_at,
      last_seen, resolved_at, _reason) = row  # fmt: skip
     return {

@@ -155,7 +155,8 @@ class Outbox:
                     "UPDATE notify_outbox SET payload=?, kind=?, revision=revision+1 WHERE id=?",
                     (text, kind, row[0]),
                 )
-                return row[0]
+                item_id: int = row[0]
+                return item_id
         elif db.execute(
             "SELECT 1 FROM notify_outbox WHERE sink=? AND dedup_key=? LIMIT 1", (sink, dedup_key)
         ).fetchone():
@@ -267,7 +268,8 @@ class Outbox:
         limit: int = 100,
     ) -> list[OutboxItem]:
         """Newest first."""
-        where, args = [], []
+        where: list[str] = []
+        args: list[object] = []
         for column, value in (("state", state), ("sink", sink), ("instance", instance)):
             if value is not None:
                 where.append(f"{column}=?")
@@ -301,7 +303,7 @@ class Outbox:
         return out
 
 
-def _item(row: tuple) -> OutboxItem:
+def _item(row: tuple[Any, ...]) -> OutboxItem:
     values = list(row)
     values[5] = json.loads(values[5])
     return OutboxItem(*values)

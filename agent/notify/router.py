@@ -22,7 +22,7 @@ import json
 import logging
 import math
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -65,8 +65,11 @@ def ensure_router_schema(store: Store) -> None:
 class SinkView(Protocol):
     """What the router needs to know of a sink (`sinks.base.HttpSink` is one)."""
 
-    name: str
-    takes: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def takes(self) -> str: ...
 
     @property
     def min_severity(self) -> str | None: ...
@@ -100,7 +103,7 @@ class Router:
         config: NotifySection,
         store: Store,
         outbox: Outbox,
-        sinks: list[SinkView],
+        sinks: Sequence[SinkView],
         *,
         labels_for: Callable[[str], Mapping[str, str]] = lambda name: {},
         agent: str | None = None,
@@ -131,7 +134,8 @@ class Router:
                 db.execute("INSERT INTO notify_cursor VALUES ('events', ?)", (last,))
 
     def cursor(self) -> int:
-        return self.store.query("SELECT event_id FROM notify_cursor WHERE name='events'")[0][0]
+        event_id: int = self.store.query("SELECT event_id FROM notify_cursor WHERE name='events'")[0][0]
+        return event_id
 
     def pump(self, now: float) -> int:
         """Route every event stored since the cursor; returns the number of outbox items queued."""
@@ -195,7 +199,8 @@ class Router:
         severity = given if isinstance(given, str) and given in SEVERITY_RANK else event.severity
         if finding:
             summary = str(finding.get("summary") or event.message)
-            evidence = finding.get("evidence") if isinstance(finding.get("evidence"), dict) else {}
+            given_evidence = finding.get("evidence")
+            evidence = given_evidence if isinstance(given_evidence, dict) else {}
         else:
             summary = f"{instance}: {event.message}" if instance else event.message
             evidence = {k: v for k, v in event.data.items() if k != "finding"}

@@ -22,6 +22,7 @@ Public API for the rest of medic:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -33,7 +34,7 @@ from agent.notify.config import NotifySection
 from agent.notify.external import ensure_external_schema, expire_external_findings
 from agent.notify.metrics import NotifyCollector, NotifySnapshot
 from agent.notify.model import Notification
-from agent.notify.outbox import Outbox
+from agent.notify.outbox import Outbox, OutboxItem
 from agent.notify.router import Router
 from agent.notify.silences import Silencer, SilenceTarget
 from agent.notify.sinks import AlertmanagerSink, DeliveryError, HttpSink, create_sinks
@@ -100,7 +101,7 @@ class Notifier:
         self.collector = NotifyCollector()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeups: dict[str, asyncio.Event] = {}
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._housekept = 0.0
         self._hold: dict[str, float] = {}  # sink -> no request before this time (its Retry-After)
@@ -172,7 +173,7 @@ class Notifier:
         finally:
             self.snapshot(self.clock())
 
-    def _dead_letter(self, sink: HttpSink, item: Any, error: str) -> None:
+    def _dead_letter(self, sink: HttpSink, item: OutboxItem, error: str) -> None:
         """Say in the event log (and `medic events`) that a notification was given up on."""
         what = item.payload.get("alertname") or item.kind
         self.events.emit(
@@ -211,7 +212,7 @@ class Notifier:
         self._loop = asyncio.get_running_loop()
         workers: dict[str, Callable[[], float | None]] = {"router": self.route_once}
         for sink in self.sinks:
-            workers[sink.name] = lambda sink=sink: self.deliver_once(sink)
+            workers[sink.name] = functools.partial(self.deliver_once, sink)
         if self.silencer is not None:
             workers["silences"] = self.silence_once
         for name, step in workers.items():

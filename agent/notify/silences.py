@@ -86,7 +86,7 @@ def belongs(
 
 def silence_body(
     labels: dict[str, str], fingerprint: str, instance: str, action_id: str, now: float, until: float
-) -> dict:
+) -> dict[str, Any]:
     return {
         "matchers": [
             {"name": name, "value": value, "isRegex": False, "isEqual": True}
@@ -179,7 +179,7 @@ class Silencer:
         )[0][0]
         return self.refresh if active or pending else None
 
-    def _cover(self, target: SilenceTarget, active: list[tuple], now: float) -> None:
+    def _cover(self, target: SilenceTarget, active: list[tuple[Any, ...]], now: float) -> None:
         alerts = _get(target, "/api/v2/alerts", {"active": "true", "silenced": "true", "inhibited": "true"})
         known = {
             (fp, action): sid

@@ -113,7 +113,7 @@ def quantiles_from_buckets(
     return sorted(used)
 
 
-Columns = dict[str, tuple[array, array]]
+Columns = dict[str, tuple["array[float]", "array[float]"]]  # quoted: array is generic only to mypy on 3.10
 
 
 def _column_families(metrics: Columns) -> dict[str, dict[float, str]]:
@@ -123,7 +123,7 @@ def _column_families(metrics: Columns) -> dict[str, dict[float, str]]:
 
 def _aligned_quantiles(
     bounds: dict[float, str], metrics: Columns, wanted: Collection[str] | None
-) -> dict[str, tuple[array, array]] | None:
+) -> Columns | None:
     """`interval_quantiles` from the count arrays in one kernel call per quantile, or None when
     the kernel is not built or the bounds were not all scraped at the same increasing times."""
     if _kernels is None or not hasattr(_kernels, "bucket_quantiles"):
@@ -158,7 +158,7 @@ def _aligned_quantiles(
     return out
 
 
-def _ends(times: array, values: array) -> tuple[array, array]:
+def _ends(times: array[float], values: array[float]) -> tuple[array[float], array[float]]:
     """The first and the last scrape of a bucket column, in time order: what is kept of it once
     its quantile is made, so the span of the data (where a process lifetime begins when nothing
     else says) stays what it was."""

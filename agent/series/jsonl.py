@@ -107,8 +107,9 @@ def _add_line(line: str, lineno: int, source: str, result: ImportResult, strict:
         return
     ts, ts_problem = parse_number(record["ts"], "ts")
     value, value_problem = parse_number(record["value"], "value")
-    if ts_problem or value_problem:
-        result.add_problem(Problem(source, lineno, ts_problem or value_problem), strict)
+    problem = ts_problem or value_problem
+    if problem:
+        result.add_problem(Problem(source, lineno, problem), strict)
         return
     times, values = result.column(instance, metric)
     times.append(ts)

@@ -110,7 +110,7 @@ def _read_entry(
 
 
 def _series_key(
-    number: int, labels: dict, source: str, result: ImportResult, strict: bool, label: str | None
+    number: int, labels: dict[str, Any], source: str, result: ImportResult, strict: bool, label: str | None
 ) -> tuple[str, str] | None:
     """(instance, metric) of a series from its labels (which are remembered), or None with the
     problem reported."""
@@ -146,7 +146,9 @@ _ENTRY_CLOSE = re.compile(r"[ \t\n\r]*\}")
 _VALUES_CLOSE = re.compile(r"\][ \t\n\r]*\]")
 
 
-def _scanned_entry(text: str, position: int, ascii_text: bool) -> tuple[dict, bytes, bytes, int] | None:
+def _scanned_entry(
+    text: str, position: int, ascii_text: bool
+) -> tuple[dict[str, Any], bytes, bytes, int] | None:
     """(labels, times, values, the index after it) of the series at `position` when it has the
     layout Prometheus writes: the labels decoded by json, the values scanned by the C kernel
     `matrix_values` into bytes of doubles (the finite points, as `_values_fast` keeps them: a
@@ -271,7 +273,7 @@ def _extend(result: ImportResult, instance: str, metric: str, points: list[tuple
         result.points += len(points)
 
 
-def _values_fast(values: list) -> tuple[list[float], list[float]] | None:
+def _values_fast(values: list[Any]) -> tuple[list[float], list[float]] | None:
     """(times, values) of the finite points of a well-formed `values` list, in bulk (NaN and
     ±Inf are gaps), or None when any pair is irregular (then each pair is checked and reported
     on its own)."""
@@ -303,7 +305,7 @@ def _is_nan_or_inf(raw: Any) -> bool:
     return isinstance(raw, str) and raw.strip().lower().lstrip("+-") in ("nan", "inf")
 
 
-def _instance_of(labels: dict, label: str | None) -> str | None:
+def _instance_of(labels: dict[str, Any], label: str | None) -> str | None:
     names = (label,) if label else LABEL_FALLBACKS
     for name in names:
         value = labels.get(name)
@@ -312,7 +314,7 @@ def _instance_of(labels: dict, label: str | None) -> str | None:
     return None
 
 
-def _metric_of(labels: dict) -> str | None:
+def _metric_of(labels: dict[str, Any]) -> str | None:
     name = labels.get("__name__")
     if not isinstance(name, str) or not name:
         return None
@@ -326,6 +328,6 @@ def _metric_of(labels: dict) -> str | None:
     return name
 
 
-def _short(labels: dict) -> str:
+def _short(labels: dict[str, Any]) -> str:
     text = ",".join(f"{k}={v}" for k, v in list(labels.items())[:4])
     return text[:80]

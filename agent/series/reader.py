@@ -49,9 +49,9 @@ def read_files(
     progress: Callable[[int, int], None] | None = None,
 ) -> ImportResult:
     """Read every file into one result; `progress(bytes_done, bytes_total)` as it goes."""
-    paths = [Path(p) for p in paths]
+    files = [Path(p) for p in paths]
     sizes = []
-    for path in paths:
+    for path in files:
         try:
             sizes.append(path.stat().st_size)
         except OSError as exc:
@@ -62,7 +62,7 @@ def read_files(
     result = ImportResult()
     done = 0
     with collector_paused():
-        for path, size in zip(paths, sizes, strict=True):
+        for path, size in zip(files, sizes, strict=True):
             text = _read_text(path)
             read_text(text, str(path), result, strict=strict, label=label)
             del text  # before the next file is read

@@ -36,7 +36,7 @@ class ImportResult:
     (the detectors read them many times over, and run a quarter faster than on numbers
     scattered among the decoded records)."""
 
-    columns: dict[str, dict[str, tuple[array, array]]] = field(default_factory=dict)
+    columns: dict[str, dict[str, tuple[array[float], array[float]]]] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     problem_count: int = 0
     points: int = 0
@@ -60,7 +60,7 @@ class ImportResult:
         if len(self.problems) < MAX_KEPT_PROBLEMS:
             self.problems.append(problem)
 
-    def column(self, instance: str, metric: str) -> tuple[array, array]:
+    def column(self, instance: str, metric: str) -> tuple[array[float], array[float]]:
         """The (times, values) arrays of one series, created empty on first use."""
         metrics = self.columns.setdefault(instance, {})
         found = metrics.get(metric)
@@ -134,7 +134,7 @@ def parse_number(raw: Any, name: str) -> tuple[float, str | None]:
     return value, None
 
 
-def sorted_points(times: array, values: array) -> Points:
+def sorted_points(times: array[float], values: array[float]) -> Points:
     """The points of one series in time order (a stable sort keeps equal times as read)."""
     points = list(zip(times, values))
     if all(map(le, times[:-1], times[1:])):

@@ -23,12 +23,13 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from agent.core.errors import StoreError
 from agent.core.records import Event, Sample
 from agent.core.sql import where_clause
 from agent.state.corrupt import corrupt_advice, is_corrupt
+from agent.state.series import ROLLUP_SECONDS, Aggregate, SeriesResult, read_series
 from probes.linux.fstrust import ensure_private_dir, ensure_private_file
 
 log = logging.getLogger("medic.store")
@@ -39,7 +40,6 @@ SCHEMA_VERSION = 1
 # what a detection pass reads again is the recent rows of the instances it judges, and the OS page
 # cache holds the rest of the file
 READER_CACHE_KIB = 512
-ROLLUP_SECONDS = 60
 # samples kept in memory while the database cannot be written (disk full): the oldest go beyond this
 MAX_BUFFERED = 200_000
 _SCHEMA = """
@@ -62,28 +62,6 @@ CREATE TABLE IF NOT EXISTS instances (
     name TEXT PRIMARY KEY, pid INTEGER, start_time REAL, first_seen REAL NOT NULL,
     last_seen REAL NOT NULL, restarts INTEGER NOT NULL DEFAULT 0, data TEXT NOT NULL DEFAULT '{}');
 """
-
-Aggregate = Literal["mean", "min", "max"]
-
-
-@dataclass(frozen=True, slots=True)
-class SeriesResult:
-    """Points `(ts, value)` of one series, the bucket width used and where they came from."""
-
-    instance: str
-    metric: str
-    step: float
-    source: Literal["raw", "rollup"]
-    points: list[tuple[float, float]]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "instance": self.instance,
-            "metric": self.metric,
-            "step": self.step,
-            "source": self.source,
-            "points": [[ts, value] for ts, value in self.points],
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +190,7 @@ class Store:
                 raise
             self._db.execute("COMMIT")
 
-    def query(self, sql: str, args: tuple | list = ()) -> list[tuple]:
+    def query(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[tuple[Any, ...]]:
         """Read-only rows, through a reader connection."""
         with self._reader() as db:
             return db.execute(sql, args).fetchall()
@@ -340,45 +318,7 @@ class Store:
         step = max(step or 0.0, span / max_points if max_points else 0.0)
         use_raw = since >= now - self.raw_retention and step < ROLLUP_SECONDS
         with self._reader() as db:
-            return self._series(db, instance, metric, since, until, step, agg, use_raw)
-
-    def _series(
-        self,
-        db: sqlite3.Connection,
-        instance: str,
-        metric: str,
-        since: float,
-        until: float,
-        step: float,
-        agg: Aggregate,
-        use_raw: bool,
-    ) -> SeriesResult:
-        row = db.execute("SELECT id FROM series WHERE instance=? AND metric=?", (instance, metric)).fetchone()
-        if row is None:
-            return SeriesResult(instance, metric, step, "raw" if use_raw else "rollup", [])
-        sid = row[0]
-        if use_raw:
-            if step <= 0:
-                cur = db.execute(
-                    "SELECT ts, value FROM samples WHERE series_id=? AND ts BETWEEN ? AND ? ORDER BY ts",
-                    (sid, since, until),
-                )
-            else:
-                fn = {"mean": "avg(value)", "min": "min(value)", "max": "max(value)"}[agg]
-                cur = db.execute(
-                    f"""SELECT min(ts), {fn} FROM samples WHERE series_id=? AND ts BETWEEN ? AND ?
-                        GROUP BY CAST((ts - ?) / ? AS INTEGER) ORDER BY 1""",
-                    (sid, since, until, since, step),
-                )
-            return SeriesResult(instance, metric, step, "raw", [(ts, v) for ts, v in cur])
-        step = max(step, float(ROLLUP_SECONDS))
-        fn = {"mean": "sum(sum) / sum(count)", "min": "min(min)", "max": "max(max)"}[agg]
-        cur = db.execute(
-            f"""SELECT min(ts), {fn} FROM rollups WHERE series_id=? AND ts BETWEEN ? AND ?
-                GROUP BY CAST((ts - ?) / ? AS INTEGER) ORDER BY 1""",
-            (sid, since - ROLLUP_SECONDS, until, since, step),
-        )
-        return SeriesResult(instance, metric, step, "rollup", [(float(ts), v) for ts, v in cur])
+            return read_series(db, instance, metric, since, until, step, agg, use_raw)
 
     def latest(self, instance: str, metric: str) -> tuple[float, float] | None:
         with self._reader() as db:

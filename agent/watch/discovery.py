@@ -13,7 +13,8 @@ from agent.core.errors import ProbeError, UnsafePath
 from agent.core.patterns import compile_pattern
 from agent.core.records import ProcessIdentity
 from probes.linux.fstrust import check_trusted_path, open_regular_file, trusted_uids
-from probes.linux.procfs import read_stat, read_status, start_time
+from probes.linux.procfs import read_stat, start_time
+from probes.linux.procstatus import read_status
 
 MAX_PIDFILE_BYTES = 4096  # a pid and a newline; a pidfile this long is something else
 
@@ -98,7 +99,9 @@ def _untrusted_pidfile(path: Path, info: os.stat_result) -> str | None:
 
 def by_cmdline(pattern: str) -> list[ProcessIdentity]:
     """Every process whose command line matches `pattern`, oldest first; medic and its ancestors excluded."""
-    import psutil  # loaded by the first `match.cmdline` only: 1.3 MiB of objects a pid or pidfile never needs
+    # loaded by the first `match.cmdline` only: 1.3 MiB of objects a pid or pidfile never needs; psutil
+    # ships no types, and its stubs (types-psutil) are not in the lint extra
+    import psutil  # type: ignore[import-untyped]
 
     regex = compile_pattern(pattern)  # linear in the text: any user can write a 700 KB command line
     excluded = _self_and_ancestors()

@@ -68,7 +68,7 @@ class ManagedProcess:
     env: dict[str, str] = field(default_factory=dict)
     restart_on_exit: bool = True
     stop_timeout: float = 5.0
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     started_at: float | None = None
     exit_code: int | None = None
     launches: int = 0
@@ -112,8 +112,8 @@ class ManagedProcess:
             self.pinned = pin(Expected(self.proc.pid, process_identity(self.proc.pid).start_time))
         except ProbeError:
             self.pinned = None  # it already exited; poll_exit reports it
-        output = f" (output: {self.log_path})" if self.log_path is not None else ""
-        log.info("launched %s: pid %d%s: %s", self.name, self.proc.pid, output, " ".join(self.argv))
+        logged = f" (output: {self.log_path})" if self.log_path is not None else ""
+        log.info("launched %s: pid %d%s: %s", self.name, self.proc.pid, logged, " ".join(self.argv))
         return self.proc.pid
 
     def adopt(self, expected: Expected) -> Verdict:

@@ -4,7 +4,8 @@ Each reconcile compares what discovery finds with what the instance followed bef
 records what changed as events: discovered, restarted (a new pid or start time behind the
 same instance), down (the process vanished), exited (a managed command ended). A restart
 is an event of the same instance, never a new instance. Managed commands are launched and,
-when they end, relaunched here.
+when they end, relaunched here (what a launch, an exit or a hold does to the instance is in
+agent/watch/launches.py).
 
 A process is the instance only while its identity holds: pid and start time. Whether a new process
 behind a `pid` or `pidfile` instance is its restart, or an unrelated process that got a reused pid
@@ -24,8 +25,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import Any
 
 from agent.config.model import InstanceSpec
 from agent.core.errors import ProbeError
@@ -33,12 +35,12 @@ from agent.core.records import ProbeTarget, ProcessIdentity
 from agent.state.eventlog import EventLog
 from agent.state.identities import AdoptedProcess, IdentityLedger, PidfileStamp, pidfile_stamp
 from agent.state.store import InstanceRecord, Store
-from agent.watch import discovery
+from agent.watch import discovery, launches
 from agent.watch.adoption import Adoption, is_process
 from agent.watch.claims import Claims
 from agent.watch.instances import InstanceState
 from agent.watch.runs import ProcessRuns
-from agent.watch.supervisor import ManagedProcess, Run, exit_status
+from agent.watch.supervisor import ManagedProcess, Run
 from probes.linux.cgroupfiles import cgroup_memory_limit
 from probes.linux.procfs import host_memory_total, same_process
 from probes.linux.proctree import describe
@@ -65,7 +67,7 @@ class Tracker:
         self.managed: dict[str, ManagedProcess] = {}
         self.known: dict[str, InstanceRecord] = store.known_instances()
         self._last_errors: dict[str, str] = {}
-        self.forget_hooks: list = []  # callables(ProbeTarget) run when a process is left behind
+        self.forget_hooks: list[Callable[[ProbeTarget], None]] = []  # run when a process is left behind
         self.ledger = IdentityLedger(store.dir)
         self.adoption = Adoption(self.ledger, events)
         self._children_checked = False
@@ -95,7 +97,7 @@ class Tracker:
                 if s.status == "up" and s.pid is not None and s.start_time is not None
             ]
 
-    def snapshot(self, now: float | None = None) -> list[dict]:
+    def snapshot(self, now: float | None = None) -> list[dict[str, Any]]:
         with self.lock:
             return [s.to_dict(now) for s in sorted(self.states.values(), key=lambda s: s.name)]
 
@@ -116,33 +118,15 @@ class Tracker:
         """Stop relaunching a managed instance (its running process is left alone); True when newly held."""
         with self.lock:
             managed = self.managed.get(name)
-            if managed is None or managed.held == reason:
+            if managed is None:
                 return False
-            newly = managed.held is None
-            managed.held = reason
-            state = self.states.get(name)
-            if newly and state is not None and state.status == "exited":
-                state.status_reason = f"exited; not relaunched: {reason}"
-            if newly:
-                self.events.emit(
-                    "instance_relaunch_held",
-                    f"no automatic relaunch: {reason}",
-                    instance=name,
-                    severity="warning",
-                )
-            return newly
+            return launches.hold_relaunch(name, managed, self.states.get(name), reason, self.events)
 
     def release_relaunch(self, name: str, why: str) -> bool:
         """Relaunch a held managed instance again as configured; True when it was held."""
         with self.lock:
             managed = self.managed.get(name)
-            if managed is None or managed.held is None:
-                return False
-            managed.held = None
-            managed.next_launch_at = 0.0
-            managed.backoff = 1.0
-            self.events.emit("instance_relaunch_released", f"relaunches resume: {why}", instance=name)
-            return True
+            return managed is not None and launches.release_relaunch(name, managed, why, self.events)
 
     def held(self) -> dict[str, str]:
         with self.lock:
@@ -160,7 +144,7 @@ class Tracker:
             for name, managed in self.managed.items():
                 never_started = managed.proc is None and not managed.adopted and not managed.ended
                 if (never_started and managed.held is None) or managed.due_for_relaunch(now):
-                    self._launch(self.states[name], managed, now)
+                    launches.launch(self.states[name], managed, self.events, now)
                 self.process_runs.record(name, managed.take_runs(), managed=True)
 
     def _adopted(self, state: InstanceState, record: AdoptedProcess, now: float) -> None:
@@ -178,26 +162,6 @@ class Tracker:
         state.adopted = record
         self._attach(state, ProcessIdentity(record.pid, record.start_time), now)
 
-    def _launch(self, state: InstanceState, managed: ManagedProcess, now: float) -> None:
-        try:
-            managed.launch()
-        except OSError as exc:
-            if managed.log_path is not None and exc.filename == str(managed.log_path):
-                why = f"cannot open its log {managed.log_path}: {exc.strerror}"
-            else:
-                why = f"cannot start {managed.argv[0]!r}: {exc.strerror}"
-            managed.exit_code, managed.ended = 127, True
-            managed.next_launch_at = now + managed.backoff
-            managed.backoff = min(managed.backoff * 2, 300.0)
-            state.status, state.status_reason, state.exit_code = "exited", why, 127  # as a shell says it
-            self.events.emit(
-                "instance_launch_failed",
-                f"{why}; check the command and its path",
-                instance=state.name,
-                severity="error",
-                argv=managed.argv,
-            )
-
     def restart_managed(self, name: str, timeout: float, reason: str = "restarted by medic") -> int:
         """Restart a managed instance's command; the next reconcile records the new pid as a restart."""
         managed = self.managed.get(name)
@@ -209,19 +173,7 @@ class Tracker:
 
     def stop_managed(self) -> dict[str, int | None]:
         """Stop every managed child in parallel (TERM, then KILL after its stop_timeout)."""
-        results: dict[str, int | None] = {}
-        threads = []
-        for name, managed in self.managed.items():
-            managed.stopping = True
-
-            def stop(name: str = name, managed: ManagedProcess = managed) -> None:
-                results[name] = managed.stop()
-
-            thread = threading.Thread(target=stop, name=f"stop-{name}")
-            thread.start()
-            threads.append(thread)
-        for thread in threads:
-            thread.join()
+        results = launches.stop_all(self.managed)
         with self.lock:
             self.ledger.drop(*self.managed)
             for name, managed in self.managed.items():
@@ -270,28 +222,9 @@ class Tracker:
         if end is not None:
             self._leave(state)
             self.ledger.drop(state.name)
-            status = None if end.code is None else exit_status(end.code)
-            state.status, state.exit_code = "exited", status
-            if status is None:  # adopted: not our child, so only its end is seen
-                state.status_reason = "exited (exit status unknown: it was launched by an earlier medic)"
-                message = f"pid {state.pid} exited; launched by an earlier medic, its exit status is unknown"
-            else:
-                state.status_reason = f"exited with status {status}"
-                message = f"pid {state.pid} exited with status {status}"
-            if managed.held is not None:
-                state.status_reason += f"; not relaunched: {managed.held}"
-            elif managed.restart_on_exit and not managed.stopping:
-                state.status_reason += f"; relaunch in {managed.backoff:.0f}s"
-            self.events.emit(
-                "instance_exited",
-                message,
-                instance=state.name,
-                severity="info" if status == 0 else "warning",
-                pid=state.pid,
-                exit_status=status,
-            )
+            launches.record_exit(state, managed, end, self.events)
         if managed.due_for_relaunch(now):
-            self._launch(state, managed, now)
+            launches.launch(state, managed, self.events, now)
         self.process_runs.record(state.name, managed.take_runs(), managed=True)
         pid = managed.pid
         if pid is not None and pid != state.pid:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from agent.core.errors import ProbeAccessDenied, ProbeError, TargetGone
-from probes.linux.procfs import HOST_ROOT, read_status
+from probes.linux.procfs import HOST_ROOT
+from probes.linux.procstatus import read_status
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +41,15 @@ def process_ids(pid: int, root: Path = HOST_ROOT) -> ProcessIds:
     return ProcessIds(status.effective_uid, status.effective_gid)
 
 
-def run_as(ids: ProcessIds | None, euid: int) -> dict[str, Any]:
+class RunAs(TypedDict, total=False):
+    """`subprocess` keyword arguments that run a helper as another user (none: as medic)."""
+
+    user: int
+    group: int
+    extra_groups: list[int]
+
+
+def run_as(ids: ProcessIds | None, euid: int) -> RunAs:
     """`subprocess` keyword arguments that run a helper as `ids` when medic (`euid`) is root and the
     target is not; empty otherwise (a non-root medic cannot change user, and needs not)."""
     if ids is None or euid != 0 or ids.uid == 0:

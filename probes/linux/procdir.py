@@ -26,15 +26,14 @@ from probes.linux.procfs import (
     HOST_ROOT,
     ProcStat,
     ProcStatm,
-    ProcStatus,
     check_live,
     parse_stat,
     parse_statm,
-    parse_status,
     proc_path,
     read_piece,
     translate_os_error,
 )
+from probes.linux.procstatus import ProcStatus, parse_status
 
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 MAX_HELD = 1 << 16

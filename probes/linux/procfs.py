@@ -1,4 +1,5 @@
-"""All /proc parsing of medic, in one place: pure `parse_*` functions beside thin `read_*` readers.
+"""The /proc parsing of medic: pure `parse_*` functions beside thin `read_*` readers, and the one
+reading edge they share with `procstatus.py` (`/proc/PID/status`) and `nettcp.py` (`/proc/net/tcp`).
 
 The parsers take the raw bytes of one file and return a record, or raise `ProbeError` saying what
 was wrong; they never raise anything else. The readers take a pid and an injectable `root` (tests
@@ -14,10 +15,8 @@ cheapest call: `statm` costs about 10 µs, `status` about 20 µs) and translate 
 from __future__ import annotations
 
 import errno
-import ipaddress
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -128,7 +127,7 @@ def translate_os_error(exc: OSError, path: str, pid: int | None) -> ProbeError:
     return ProbeError(f"cannot read {path}{who}: {exc.strerror or exc}")
 
 
-def _malformed(what: str, detail: str, data: bytes) -> ProbeError:
+def malformed(what: str, detail: str, data: bytes) -> ProbeError:
     preview = data[:80].decode("utf-8", "backslashreplace")
     return ProbeError(f"malformed {what}: {detail} (starting {preview!r}); is the probe root a real /proc?")
 
@@ -137,7 +136,7 @@ def _int(value: bytes, what: str, data: bytes) -> int:
     try:
         return int(value)
     except ValueError:
-        raise _malformed(what, f"{value[:40]!r} is not an integer", data) from None
+        raise malformed(what, f"{value[:40]!r} is not an integer", data) from None
 
 
 # --------------------------------------------------------------------------- /proc/PID/stat
@@ -171,14 +170,14 @@ def parse_stat(data: bytes, clock_ticks: int = CLOCK_TICKS) -> ProcStat:
     open_paren = data.find(b"(")
     close_paren = data.rfind(b")")
     if open_paren < 1 or close_paren < open_paren:
-        raise _malformed(what, "no '(comm)' field", data)
+        raise malformed(what, "no '(comm)' field", data)
     fields = data[close_paren + 2 :].split()
     if len(fields) < 20:
-        raise _malformed(what, f"{len(fields) + 2} fields, expected at least 22", data)
+        raise malformed(what, f"{len(fields) + 2} fields, expected at least 22", data)
     try:
         state = fields[0].decode("ascii")
     except UnicodeDecodeError:
-        raise _malformed(what, "the state field is not a letter", data) from None
+        raise malformed(what, "the state field is not a letter", data) from None
     try:  # one handler for every number: this runs for every process on every tick
         return ProcStat(
             pid=int(data[:open_paren]),
@@ -196,7 +195,7 @@ def parse_stat(data: bytes, clock_ticks: int = CLOCK_TICKS) -> ProcStat:
     except ValueError:
         for value in (data[:open_paren], *(fields[i] for i in (1, 3, 7, 9, 11, 12, 17, 19))):
             _int(value, what, data)  # says which one
-        raise _malformed(what, "a field is not an integer", data) from None
+        raise malformed(what, "a field is not an integer", data) from None
 
 
 def read_stat(pid: int, root: Path = HOST_ROOT) -> ProcStat:
@@ -213,7 +212,7 @@ def parse_boot_time(data: bytes) -> int:
     """Unix boot time (`btime`) from `/proc/stat`."""
     match = _BTIME_LINE.search(data)
     if not match:
-        raise _malformed("/proc/stat", "no 'btime' line", data)
+        raise malformed("/proc/stat", "no 'btime' line", data)
     return _int(match.group(1), "/proc/stat", data)
 
 
@@ -288,7 +287,7 @@ def parse_statm(data: bytes, page_size: int = PAGE_SIZE) -> ProcStatm:
     """Parse `/proc/PID/statm` (pages) into bytes."""
     fields = data.split()
     if len(fields) < 3:
-        raise _malformed("/proc/PID/statm", f"{len(fields)} fields, expected 7", data)
+        raise malformed("/proc/PID/statm", f"{len(fields)} fields, expected 7", data)
     what = "/proc/PID/statm"
     return ProcStatm(
         vms_bytes=_int(fields[0], what, data) * page_size,
@@ -299,93 +298,6 @@ def parse_statm(data: bytes, page_size: int = PAGE_SIZE) -> ProcStatm:
 
 def read_statm(pid: int, root: Path = HOST_ROOT) -> ProcStatm:
     return parse_statm(read_process_file(pid, "statm", root))
-
-
-# --------------------------------------------------------------------------- /proc/PID/status
-
-
-class ProcStatus(NamedTuple):
-    """Figures of `/proc/PID/status`; None where the line is absent (kernel threads, old kernels)."""
-
-    real_uid: int | None = None
-    effective_uid: int | None = None
-    effective_gid: int | None = None
-    uids: tuple[int, ...] = ()  # real, effective, saved, filesystem: who may own the target's files
-    ns_pids: tuple[int, ...] = ()  # NSpid: the pid in each pid namespace, outermost first
-    rss_bytes: int | None = None
-    rss_anon_bytes: int | None = None
-    rss_file_bytes: int | None = None
-    rss_shmem_bytes: int | None = None
-    rss_peak_bytes: int | None = None
-    swap_bytes: int | None = None
-    voluntary_ctx_switches: int | None = None
-    involuntary_ctx_switches: int | None = None
-    vms_bytes: int | None = None  # VmSize: what `statm` calls size, in bytes
-
-
-_STATUS_KB_FIELDS = {
-    b"VmRSS": "rss_bytes",
-    b"RssAnon": "rss_anon_bytes",
-    b"RssFile": "rss_file_bytes",
-    b"RssShmem": "rss_shmem_bytes",
-    b"VmHWM": "rss_peak_bytes",
-    b"VmSwap": "swap_bytes",
-    b"VmSize": "vms_bytes",
-}
-_STATUS_COUNT_FIELDS = {
-    b"voluntary_ctxt_switches": "voluntary_ctx_switches",
-    b"nonvoluntary_ctxt_switches": "involuntary_ctx_switches",
-}
-# Anchored on the newline rather than `^` with MULTILINE: three times faster, and `Name:` comes first.
-_FIGURE_KEYS = (
-    rb"VmSize|VmHWM|VmRSS|RssAnon|RssFile|RssShmem|VmSwap|voluntary_ctxt_switches|nonvoluntary_ctxt_switches"
-)
-_STATUS_LINE = re.compile(rb"\n(Uid|Gid|NSpid|" + _FIGURE_KEYS + rb"):[ \t]*([^\n]*)")
-_STATUS_FIGURE_LINE = re.compile(rb"\n(" + _FIGURE_KEYS + rb"):[ \t]*([^\n]*)")
-
-
-def parse_status(data: bytes, ids: bool = True) -> ProcStatus:
-    """Parse the lines of `/proc/PID/status` medic uses (sizes are `N kB`, converted to bytes); with
-    `ids` false, only the figures (memory, context switches): who the process is is left out."""
-    what = "/proc/PID/status"
-    if not data.startswith(b"Name:"):
-        raise _malformed(what, "it does not start with 'Name:'", data)
-    values: dict[str, int] = {}
-    uids: tuple[int, ...] = ()
-    ns_pids: tuple[int, ...] = ()
-    key = rest = b""
-    try:  # one handler for every number: this runs for every process on every tick
-        for key, rest in (_STATUS_LINE if ids else _STATUS_FIGURE_LINE).findall(data):
-            if key in _STATUS_KB_FIELDS:
-                if not rest.endswith(b" kB"):
-                    raise _malformed(what, f"{key.decode()} is not in kB", data)
-                values[_STATUS_KB_FIELDS[key]] = int(rest[:-3]) * 1024
-            elif key in _STATUS_COUNT_FIELDS:
-                values[_STATUS_COUNT_FIELDS[key]] = int(rest)
-            elif key == b"Uid":
-                uids = tuple(map(int, rest.split()))
-                if len(uids) < 2:
-                    raise _malformed(what, "the Uid line has fewer than 2 ids", data)
-                values["real_uid"], values["effective_uid"] = uids[0], uids[1]
-            elif key == b"Gid":
-                gids = rest.split()
-                if len(gids) < 2:
-                    raise _malformed(what, "the Gid line has fewer than 2 ids", data)
-                values["effective_gid"] = int(gids[1])
-            else:
-                ns_pids = tuple(map(int, rest.split()))
-    except ValueError:
-        raise _malformed(what, f"{key.decode()}: {rest[:40]!r} is not an integer", data) from None
-    return ProcStatus(uids=uids, ns_pids=ns_pids, **values)
-
-
-def read_status(pid: int, root: Path = HOST_ROOT) -> ProcStatus:
-    return parse_status(read_process_file(pid, "status", root))
-
-
-def read_nspid(pid: int, root: Path = HOST_ROOT) -> tuple[int, ...]:
-    """The pids of `pid` from `root`'s pid namespace down to its innermost one (`(pid,)` before Linux 4.1)."""
-    return read_status(pid, root).ns_pids or (pid,)
 
 
 # --------------------------------------------------------------------------- /proc/PID/smaps_rollup
@@ -419,11 +331,11 @@ def parse_smaps_rollup(data: bytes) -> SmapsRollup:
     """Parse `/proc/PID/smaps_rollup` (one header line, then `Key: N kB` lines)."""
     what = "/proc/PID/smaps_rollup"
     if not data.strip():
-        raise _malformed(what, "it is empty (a zombie or a kernel thread has no memory map)", data)
+        raise malformed(what, "it is empty (a zombie or a kernel thread has no memory map)", data)
     table = parse_kb_table(data, what)
     missing = [key for key in ("Rss", "Pss", "Private_Clean", "Private_Dirty") if key not in table]
     if missing:
-        raise _malformed(what, f"missing {', '.join(missing)}", data)
+        raise malformed(what, f"missing {', '.join(missing)}", data)
     return SmapsRollup(
         rss_bytes=table["Rss"],
         pss_bytes=table["Pss"],
@@ -445,7 +357,7 @@ def parse_meminfo(data: bytes) -> dict[str, int]:
     """`/proc/meminfo` as {field: bytes} (unit-less fields such as HugePages_Total keep their count)."""
     table = parse_kb_table(data, "/proc/meminfo")
     if "MemTotal" not in table:
-        raise _malformed("/proc/meminfo", "no MemTotal line", data)
+        raise malformed("/proc/meminfo", "no MemTotal line", data)
     return table
 
 
@@ -514,63 +426,3 @@ def count_fds(pid: int, root: Path = HOST_ROOT) -> int:
         return len(os.listdir(path))
     except OSError as exc:
         raise translate_os_error(exc, path, pid) from None
-
-
-# --------------------------------------------------------------------------- /proc/net/tcp, tcp6
-
-TCP_LISTEN = 0x0A  # the `st` column of a listening socket
-MAX_NET_TCP_BYTES = 64 * 2**20  # about 400 000 sockets: a host with more is not read whole
-
-
-@dataclass(frozen=True, slots=True)
-class TcpListener:
-    """One listening TCP socket: where it is bound and the uid that created it."""
-
-    address: ipaddress.IPv4Address | ipaddress.IPv6Address
-    port: int
-    uid: int
-
-
-def _net_address(hex_address: bytes) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    """An address as /proc/net/tcp{,6} prints it: 32-bit words in the host's byte order."""
-    raw = bytes.fromhex(hex_address.decode("ascii"))
-    if len(raw) not in (4, 16):
-        raise ValueError("neither 4 nor 16 bytes")
-    if sys.byteorder == "little":
-        raw = b"".join(raw[index : index + 4][::-1] for index in range(0, len(raw), 4))
-    return ipaddress.ip_address(raw)
-
-
-def parse_tcp_listeners(data: bytes) -> list[TcpListener]:
-    """The LISTEN sockets of one `/proc/net/tcp` or `/proc/net/tcp6` (header line first)."""
-    listeners = []
-    for number, line in enumerate(data.splitlines()[1:], start=2):
-        fields = line.split()
-        if len(fields) < 8:
-            raise _malformed("/proc/net/tcp", f"line {number} has {len(fields)} fields, not 8 or more", data)
-        try:
-            if int(fields[3], 16) != TCP_LISTEN:
-                continue
-            host, _, port = fields[1].partition(b":")
-            listeners.append(TcpListener(_net_address(host), int(port, 16), int(fields[7])))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise _malformed("/proc/net/tcp", f"line {number}: {exc}", data) from None
-    return listeners
-
-
-def read_tcp_listeners(root: Path = HOST_ROOT) -> list[TcpListener]:
-    """Every LISTEN TCP socket of medic's network namespace, IPv4 and IPv6; a missing tcp6 (IPv6
-    disabled) is none. OSError on tcp passes through: the caller decides what unknown means."""
-    listeners = []
-    for name in ("tcp", "tcp6"):
-        path = proc_path(root, "net", name)
-        try:
-            data = read_raw(path)
-        except FileNotFoundError:
-            if name == "tcp6":
-                continue
-            raise
-        if len(data) > MAX_NET_TCP_BYTES:
-            raise ProbeError(f"{path} is over {MAX_NET_TCP_BYTES // 2**20} MiB: not read")
-        listeners.extend(parse_tcp_listeners(data))
-    return listeners

@@ -60,17 +60,17 @@ def create_actuator(spec: ActuatorSection | None, view: InstanceView, hooks: Act
     if kind == "signal":
         if hooks.locate is None:
             raise ActuatorError(f"{view.name}: the signal actuator needs a process locator from the agent")
-        if spec is None:
-            return SignalActuator(hooks.locate)
-        return SignalActuator(
-            hooks.locate,
-            sig=getattr(signal, f"SIG{spec.signal}"),
-            grace=spec.grace,
-            kill=spec.kill,
-            start_timeout=spec.start_timeout,
-        )
-    if kind == "exec":
-        return CommandActuator(spec.command, timeout=spec.timeout, env=spec.env)  # type: ignore[union-attr]
-    if kind == "http":
-        return HttpActuator(spec.url, method=spec.method, headers=spec.headers, timeout=spec.timeout)  # type: ignore[union-attr]
+        if spec is not None and spec.type == "signal":
+            return SignalActuator(
+                hooks.locate,
+                sig=getattr(signal, f"SIG{spec.signal}"),
+                grace=spec.grace,
+                kill=spec.kill,
+                start_timeout=spec.start_timeout,
+            )
+        return SignalActuator(hooks.locate)
+    if spec is not None and spec.type == "exec":
+        return CommandActuator(spec.command, timeout=spec.timeout, env=spec.env)
+    if spec is not None and spec.type == "http":
+        return HttpActuator(spec.url, method=spec.method, headers=spec.headers, timeout=spec.timeout)
     raise ActuatorError(f"{view.name}: unknown actuator type {kind!r}; known: signal, exec, managed, http")

@@ -13,7 +13,7 @@ import string
 import subprocess
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import IO, Protocol
 
 from agent.core.bounded import bounded_request
 from agent.core.records import ProcessIdentity
@@ -93,7 +93,7 @@ def run_command(
     return Decision.allow(stage, f"{argv[0]} succeeded", output=output, exit_status=0)
 
 
-def _tail(out) -> str:
+def _tail(out: IO[bytes]) -> str:
     out.seek(0, os.SEEK_END)
     size = out.tell()
     out.seek(max(0, size - OUTPUT_LIMIT))

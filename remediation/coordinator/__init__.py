@@ -46,7 +46,7 @@ def create_coordinator(
             f"unknown coordinator backend {section.backend!r}; known: {', '.join(sorted(BACKENDS))}"
         )
     module_name, _, class_name = BACKENDS[section.backend].partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
+    cls: Callable[..., Coordinator] = getattr(importlib.import_module(module_name), class_name)
     extra = {"clock": clock} if clock is not None else {}
     if section.backend == "local":
         path = section.local.path or Path(state_dir) / "coordinator.db"

@@ -261,7 +261,7 @@ class EtcdGateway:
             raise CoordinatorError(f"etcd sent a key-value that is not etcd's ({exc})") from None
 
     @staticmethod
-    def put_op(key: str, value: str, lease: int | None = None, ignore_lease: bool = False) -> dict:
+    def put_op(key: str, value: str, lease: int | None = None, ignore_lease: bool = False) -> dict[str, Any]:
         request: dict[str, Any] = {"key": b64(key), "value": b64(value)}
         if lease:
             request["lease"] = str(lease)
@@ -270,15 +270,15 @@ class EtcdGateway:
         return {"request_put": request}
 
     @staticmethod
-    def delete_op(key: str) -> dict:
+    def delete_op(key: str) -> dict[str, Any]:
         return {"request_delete_range": {"key": b64(key)}}
 
     @staticmethod
-    def absent(key: str) -> dict:
+    def absent(key: str) -> dict[str, Any]:
         return {"target": "CREATE", "key": b64(key), "result": "EQUAL", "create_revision": "0"}
 
     @staticmethod
-    def unchanged(key: str, mod_revision: int) -> dict:
+    def unchanged(key: str, mod_revision: int) -> dict[str, Any]:
         return {"target": "MOD", "key": b64(key), "result": "EQUAL", "mod_revision": str(mod_revision)}
 
     # ----------------------------------------------------------------------------- leases

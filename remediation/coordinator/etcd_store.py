@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from remediation.coordinator.etcd_gateway import EtcdGateway, answer_revision, b64, prefix_end
 from remediation.coordinator.etcd_security import EtcdSecurity
@@ -25,12 +25,15 @@ from remediation.coordinator.store import ABSENT, Change, Item, Snapshot
 from remediation.errors import CoordinatorError
 
 MAX_TXN_OPS = 100  # etcd refuses more than --max-txn-ops (default 128) operations in one txn
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def _shape_checked(method: F) -> F:
+def _shape_checked(
+    method: Callable[Concatenate[EtcdStore, P], R],
+) -> Callable[Concatenate[EtcdStore, P], R]:
     @functools.wraps(method)
-    def checked(self: EtcdStore, *args: Any, **kwargs: Any) -> Any:
+    def checked(self: EtcdStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return method(self, *args, **kwargs)
         except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
@@ -39,7 +42,7 @@ def _shape_checked(method: F) -> F:
                 f"{str(exc)[:200]}); is {self.describe()} an etcd 3.4+ client URL? No restart until it is"
             ) from None
 
-    return checked  # type: ignore[return-value]
+    return checked
 
 
 class EtcdStore:

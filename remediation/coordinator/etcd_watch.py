@@ -201,11 +201,11 @@ class KeyWatch:
             events.append((kv.pop("key"), None if event.get("type") == "DELETE" else kv, kv["mod_revision"]))
         header = answer_revision(result)
         with self._lock:
-            for key, kv, revision in events:
-                if kv is None:
+            for key, record, revision in events:
+                if record is None:
                     self._kvs.pop(key, None)
                 else:
-                    self._kvs[key] = kv
+                    self._kvs[key] = record
                 self.revision = max(self.revision, revision)
             if not events and not result.get("created") and header:
                 # a progress notification: nothing before `header` is missing

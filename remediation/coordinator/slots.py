@@ -80,8 +80,10 @@ def expired(snapshot: Snapshot, now: float, retention: float) -> list[str]:
     old = []
     for key, value in _raw(snapshot):
         finished, started = value.get("finished_at"), value.get("started_at")
-        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (finished, started))
-        if numbers and finished < cutoff and started < cutoff:
+        if all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v < cutoff
+            for v in (finished, started)
+        ):
             old.append(key)
     return old
 

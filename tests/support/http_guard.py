@@ -9,7 +9,8 @@ from typing import Any
 
 import httpx
 
-from agent.api.app import ApiContext, create_app
+from agent.api.app import create_app
+from agent.api.context import ApiContext
 from agent.api.metrics import Telemetry
 from agent.config.loader import validate_config
 from agent.jobs.detection import Detection

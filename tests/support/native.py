@@ -1,18 +1,18 @@
 """Native targets for the tests: the sample programs built once per module, and started with their
-stdin/stdout piped so that a test drives them line by line (native_hooks.workloads.TargetIO)."""
+stdin/stdout piped so that a test drives them line by line (support.workloads.TargetIO)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 
-from native_hooks.workloads import (
+from support.procs import SpawnFn
+from support.workloads import (
     TargetIO,
     build_c_target,
     build_library_needing_jemalloc,
     build_static_jemalloc,
 )
-from support.procs import SpawnFn
 
 
 def build_native_bins(out: str | os.PathLike[str]) -> dict[str, str]:

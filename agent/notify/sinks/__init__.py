@@ -7,6 +7,8 @@ without sending again to the ones that accepted.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from agent.notify.config import (
     AlertmanagerSinkSpec,
     NotifySection,
@@ -20,6 +22,9 @@ from agent.notify.sinks.base import DeliveryError, HttpSink
 from agent.notify.sinks.slack import SlackSink
 from agent.notify.sinks.webhook import WebhookSink
 
+if TYPE_CHECKING:
+    import httpx
+
 __all__ = [
     "AlertmanagerSink",
     "DeliveryError",
@@ -31,16 +36,16 @@ __all__ = [
 ]
 
 
-def create_sinks(config: NotifySection, **http_options) -> list[HttpSink]:
+def create_sinks(config: NotifySection, *, transport: httpx.BaseTransport | None = None) -> list[HttpSink]:
     """The configured sinks with their secrets resolved; `ConfigError` names the sink when one is missing."""
     sinks: list[HttpSink] = []
     for index, (spec, name) in enumerate(zip(config.sinks, sink_names(config.sinks))):
         where = f"notify.sinks[{index}]"
         if isinstance(spec, AlertmanagerSinkSpec):
             for url, replica in zip(spec.replicas, replica_names(name, spec), strict=True):
-                sinks.append(AlertmanagerSink(replica, spec, where, url=url, group=name, **http_options))
+                sinks.append(AlertmanagerSink(replica, spec, where, url=url, group=name, transport=transport))
         elif isinstance(spec, WebhookSinkSpec):
-            sinks.append(WebhookSink(name, spec, where, **http_options))
+            sinks.append(WebhookSink(name, spec, where, transport=transport))
         elif isinstance(spec, SlackSinkSpec):
-            sinks.append(SlackSink(name, spec, where, **http_options))
+            sinks.append(SlackSink(name, spec, where, transport=transport))
     return sinks

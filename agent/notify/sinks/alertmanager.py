@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from agent.notify.config import MIN_SECRET_CHARS
+from agent.notify.config import MIN_SECRET_CHARS, AlertmanagerSinkSpec
 from agent.notify.model import Notification, rfc3339
 from agent.notify.sinks.base import HttpSink, Request
 from probes.linux.secrets import read_token
+
+if TYPE_CHECKING:
+    import httpx
 
 _LABEL_INVALID = re.compile(r"[^A-Za-z0-9_]")
 RESERVED = ("alertname", "name", "agent", "instance", "fleet", "severity", "kind", "source")
@@ -85,18 +88,19 @@ def postable_alert(note: Notification, now: float, repost_interval: float) -> di
 class AlertmanagerSink(HttpSink):
     type: ClassVar[str] = "alertmanager"
     takes = "alerts"
+    spec: AlertmanagerSinkSpec
 
     def __init__(
         self,
         name: str,
-        spec: Any,
+        spec: AlertmanagerSinkSpec,
         where: str,
         *,
         url: str | None = None,
         group: str | None = None,
-        **http_options: Any,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
-        super().__init__(name, spec, **http_options)
+        super().__init__(name, spec, transport=transport)
         self.url = url or spec.replicas[0]
         self.group = group or name  # the configured sink; its replicas share it (and its silences)
         if spec.bearer_token_file is not None:

@@ -14,10 +14,11 @@ import time
 from dataclasses import dataclass
 from datetime import timezone
 from email.utils import parsedate_to_datetime
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from agent import __version__
 from agent.core.bounded import bounded_request
+from agent.notify.config import CommonSinkSpec
 from agent.notify.event_alerts import canonical
 from agent.notify.model import Notification
 
@@ -60,7 +61,9 @@ class HttpSink:
     type: ClassVar[str] = ""
     takes: ClassVar[Takes] = "messages"  # alerts: fire/resolve/once effects; messages: one per event
 
-    def __init__(self, name: str, spec: Any, *, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self, name: str, spec: CommonSinkSpec, *, transport: httpx.BaseTransport | None = None
+    ) -> None:
         import httpx  # loaded with the first sink: an agent without one does not carry it
 
         self.name = name
@@ -96,7 +99,7 @@ class HttpSink:
 
         headers = {"Content-Type": "application/json", **request.headers}
         try:  # the answer within a bound and a total deadline: a dripping receiver would hold the outbox
-            response = bounded_request(
+            response: httpx.Response = bounded_request(
                 self.client,
                 "POST",
                 request.url,

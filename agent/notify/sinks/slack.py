@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from agent.notify.config import SlackSinkSpec
 from agent.notify.model import Notification
 from agent.notify.sinks.base import HttpSink, Request
+
+if TYPE_CHECKING:
+    import httpx
 
 _ICONS = {"firing": ":rotating_light:", "resolved": ":white_check_mark:", "info": ":information_source:"}
 MAX_TEXT = 2900  # Slack truncates section text at 3000 characters
@@ -48,8 +52,12 @@ def slack_message(note: Notification) -> dict[str, Any]:
 class SlackSink(HttpSink):
     type: ClassVar[str] = "slack"
 
-    def __init__(self, name: str, spec: Any, where: str, **http_options: Any) -> None:
-        super().__init__(name, spec, **http_options)
+    spec: SlackSinkSpec
+
+    def __init__(
+        self, name: str, spec: SlackSinkSpec, where: str, *, transport: httpx.BaseTransport | None = None
+    ) -> None:
+        super().__init__(name, spec, transport=transport)
         self.url = spec.resolved_url(where)
 
     def render(self, note: Notification, delivery_id: int, now: float) -> Request:

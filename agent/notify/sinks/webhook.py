@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import json
 import socket
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from agent import __version__
+from agent.core.errors import ConfigError
+from agent.notify.config import WebhookSinkSpec
 from agent.notify.model import Notification, rfc3339
 from agent.notify.signing import signature_headers
 from agent.notify.sinks.base import HttpSink, Request
+
+if TYPE_CHECKING:
+    import httpx
 
 SCHEMA_VERSION = "1"
 
@@ -58,9 +63,16 @@ def webhook_document(note: Notification, delivery_id: int, now: float) -> dict[s
 class WebhookSink(HttpSink):
     type: ClassVar[str] = "webhook"
 
-    def __init__(self, name: str, spec: Any, where: str, **http_options: Any) -> None:
-        super().__init__(name, spec, **http_options)
-        self.secret = spec.secret(where)
+    spec: WebhookSinkSpec
+
+    def __init__(
+        self, name: str, spec: WebhookSinkSpec, where: str, *, transport: httpx.BaseTransport | None = None
+    ) -> None:
+        super().__init__(name, spec, transport=transport)
+        secret = spec.secret(where)
+        if secret is None:  # WebhookSinkSpec asks for exactly one of secret_env, secret_file
+            raise ConfigError(f"{where}: give secret_env or secret_file: webhooks are always signed")
+        self.secret = secret
         self.client.headers.update(spec.headers)
 
     def render(self, note: Notification, delivery_id: int, now: float) -> Request:

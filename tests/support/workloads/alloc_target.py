@@ -29,7 +29,8 @@ def buffer(size: int) -> bytearray:
 
 
 def churn(deadline: float, slot: int) -> None:
-    rng, ring, ops = random.Random(slot), [b""] * 1024, 0
+    rng, ops = random.Random(slot), 0
+    ring: list[bytes | bytearray] = [b""] * 1024
     while time.monotonic() < deadline:
         for _ in range(256):
             ring[rng.randrange(1024)] = buffer(rng.randrange(16, 4097))

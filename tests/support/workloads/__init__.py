@@ -1,4 +1,4 @@
-"""Allocation workloads for tests, the overhead benchmark and demos: a C program and a Python script
+"""Allocation workloads for the tests and the hook overhead benchmark: a C program and a Python script
 driven by the same stdin commands (see alloc_target.c), plus helpers to build and start them under a
 chosen allocator with the hook switched on.
 """
@@ -18,7 +18,7 @@ from native_hooks.shim import shim_path
 HERE = Path(__file__).resolve().parent
 C_SOURCE = HERE / "alloc_target.c"
 PY_SCRIPT = HERE / "alloc_target.py"
-REPO = HERE.parent.parent
+REPO = HERE.parents[2]
 
 
 def build_c_target(out_dir: str | os.PathLike[str]) -> str:
@@ -77,7 +77,7 @@ def build_library_needing_jemalloc(out_dir: str | os.PathLike[str]) -> str:
 def ensure_shim() -> str:
     """The shim's path, compiling it in place first when running from a checkout without a build
     (or with a build older than shim.c)."""
-    source = HERE.parent / "shim.c"
+    source = REPO / "native_hooks" / "shim.c"
     try:
         path = shim_path()
         if os.path.getmtime(path) >= os.path.getmtime(source):
@@ -135,7 +135,7 @@ def python_argv() -> list[str]:
 class TargetIO:
     """Line commands to a started target (stdin/stdout pipes in text mode)."""
 
-    def __init__(self, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    def __init__(self, proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
         self.proc = proc
         self.timeout = timeout
         ready = self._line()

@@ -1,0 +1,16 @@
+"""Types of the C kernels (`_kernels.c`): each returns None for input it does not model, and its
+Python twin (`agent.detect.trend`, `agent.detect.slow_replay`, `agent.series`) then decides."""
+
+def slope_median(xs: list[float], ys: list[float], /) -> float | None: ...
+def mk_score(ys: list[float], /) -> int | None: ...
+def slow_screen(
+    ticks: bytes,
+    judged: bytes,
+    points: list[tuple[float, float]],
+    starts: list[tuple[float, float]],
+    restarts: bytes,
+    numbers: tuple[float, ...],
+    /,
+) -> tuple[bytes, bytes] | None: ...
+def bucket_quantiles(bounds: bytes, counts: bytes, q: float, /) -> bytes: ...
+def matrix_values(text: str, start: int, /) -> tuple[bytes, bytes, int] | None: ...
