@@ -9,7 +9,7 @@ import random
 import pytest
 
 from agent.detect import DetectParams, InstanceSeries, analyze_instance
-from agent.detect.saturation import levelling
+from agent.detect.saturation import levelling, reach_bar, reach_margin
 from support.native import start_target
 from support.workloads import build_c_target, target_env
 
@@ -37,6 +37,19 @@ def test_a_steady_leak_is_no_levelling_curve(seed):
     xs, ys = _points(lambda x: 1e9 + 50 * x, 24, 2e6, seed)
     curve = levelling(xs, ys)
     assert curve is None or not curve.possible
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_reach_test_rejects_the_curves_below_the_limit_for_a_leak_and_not_for_a_cache_still_filling(seed):
+    """Both project the limit within a quarter of the horizon along a line. A steady leak 3 h from it
+    rejects every curve that stays below it for 6 h; a cache 2.5 h into filling with a time
+    constant of 4 h, 600 MB short of the limit, does not (its own curve rises 416 MB in 6 h)."""
+    bar, within = reach_bar(0.999), 6 * 3600.0
+    xs, leak = _points(lambda x: 1e9 + 5e4 * x, 24, 5e6, seed)
+    assert reach_margin(xs, leak, 5e4 * 3 * 3600, within) >= bar
+    xs, cache = _points(lambda x: 1e9 * (1 - math.exp(-x / 14400)), 11, 1e7, seed)
+    assert (6e8 / ((cache[-1] - cache[0]) / xs[-1])) < within  # the line projects the limit within 6 h
+    assert reach_margin(xs, cache, 6e8, within) < bar
 
 
 def test_one_burst_at_the_end_does_not_hide_the_bend():

@@ -6,12 +6,13 @@ is worked out from it only when a judgement asks (the rise, the trend, the curve
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from agent.detect.params import DetectParams
-from agent.detect.saturation import MIN_POINTS, Levelling, levelling
+from agent.detect.saturation import MIN_POINTS, Levelling, levelling, reach_margin
 from agent.detect.trend import (
     Steps,
     Trend,
@@ -86,6 +87,16 @@ class Fit:
         if self.basis is not None and self.floors is not None:
             curves.append(levelling(self.xs, self.floors))
         return not any(c is not None and c.possible for c in curves)
+
+    def reach(self, room: float, within: float) -> float:
+        """`reach_margin` of the step-free floor (on the cycle scale, with the daily sine fitted
+        beside each curve): how firmly every curve that rises less than `room` over `within` is
+        rejected. The daily scale's differences have no curve: they always reach."""
+        if self.scale == "daily":
+            return math.inf
+        if self.basis is not None and self.floors is not None:
+            return reach_margin(self.xs, self.floors, room, within, self.basis)
+        return reach_margin(self.xs, self.steps.clean, room, within)
 
     @property
     def rising(self) -> bool:

@@ -170,7 +170,6 @@ def _bound_together(observations: list[Observation], params: DetectParams) -> li
         ):
             out.append(obs)
             continue
-        ttoom = obs.evidence["time_to_oom_seconds"]
         fleet = {
             "pattern": "fleet-wide",
             "growing": sorted(o.instance for o in bound)[:50],
@@ -181,7 +180,7 @@ def _bound_together(observations: list[Observation], params: DetectParams) -> li
             replace(
                 obs,
                 state="firing",
-                severity="critical" if ttoom < params.horizon / 4 else "error",
+                severity="error",  # critical needs its own fit to rule saturation out (`oom.saturation_ruled_out`)
                 summary=f"{obs.summary}; {why}",
                 evidence=obs.evidence | {"fleet": fleet},
             )
@@ -237,7 +236,7 @@ def _promoted(
         obs,
         state="firing",
         verdict="leak",
-        severity=severity_for(ttoom, params.horizon),
+        severity=severity_for(ttoom, params.horizon, ruled_out=False),  # peers do not rule saturation out
         summary=f"{obs.summary}; a leak: {why}",
         evidence=evidence,
     )

@@ -21,7 +21,7 @@ from agent.detect.growth import at_record, time_to_limit, traffic_explains
 from agent.detect.jvm import LAYERS, NATIVE, Layer
 from agent.detect.lifetimes import carried
 from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, PYMALLOC, RSS, Observation, State, Verdict
-from agent.detect.oom import past_the_limit, reported_time_to_oom
+from agent.detect.oom import past_the_limit, reported_time_to_oom, saturation_ruled_out
 from agent.detect.params import DetectParams
 
 CLEAR_DECEL = 0.5  # clear only when the recent slope is below half of `decel_ratio` of the window's
@@ -126,7 +126,7 @@ def _corroborated(
     return out
 
 
-def severity_for(ttoom: float | None, horizon: float, ruled_out: bool = True) -> Severity:
+def severity_for(ttoom: float | None, horizon: float, ruled_out: bool) -> Severity:
     """`critical` (remediation acts on it) only when the fit rules saturation out (`ruled_out`)."""
     if ttoom is not None and ttoom < horizon / 4 and ruled_out:
         return "critical"
@@ -243,6 +243,7 @@ def _leak_observation(ctx: Context, fit: Fit, ttoom: float | None, native: bool)
         elif ttoom is not None:
             summary += f"; projected OOM in {format_duration(ttoom)} against {projection.against}"
     summary += f"; confidence {t.confidence:.3f}"
+    soon = ttoom is not None and ttoom < ctx.params.horizon / 4  # the reach test only where it can matter
     evidence = fit.evidence() | {
         "time_to_oom_seconds": ttoom if layered else reported_time_to_oom(ctx, ttoom),
         "above_limit": above,
@@ -259,7 +260,9 @@ def _leak_observation(ctx: Context, fit: Fit, ttoom: float | None, native: bool)
         "leak",
         "firing",
         summary,
-        severity=severity_for(ttoom, ctx.params.horizon, fit.saturation_ruled_out),
+        severity=severity_for(
+            ttoom, ctx.params.horizon, soon and saturation_ruled_out(ctx, fit, projection.start)
+        ),
         verdict="leak",
         evidence=evidence,
     )

@@ -25,7 +25,7 @@ from agent.detect.growth import time_to_limit, traffic_explains
 from agent.detect.jvm import LAYERS
 from agent.detect.model import Observation, State
 from agent.detect.params import DetectParams
-from agent.detect.saturation import Levelling
+from agent.detect.saturation import Levelling, reach_bar
 
 CLEAR_MARGIN = 1.5  # resolve only once the projection is beyond 1.5 × horizon
 STEADY = 0.9  # with no daily profile, a fit's first and last thirds grow at this fraction of its slope
@@ -46,6 +46,21 @@ def fit_holds(fit: Fit, ttoom: float, p: DetectParams) -> bool:
     if fit.coverage < ttoom - 1e-6:
         return False
     return ttoom < p.horizon / 4 or (t.early_slope >= STEADY * t.slope and t.decel >= STEADY)
+
+
+def saturation_ruled_out(ctx: Context, fit: Fit, start: float | None) -> bool:
+    """What a critical severity (one remediation acts on) needs: no levelling curve fits better
+    than the line, and every curve that rises from `start` less than the room to the limit within
+    a quarter of the horizon is rejected at the detector's confidence (`reach_bar` noise variances
+    worse than the best free fit: a margin that scales with the noise, so a working set still
+    filling in harsh noise stays an error)."""
+    if not fit.saturation_ruled_out:
+        return False
+    limit = ctx.projection(fit.metric).limit
+    if limit is None or start is None:
+        return False
+    p = ctx.params
+    return start >= limit or fit.reach(limit - start, p.horizon / 4) >= reach_bar(p.confidence)
 
 
 def oom_peak(ctx: Context, fit: Fit) -> float | None:
@@ -130,6 +145,7 @@ def judge_oom(ctx: Context) -> Observation:
             "oom-risk", "unknown", "not enough data in this process lifetime to project RSS"
         )
     best = None
+    proven = False
     state: State = "clear"
     for fit in fits:
         if fit.confidence < p.confidence_clear:
@@ -150,9 +166,9 @@ def judge_oom(ctx: Context) -> Observation:
         accelerating = t.early_slope <= t.slope and t.decel >= 1.0
         critical = (
             ttoom < p.horizon / 4
-            and fit.saturation_ruled_out
             and fit.confidence >= p.confidence
             and fit.coverage >= (1 if accelerating else 2) * ttoom
+            and saturation_ruled_out(ctx, fit, oom_peak(ctx, fit))
         )
         if (
             (t.confidence >= p.confidence or (critical and t.confidence >= p.confidence_clear))
@@ -162,6 +178,7 @@ def judge_oom(ctx: Context) -> Observation:
         ):
             if best is None or state != "firing" or ttoom < best[1]:
                 best, state = (fit, ttoom, slope), "firing"
+            proven = proven or critical
         elif state != "firing" and t.confidence >= p.confidence_clear and ttoom < p.horizon * CLEAR_MARGIN:
             best, state = (fit, ttoom, slope), "holding"
     if best is None:
@@ -194,5 +211,9 @@ def judge_oom(ctx: Context) -> Observation:
             f"{ctx.prep.instance} RSS peaks {format_bytes(ctx.peak)} projected to reach the limit "
             f"{format_bytes(ctx.limit)} in {format_duration(ttoom)} (+{format_bytes(slope * 3600)}/h)"
         )
-    severity: Severity = "critical" if ttoom < p.horizon / 4 and fit.saturation_ruled_out else "error"
+    severity: Severity = (
+        "critical"
+        if ttoom < p.horizon / 4 and (proven or saturation_ruled_out(ctx, fit, oom_peak(ctx, fit)))
+        else "error"
+    )
     return ctx.observation("oom-risk", state, summary, severity=severity, evidence=evidence)

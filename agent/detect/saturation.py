@@ -7,6 +7,9 @@ the line, and its slope now is a fraction of its mean slope, the growth is level
 `A`, and what it projects must level too. The fit is linear in `A` and `B` for a given `τ`, so
 a short grid of `τ` (from a tenth to four times the span) finds it without iterating. A bucket
 that stands far off both (a burst that filled a whole bucket) is left out before judging.
+
+`reach_margin` asks the converse, for a critical severity: not whether a levelling curve fits
+better, but whether every curve that stays below the limit for a while fits clearly worse.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from operator import mul, sub
+from statistics import NormalDist
 
 TAUS = (0.1, 0.15, 0.25, 0.4, 0.6, 1.0, 1.6, 2.5, 4.0)  # time constants, in spans of the fit
 MIN_POINTS = 8  # fewer buckets cannot tell a curve from a line
@@ -205,3 +209,96 @@ def least_squares(columns: list[list[float]], ys: list[float]) -> list[float] | 
                 f = a[r][col] / a[col][col]
                 a[r] = [x - f * y for x, y in zip(a[r], a[col], strict=True)]
     return [a[i][k] / a[i][i] for i in range(k)]
+
+
+REACH_TAUS = (*TAUS, 10.0, 25.0)  # ...the slow end: near-lines whose slope is bounded by the room
+
+
+def reach_bar(confidence: float) -> float:
+    """The margin `reach_margin` must clear to reject every curve that stays below the limit at
+    `confidence` (one-sided: the squared normal quantile, 9.5 noise variances at 0.999)."""
+    return NormalDist().inv_cdf(confidence) ** 2
+
+
+def reach_margin(
+    xs: list[float], ys: list[float], room: float, within: float, extra: list[list[float]] | None = None
+) -> float:
+    """How many noise variances (`ys` seconds `xs`) every curve that rises less than `room` over the
+    next `within` seconds fits worse than the best free fit (a line or any curve of the grid): the
+    evidence that the growth reaches the limit, not a working set levelling off below it. Each curve
+    `A + C·exp(-x/τ)` is concave or flat (C ≤ 0), its C bounded by the room; a line's slope
+    likewise. Buckets far off the free fit (a burst that filled one) are left out first."""
+    n = len(xs)
+    if n < MIN_POINTS or xs[-1] <= xs[0] or room <= 0 or within <= 0:
+        return 0.0
+    rel = [x - xs[0] for x in xs]
+    keep = list(range(n))
+    for _ in range(2):  # the second pass without the outliers of the first
+        tried = _reach_fits(rel, ys, extra, keep, room, within)
+        if tried is None:
+            return 0.0
+        free, bounded, residuals = tried
+        spread = 1.4826 * _median([abs(r) for r in residuals])
+        kept = [i for i, r in zip(keep, residuals, strict=True) if abs(r) <= OUTLIER_SIGMAS * spread]
+        if len(kept) == len(keep) or n - len(kept) > MAX_OUTLIERS * n or len(kept) < MIN_POINTS:
+            break
+        keep = kept
+    noise = free / max(len(keep) - 3 - len(extra or []), 1)
+    return (bounded - free) / noise if noise > 0 else math.inf
+
+
+def _reach_fits(
+    rel: list[float],
+    ys: list[float],
+    extra: list[list[float]] | None,
+    keep: list[int],
+    room: float,
+    within: float,
+) -> tuple[float, float, list[float]] | None:
+    """(the best free fit's squared residuals, those of the best curve bounded by the room, the
+    free fit's residuals) over the points `keep`. For one shape column the squared residuals are
+    a parabola in its coefficient (Frisch-Waugh: the shape and `ys` net of the other columns), so
+    each bound is a clamp."""
+    span = rel[-1]
+    base = [[1.0] * len(keep)] + [[col[i] for i in keep] for col in extra or []]
+    kept = [ys[i] for i in keep]
+    y_net = _net(base, kept)
+    if y_net is None:
+        return None
+    rss_base = sum(map(mul, y_net, y_net))
+    xs_kept = [rel[i] for i in keep]
+    shapes: list[tuple[list[float], float, float]] = [(xs_kept, -math.inf, room / within)]  # the line
+    for factor in REACH_TAUS:
+        tau = factor * span
+        rise = math.exp(-span / tau) * (1 - math.exp(-within / tau))  # per unit of -C, over `within`
+        shapes.append(([math.exp(-x / tau) for x in xs_kept], -room / rise, 0.0))
+    free = bounded = math.inf
+    best: list[float] | None = None
+    for shape, low, high in shapes:
+        s_net = _net(base, shape)
+        if s_net is None:
+            continue
+        q = sum(map(mul, s_net, s_net))
+        if q <= 1e-12 * max(1.0, sum(map(mul, shape, shape))):
+            continue
+        coef = sum(map(mul, s_net, y_net)) / q
+        rss = rss_base - coef * coef * q
+        if rss < free:
+            free, best = rss, [y - coef * s for y, s in zip(y_net, s_net, strict=True)]
+        clamped = min(max(coef, low), high)
+        bounded = min(bounded, rss + q * (clamped - coef) ** 2)
+    if best is None:
+        return None
+    return max(free, 0.0), max(bounded, 0.0), best
+
+
+def _net(columns: list[list[float]], values: list[float]) -> list[float] | None:
+    """`values` less their least-squares fit on `columns` (None when the columns are dependent)."""
+    if len(columns) == 1:
+        centre = sum(values) / len(values)
+        return [v - centre for v in values]
+    coef = least_squares(columns, values)
+    if coef is None:
+        return None
+    fitted = [sum(c * col[i] for c, col in zip(coef, columns, strict=True)) for i in range(len(values))]
+    return list(map(sub, values, fitted))

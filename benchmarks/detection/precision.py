@@ -24,7 +24,9 @@ creeping from a labelled onset (+25-50 % of its level per hour).
 
 On a healthy twin every `leak`/`oom-risk` (`slow` for latency) finding is false; a critical one
 is what remediation would act on. On a leak twin the first such finding after the onset and
-before the OOM is a hit; `lead` is the time from it to the OOM over onset→OOM.
+before the OOM is a hit; `lead` is the time from it to the OOM over onset→OOM; "critical before
+OOM" counts the leak twins that reach their OOM and were made critical between the onset and it
+(the lead of that critical finding likewise).
 """
 
 from __future__ import annotations
@@ -322,6 +324,8 @@ class Cell:
     hits: list[str] = field(default_factory=list)  # each leak twin found: delay and lead
     later: int = 0  # lifetimes cut short that began after the onset (restarted families)...
     later_found: int = 0  # ...with a finding of their own
+    ooms: int = 0  # leak twins that reach their OOM...
+    critical_leads: list[float] = field(default_factory=list)  # ...made critical before it: its lead
 
 
 def _critical(analysis: InstanceAnalysis, kinds: tuple[str, ...]) -> bool:
@@ -335,6 +339,21 @@ def _critical(analysis: InstanceAnalysis, kinds: tuple[str, ...]) -> bool:
     )
 
 
+def _critical_at(
+    analysis: InstanceAnalysis, kinds: tuple[str, ...], since: float, until: float
+) -> float | None:
+    """When a finding of `kinds` was first made critical (opened or updated) in [since, until)."""
+    times = [
+        t.ts
+        for t in analysis.transitions
+        if t.finding.kind in kinds
+        and t.finding.severity == "critical"
+        and t.change in ("opened", "updated")
+        and since <= t.ts < until
+    ]
+    return min(times, default=None)
+
+
 def judge_memory(case: Case, params: DetectParams, cell: Cell) -> None:
     [analysis] = analyze_fleet(case.series, params)
     findings = sorted(
@@ -342,6 +361,11 @@ def judge_memory(case: Case, params: DetectParams, cell: Cell) -> None:
         key=lambda f: f.opened_at or 0.0,
     )
     _score(case, cell, analysis, findings, MEMORY_KINDS)
+    if case.leak and case.onset is not None and case.oom is not None:
+        cell.ooms += 1
+        made = _critical_at(analysis, MEMORY_KINDS, case.onset, case.oom)
+        if made is not None:
+            cell.critical_leads.append((case.oom - made) / (case.oom - case.onset))
 
 
 def _score(
@@ -448,7 +472,8 @@ def score(
 def render(table: dict[str, Cell], verbose: bool = True, hits: bool = False) -> str:
     header = (
         f"{'family/noise':<22} {'healthy':>7} {'false':>6} {'critical':>8} {'leaks':>6} {'found':>6} "
-        f"{'late':>5} {'lead median (min)':>18} {'delay median (max)':>20} {'later lives':>11}"
+        f"{'late':>5} {'lead median (min)':>18} {'delay median (max)':>20} {'later lives':>11} "
+        f"{'critical before OOM, lead median':>33}"
     )
     lines = [header, "-" * len(header)]
     for name, c in table.items():
@@ -459,9 +484,15 @@ def render(table: dict[str, Cell], verbose: bool = True, hits: bool = False) -> 
             else "-"
         )
         later = f"{c.later_found}/{c.later}" if c.later else "-"
+        made = (
+            f"{len(c.critical_leads)}/{c.ooms}"
+            + (f" {statistics.median(c.critical_leads):.2f}" if c.critical_leads else "")
+            if c.ooms
+            else "-"
+        )
         lines.append(
             f"{name:<22} {c.healthy:>7} {c.false:>6} {c.false_critical:>8} {c.leaks:>6} {c.found:>6} "
-            f"{c.late:>5} {lead:>18} {delay:>20} {later:>11}"
+            f"{c.late:>5} {lead:>18} {delay:>20} {later:>11} {made:>33}"
         )
     if verbose:
         for name, c in table.items():
