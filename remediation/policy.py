@@ -2,7 +2,9 @@
 
     fragmentation  → purge the allocator (if the instance offers it) → wait `purge_settle`
                      → restart only if the finding is still there
-    leak, oom-risk → restart, planned before the deadline; found again on the process a restart
+    leak, oom-risk → only a critical finding (growth shown not to level off, OOM within reach): the
+                     others are watched, no restart planned, the reason shown in the plan;
+                     restart, planned before the deadline; found again on the process a restart
                      started: planned again by its new deadline (a restart buys time, it does not
                      fix the code), unless the restart bought no time (below)
     slow           → restart once the finding has held for `slow_confirm`
@@ -114,13 +116,15 @@ def crash_loop_run(
 def primary_request(requests: Sequence[RemediationRequest]) -> RemediationRequest:
     """The request that leads an instance's case: forced first, then a crash loop, then a person's
     (they asked for now: held behind a finding's later slot, their request would wait unseen),
-    then the earliest deadline, then kind."""
+    then one a restart may be planned for (a watched leak or OOM risk leading would hold a critical
+    one behind it), then the earliest deadline, then kind."""
     return min(
         requests,
         key=lambda r: (
             not r.force,
             r.kind != "crash-loop",
             r.kind != "manual",
+            _watched(r),
             r.deadline if r.deadline is not None else float("inf"),
             KIND_PRIORITY.get(r.kind, 99),
             r.finding_id,
@@ -164,6 +168,10 @@ def decide(
             f"without staying up {span(settings.crash_loop_reset_after)}: crash loop; medic stops "
             "restarting it, a person must look",
         )
+    if request.kind in OOM_KINDS and (case.restarted_at is None or case.after_restart):
+        watched = _not_critical(request)
+        if watched is not None:
+            return watched
     if case.restarted_at is not None:
         if case.restart_outcome not in (None, "succeeded"):
             return Intent(
@@ -207,6 +215,35 @@ def decide(
             )
         return Intent("restart", "slow", f"slow for {span(now - case.first_seen)}: {request.reason}")
     return Intent("restart", kind, f"{kind} request: {request.reason}")
+
+
+def _watched(request: RemediationRequest) -> bool:
+    """A leak or OOM risk that the detectors did not make critical: watched, not restarted. A
+    request that carries no finding (a person's) is not judged by severity, nor a finding whose
+    peaks are already at or past the limit: nothing there is a projection that may level off."""
+    finding = request.finding or {}
+    severity = finding.get("severity")
+    evidence = finding.get("evidence")
+    if isinstance(evidence, dict) and evidence.get("above_limit"):
+        return False
+    return request.kind in OOM_KINDS and severity is not None and severity != "critical"
+
+
+def _not_critical(request: RemediationRequest) -> Intent | None:
+    """A leak or OOM risk that the detectors did not make critical is watched, not restarted: only a
+    critical one stands on evidence that the growth does not level off (a cache filling to its TTL,
+    fragmentation like log(t)) and reaches the limit soon; the finding's `not_critical` says why."""
+    if not _watched(request):
+        return None
+    severity = request.finding.get("severity")
+    evidence = request.finding.get("evidence")
+    why = evidence.get("not_critical") if isinstance(evidence, dict) else None
+    return Intent(
+        "wait",
+        "watched",
+        f"{request.kind} ({severity}) watched, no restart planned: not yet critical: "
+        f"{why or 'the growth may still level off below the limit, or the limit is not within a quarter of the horizon'}",
+    )
 
 
 def _leak_returned(request: RemediationRequest, case: CaseHistory, plan: PlanSettings) -> Intent:

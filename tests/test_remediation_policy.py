@@ -285,3 +285,30 @@ def test_bad_requests_are_described_not_raised(kwargs, problem):
 def test_fuzz_request_validation_never_raises(instance, kind, deadline):
     result = RemediationRequest(instance, kind, "f", "r", deadline=deadline).problem()  # type: ignore[arg-type]
     assert result is None or isinstance(result, str)
+
+
+@pytest.mark.parametrize("kind", ["leak", "oom-risk"])
+@pytest.mark.parametrize("severity", ["warning", "error", "critical"])
+def test_no_restart_is_planned_for_a_finding_below_critical(severity, kind):
+    """Only a critical leak or OOM risk stands on evidence that the growth does not level off below
+    the limit; the others are watched, and the plan says so."""
+    found = {"severity": severity, "evidence": {"not_critical": "a levelling curve fits as well"}}
+    intent = decide(request(kind, T0 + 9000, finding=found), case(kind), [], LADDER, T0, can_purge=True)
+    assert (intent.action == "restart") == (severity == "critical"), intent
+    if severity != "critical":
+        assert intent.code == "watched" and "a levelling curve fits as well" in intent.reason
+
+
+def test_peaks_past_the_limit_and_a_persons_request_are_not_judged_by_severity():
+    """Peaks already at or past the limit are no projection that may level off: restarted whatever
+    the severity (a limit set only in medic's config is error-level); a person's request carries no
+    finding and leads a watched one."""
+    past = {"severity": "error", "evidence": {"above_limit": True}}
+    intent = decide(request("oom-risk", finding=past), case("oom-risk"), [], LADDER, T0, can_purge=True)
+    assert (intent.action, intent.code) == ("restart", "oom-risk")
+    watched = request("leak", finding={"severity": "error"})
+    critical = request("oom-risk", T0 + 600, finding={"severity": "critical"})
+    assert primary_request([watched, critical]) is critical  # a watched one never holds a critical one
+    person = request("manual")
+    assert primary_request([watched, person]) is person
+    assert decide(person, case("manual"), [], LADDER, T0, can_purge=True).action == "restart"

@@ -194,9 +194,14 @@ class Remediation:
             if finding.kind not in REMEDIABLE:
                 continue
             ttoom = finding.evidence.get("time_to_oom_seconds")
+            # only a critical leak or OOM risk has a deadline to plan a restart by; the policy
+            # shows the others as watched (`remediation.policy`)
             deadline = (
                 finding.updated_at + ttoom
-                if finding.kind in ("leak", "oom-risk") and isinstance(ttoom, (int, float)) and ttoom == ttoom
+                if finding.kind in ("leak", "oom-risk")
+                and finding.severity == "critical"
+                and isinstance(ttoom, (int, float))
+                and ttoom == ttoom
                 else None
             )
             out.append(
