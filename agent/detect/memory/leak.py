@@ -15,13 +15,13 @@ from dataclasses import replace
 
 from agent.core.types import Severity
 from agent.core.units import format_bytes, format_duration, format_rate
-from agent.detect.context import Context, Projection, leak_layers
-from agent.detect.fit import Fit
-from agent.detect.growth import at_record, time_to_limit, traffic_explains
-from agent.detect.jvm import LAYERS, NATIVE, Layer
-from agent.detect.lifetimes import carried
+from agent.detect.memory.context import Context, Projection, leak_layers
+from agent.detect.memory.fit import Fit
+from agent.detect.memory.growth import at_record, time_to_limit, traffic_explains
+from agent.detect.memory.jvm import LAYERS, NATIVE, Layer
+from agent.detect.memory.lifetimes import carried
+from agent.detect.memory.oom import past_the_limit, reported_time_to_oom
 from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, PYMALLOC, RSS, Observation, State, Verdict
-from agent.detect.oom import past_the_limit, reported_time_to_oom
 from agent.detect.params import DetectParams
 
 CLEAR_DECEL = 0.5  # clear only when the recent slope is below half of `decel_ratio` of the window's
