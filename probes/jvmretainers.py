@@ -14,7 +14,7 @@ takes a pause of a few ms to find the paths (the JVM bounds it).
 The samples become a `retainer` snapshot (source `jfr`): one row per holder (`static field
 MapLeak.CACHE`), its count the samples it holds, its detail the container it holds
 (`java.util.HashMap of 10800 entries`) and the classes below it on the chains. The suspects say it
-(`held_by`, agent/detect/retainers.py). The JVM writes the dump by the path it is given, so a JVM in
+(`held_by`, agent/detect/explain/retainers.py). The JVM writes the dump by the path it is given, so a JVM in
 another mount namespace (a container) is not recorded: the probe says so once.
 """
 

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.cli.main import main
-from agent.detect.latency_rules import Slo
-from agent.detect.slow import DEFAULT_SLOW, evaluate_slow
-from agent.detect.slow_replay import _Window
+from agent.detect.slow.detector import DEFAULT_SLOW, evaluate_slow
+from agent.detect.slow.replay import _Window
+from agent.detect.slow.rules import Slo
 from agent.series.reader import read_files
 
 T0 = 1_767_571_200  # a midnight (UTC)

@@ -6,7 +6,7 @@ import pytest
 
 from agent.core.histograms import HistogramRow, Snapshot
 from agent.core.records import Sample
-from agent.detect.attribution import attribution_for
+from agent.detect.explain.attribution import attribution_for
 from agent.state.histograms import HistogramStore
 from agent.state.store import Store
 
@@ -231,7 +231,7 @@ def test_the_text_names_no_layer_a_faster_one_outgrows():
     """Free memory the allocator keeps grows +1 GiB/h in jumps (below the confidence to name it),
     live allocations +21 MiB/h steadily: the sentence under the table must not say the growth is
     in live allocations."""
-    from agent.detect.attribution import TITLES, Attribution, Layer, _verdict
+    from agent.detect.explain.attribution import TITLES, Attribution, Layer, _verdict
 
     result = Attribution("svc", 0.0, 3600.0, 4e9, 2**30 / 3600)
     result.layers = [

@@ -15,8 +15,8 @@ from agent.cli.main import main
 from agent.config.detect import MemoryDetection, SlowDetection
 from agent.config.loader import load_config, parse_config, validate_config
 from agent.core.errors import ConfigError
-from agent.detect.latency_rules import SlowParams
 from agent.detect.params import DetectParams
+from agent.detect.slow.rules import SlowParams
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "medic.yaml"

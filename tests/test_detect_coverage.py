@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 
 from agent.cli.main import main
 from agent.detect import InstanceSeries, analyze_instance
-from agent.detect import fleet as fleet_module
 from agent.detect.coverage import Sight, sample_spans, seen_from, steps_seen, union
-from agent.detect.engine import InstanceAnalysis, judged_reach
-from agent.detect.fleet import analyze_fleet
-from agent.detect.slow_replay import analyze_slow
+from agent.detect.memory import fleet as fleet_module
+from agent.detect.memory.engine import judged_reach
+from agent.detect.memory.fleet import analyze_fleet
+from agent.detect.model import InstanceAnalysis
+from agent.detect.slow.replay import analyze_slow
 from support.detect_shapes import DAY, HOUR, PARAMS, T0, series
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.detect import InstanceSeries, update
-from agent.detect.fleet import analyze_fleet, fleet_evidence, judge_fleet
+from agent.detect.memory.fleet import analyze_fleet, fleet_evidence, judge_fleet
+from agent.detect.memory.priors import PriorBook, learn_workload, merge, workload_key
 from agent.detect.model import Observation
-from agent.detect.priors import PriorBook, learn_workload, merge, workload_key
 from agent.detect.seasonal import WorkloadProfile
 from support.detect_shapes import DAY, HOUR, PARAMS, T0, cut_at_oom, fresh, oom_time
 

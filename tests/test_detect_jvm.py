@@ -1,4 +1,4 @@
-"""A JVM's memory read as a JVM (agent/detect/jvm.py), on synthetic series of the shapes the `jvm` and
+"""A JVM's memory read as a JVM (agent/detect/memory/jvm.py), on synthetic series of the shapes the `jvm` and
 `jvm_limits` probes record: each growth projected to the ceiling of the layer it grows in, and a heap
 that expands towards -Xmx over a flat floor read as the JVM sizing its heap, not as a leak."""
 

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from agent.detect import DetectParams, InstanceSeries
-from agent.detect.fleet import analyze_fleet
+from agent.detect.memory.fleet import analyze_fleet
 
 T0 = 1_767_571_200.0
 HOUR, DAY, GiB = 3600.0, 86400.0, 2**30

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from agent.detect import DetectParams, InstanceSeries, analyze_instance
-from agent.detect.saturation import levelling, reach_bar, reach_margin
+from agent.detect.memory.saturation import levelling, reach_bar, reach_margin
 from support.native import start_target
 from support.workloads import build_c_target, target_env
 

@@ -11,7 +11,7 @@ from agent.core.histograms import HistogramRow, Snapshot
 from agent.core.records import Sample
 from agent.core.timescale import TimeScale
 from agent.detect import DetectParams, Finding, Transition
-from agent.detect.latency_rules import SlowParams
+from agent.detect.slow.rules import SlowParams
 from agent.jobs.detection import Detection
 from agent.state.eventlog import EventLog
 from agent.state.histograms import HistogramStore

@@ -130,7 +130,7 @@ class _Detection:
     """The little of the detection job the peers job reads: priors and one workload key."""
 
     def __init__(self) -> None:
-        from agent.detect.priors import PriorBook
+        from agent.detect.memory.priors import PriorBook
 
         self.priors = PriorBook()
 

@@ -13,7 +13,7 @@ import pytest
 
 from agent.core.errors import ProbeUnavailable
 from agent.core.records import ProbeTarget
-from agent.detect.ranking import suspects_for
+from agent.detect.explain.ranking import suspects_for
 from agent.state.histograms import HistogramStore
 from agent.state.store import Store
 from probes.heapprof import HeapProfileProbe

@@ -20,7 +20,7 @@ from agent.config.loader import validate_config
 from agent.core.errors import StoreError
 from agent.core.histograms import HistogramRow, Snapshot, compact
 from agent.core.records import ProbeResult, ProbeTarget, Sample
-from agent.detect.histodiff import diff, same_process
+from agent.detect.explain.histodiff import diff, same_process
 from agent.state.eventlog import EventLog
 from agent.state.histograms import HistogramStore
 from agent.state.store import Store

@@ -19,8 +19,8 @@ from agent.cli.main import main
 from agent.config.history import PrometheusHistorySection
 from agent.config.model import Config
 from agent.core.errors import SeriesFormatError, UnsafePath
+from agent.detect.memory.priors import PriorBook
 from agent.detect.params import DetectParams
-from agent.detect.priors import PriorBook
 from agent.jobs.history import HistoryJob, history_spec
 from agent.series.prometheus_pull import PullSpec, chunks, pull_range
 from agent.state.eventlog import EventLog

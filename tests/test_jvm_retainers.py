@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from agent.core.histograms import HistogramRow, Snapshot
 from agent.core.records import ProbeTarget
 from agent.core.text import held_by_text
-from agent.detect.retainers import with_held_by
-from agent.detect.suspects import Suspect
+from agent.detect.explain.retainers import with_held_by
+from agent.detect.explain.suspects import Suspect
 from agent.state.histograms import HistogramStore
 from agent.state.store import Store
 from probes.jfrtext import histogram_name, parse_old_objects, retainer

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from agent.detect.fleet import analyze_fleet
-from agent.detect.priors import PriorBook, WorkloadProfile, learn_workload
+from agent.detect.memory.fleet import analyze_fleet
+from agent.detect.memory.priors import PriorBook, WorkloadProfile, learn_workload
 from agent.jobs.peers import PUBLISH_EVERY, READ_EVERY, TTL, PeersJob
 from remediation.coordinator.local import LocalCoordinator
 from remediation.errors import CoordinatorUnavailable

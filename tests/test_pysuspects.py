@@ -1,4 +1,4 @@
-"""Python suspects on stored snapshots (`agent.detect.pysuspects`): containers judged as suspects, a
+"""Python suspects on stored snapshots (`agent.detect.explain.pysuspects`): containers judged as suspects, a
 site held by the container its newest entries sit in, a type by the growing container that holds it,
 the line that adds to a container, the tracing session of one process and one session only; what a
 leak finding waits for (`collecting`), the detection job's request for sites while a leak the type
@@ -17,11 +17,11 @@ from agent.cli.leaks import notes
 from agent.core.histograms import HistogramRow, Snapshot
 from agent.core.records import Event, ProbeTarget
 from agent.detect import DetectParams
+from agent.detect.explain.pysuspects import collecting, snapshots_needed, unexplained
+from agent.detect.explain.ranking import suspects_for
+from agent.detect.explain.suspects import current_lifetime
 from agent.detect.model import Finding
-from agent.detect.pysuspects import collecting, snapshots_needed, unexplained
-from agent.detect.ranking import suspects_for
-from agent.detect.slow import SlowParams
-from agent.detect.suspects import current_lifetime
+from agent.detect.slow.detector import SlowParams
 from agent.jobs.detection import Detection
 from agent.state.eventlog import EventLog
 from agent.state.histograms import HistogramStore

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from agent.config.loader import parse_config
 from agent.detect.lifecycle import update
 from agent.detect.model import InstanceSeries
-from agent.detect.slow import (
+from agent.detect.slow.detector import (
     DEFAULT_SLOW,
     Slo,
     SlowParams,
@@ -306,7 +306,7 @@ def test_fuzz_any_series_gives_one_valid_observation_each(raw, at):
 
 def test_inputs_are_catalog_metrics_and_history_covers_every_window():
     from agent.core.catalog import CATALOG
-    from agent.detect.slow import INPUT_METRICS, history
+    from agent.detect.slow.detector import INPUT_METRICS, history
 
     assert set(INPUT_METRICS) - set(CATALOG) <= {"process_start_time_seconds"}
     assert history(PARAMS, {"a": Slo(window=3600.0), "b": None}) >= 3600.0 + PARAMS.stale

@@ -12,7 +12,7 @@ import pytest
 
 from agent.detect.lifecycle import update
 from agent.detect.model import InstanceSeries
-from agent.detect.slow import Slo, SlowParams, evaluate_slow
+from agent.detect.slow.detector import Slo, SlowParams, evaluate_slow
 from support.latency_app import start_app
 from support.procs import PYTHON, REPO, wait_until
 

@@ -10,12 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.detect.engine import InstanceAnalysis
-from agent.detect.latency_rules import Slo
 from agent.detect.lifecycle import update
-from agent.detect.model import START_TIME, InstanceSeries
-from agent.detect.slow import DEFAULT_SLOW, evaluate_slow, history
-from agent.detect.slow_replay import _FleetReplay, _Window, analyze_slow, grid
+from agent.detect.model import START_TIME, InstanceAnalysis, InstanceSeries
+from agent.detect.slow.detector import DEFAULT_SLOW, evaluate_slow, history
+from agent.detect.slow.replay import _FleetReplay, _Window, analyze_slow, grid
+from agent.detect.slow.rules import Slo
 from agent.detect.trend import _kernels
 
 T0 = 1_767_571_200.0

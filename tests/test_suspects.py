@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from agent.core.histograms import HistogramRow, Snapshot
 from agent.core.records import Sample
-from agent.detect.ranking import suspects_for
-from agent.detect.suspects import describe, rank
+from agent.detect.explain.ranking import suspects_for
+from agent.detect.explain.suspects import describe, rank
 from agent.state.histograms import HistogramStore
 from agent.state.store import Store
 

@@ -16,9 +16,9 @@ from agent.config.loader import load_config, parse_config
 from agent.config.timescale import notes, scaled, time_axis
 from agent.core.errors import ConfigError
 from agent.core.timescale import STALE_SAMPLES, WINDOW_SAMPLES, TimeScale
-from agent.detect.latency_rules import SlowParams
 from agent.detect.params import DetectParams
-from agent.detect.slow import slo_from_settings
+from agent.detect.slow.detector import slo_from_settings
+from agent.detect.slow.rules import SlowParams
 from remediation.budget import BudgetLimits, BudgetState, admit
 from remediation.model import RestartRecord
 from support.agent_runner import medic_cli

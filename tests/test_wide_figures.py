@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from agent.api.guard import content_length
 from agent.core.figures import FIGURE_LIMIT, is_figure, is_number
-from agent.detect.priors import WorkloadProfile
+from agent.detect.memory.priors import WorkloadProfile
 from native_hooks.errors import HookProtocolError
 from native_hooks.purge import purge_result
 from probes.allocator import samples_from_stats

@@ -24,11 +24,11 @@ from agent.api.context import ApiContext
 from agent.api.query import parse_time
 from agent.core.errors import ProbeError
 from agent.core.histograms import Snapshot
-from agent.detect.attribution import attribution_for
-from agent.detect.histodiff import diff
-from agent.detect.ranking import suspects_for
-from agent.detect.retainers import with_held_by
-from agent.detect.suspects import SUSPECT_KINDS
+from agent.detect.explain.attribution import attribution_for
+from agent.detect.explain.histodiff import diff
+from agent.detect.explain.ranking import suspects_for
+from agent.detect.explain.retainers import with_held_by
+from agent.detect.explain.suspects import SUSPECT_KINDS
 from agent.state.histograms import HistogramStore
 
 KIND_PATTERN = "^(class|type|container|site|nmt|retainer)$"

@@ -214,7 +214,7 @@ class FindingCollector(Collector):
     A time to OOM is exported only while its instance runs the process it was measured on, and only
     when it is known: after a restart (or while the instance is down) it is unknown until the new
     process is measured, and the series is absent, so `medic_time_to_oom_seconds < X` cannot fire
-    on it; past a limit set only in medic's config it is unknown too (`agent.detect.oom`)."""
+    on it; past a limit set only in medic's config it is unknown too (`agent.detect.memory.oom`)."""
 
     def __init__(self, detection: Detection, tracker: Tracker) -> None:
         self.detection = detection

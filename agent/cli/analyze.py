@@ -21,8 +21,7 @@ from agent.cli.options import duration, when
 from agent.core.text import echo, printable
 
 if TYPE_CHECKING:
-    from agent.detect.engine import InstanceAnalysis
-    from agent.detect.model import Finding, InstanceSeries
+    from agent.detect.model import Finding, InstanceAnalysis, InstanceSeries
     from agent.detect.params import DetectParams
     from agent.series.records import ImportResult
 
@@ -129,8 +128,8 @@ def run(args: argparse.Namespace) -> int:
     from agent.core.errors import SeriesFormatError, UsageError
     from agent.core.units import parse_duration, parse_size
     from agent.detect import DetectParams
-    from agent.detect.fleet import analyze_fleet
-    from agent.detect.latency_rules import QUANTILE_METRICS
+    from agent.detect.memory.fleet import analyze_fleet
+    from agent.detect.slow.rules import QUANTILE_METRICS
     from agent.series.buckets import quantiles_from_columns
     from agent.series.reader import collector_paused, read_files
 
@@ -283,8 +282,8 @@ def _judge_latency(
     """The slow detector over the latency series of the input, with the same fleets as memory."""
     from agent.core.errors import UsageError
     from agent.core.units import parse_duration
-    from agent.detect.latency_rules import Slo
-    from agent.detect.slow_replay import analyze_slow
+    from agent.detect.slow.replay import analyze_slow
+    from agent.detect.slow.rules import Slo
 
     slo = None
     if args.slo is not None:

@@ -144,7 +144,7 @@ def render_attribution(body: ApiReply) -> str:
 
 def _local(args: argparse.Namespace) -> int:
     from agent.core.histograms import HistogramRow, Snapshot
-    from agent.detect.histodiff import diff
+    from agent.detect.explain.histodiff import diff
     from native_hooks.heapprofile import HeapProfileError, read_heap_profile
     from native_hooks.heapsites import allocation_sites
     from native_hooks.symbolize import Symbolizer

@@ -6,7 +6,7 @@
       slow: {peer_window: 5m, trend_window: 30m}                          # latency
 
 `memory` has the keys of `agent.detect.params.DetectParams`, `slow` those of
-`agent.detect.latency_rules.SlowParams` (docs/detection.md and docs/latency.md explain them): each
+`agent.detect.slow.rules.SlowParams` (docs/detection.md and docs/latency.md explain them): each
 section is built from its parameters' fields, whose `Setting` (`agent.detect.params.setting`) gives a
 key's default, kind and bounds, so a tunable is declared once and the config cannot drift from the
 detector. Each key is typed and bounded, so a bad value is refused on load in one line that names it
@@ -28,8 +28,8 @@ from pydantic import BeforeValidator, Field, create_model, model_validator
 
 from agent.core.types import MAX_COUNT, MAX_DURATION, Duration, Interval, PositiveDuration, Size, Strict
 from agent.core.units import format_duration, format_fine_duration
-from agent.detect.latency_rules import SlowParams
 from agent.detect.params import SETTING, DetectParams, Kind, Setting
+from agent.detect.slow.rules import SlowParams
 
 ROLLUP_SECONDS = 60.0  # the store's rollup resolution (agent.state.series): finer buckets need raw samples
 

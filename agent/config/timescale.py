@@ -22,7 +22,7 @@ from agent.config.detect import history_problems
 from agent.core.timescale import STALE_SAMPLES, WINDOW_SAMPLES, TimeScale
 from agent.core.units import format_fine_duration
 from agent.detect.params import DetectParams
-from agent.detect.slow import SlowParams, slo_from_settings
+from agent.detect.slow.detector import SlowParams, slo_from_settings
 from remediation.config import RemediationSection
 
 if TYPE_CHECKING:

@@ -7,16 +7,15 @@ Entry points (see `docs/detection.md`):
 - `analyze(all_series, params) -> list[InstanceAnalysis]`: the same, replayed over recordings.
 """
 
-from agent.detect.engine import (
+from agent.detect.lifecycle import update
+from agent.detect.memory.engine import (
     DEFAULT_PARAMS,
-    InstanceAnalysis,
     analyze,
     analyze_instance,
     evaluate,
     tick_for,
 )
-from agent.detect.lifecycle import update
-from agent.detect.model import Finding, InstanceSeries, Observation, Transition
+from agent.detect.model import Finding, InstanceAnalysis, InstanceSeries, Observation, Transition
 from agent.detect.params import DetectParams
 
 __all__ = [

@@ -8,7 +8,7 @@
  * Only the limited C API is used (setup.py defines Py_LIMITED_API): one abi3 build serves every
  * supported CPython, so the item reads are the functions, not the GET_ITEM/AS_DOUBLE macros.
  *
- * slow_screen, further down, serves agent/detect/slow_replay.py: it has no twin to equal, only
+ * slow_screen, further down, serves agent/detect/slow/replay.py: it has no twin to equal, only
  * the rule that a tick it leaves unmarked is one where the Python rules do not fire.
  * bucket_quantiles serves agent/series/buckets.py, matrix_values agent/series/prometheus.py (the
  * `values` arrays of a query_range export read as doubles, what the json module's path reads).
@@ -101,8 +101,8 @@ static PyObject *mk_score(PyObject *self, PyObject *arg)
 
 /* ------------------------------------------------------------------------------------------
  * slow_screen: which judgements of one instance's latency could fire the slow detector's SLO or
- * trend rule, and its peer level at each tick (agent/detect/slow_replay.py). The arithmetic is
- * that of agent/detect/latency_rules.py in the same order; a tick is marked whenever a rule
+ * trend rule, and its peer level at each tick (agent/detect/slow/replay.py). The arithmetic is
+ * that of agent/detect/slow/rules.py in the same order; a tick is marked whenever a rule
  * fires or a comparison on the way is within a hair of going the other way, so the replay judges
  * it in Python. A tick that is not marked certainly does not fire those rules. */
 
@@ -279,7 +279,7 @@ enum { SCREEN_SLO = 1, SCREEN_TREND = 2, SCREEN_ODD = 4 };
  * instants the samples are loaded at, `judged` the grid instants judged (slow.tick_for of each),
  * `points` the latency points (those with a value that is not finite are left out), `starts` the
  * process start time points, `restarts` sorted; bytes of doubles (array("d").tobytes()) but for the two lists.
- * `numbers` is a tuple of 16 floats (see slow_replay._FleetReplay._screen). */
+ * `numbers` is a tuple of 16 floats (see slow/replay.py, _FleetReplay._screen). */
 static PyObject *slow_screen(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;

@@ -1,5 +1,5 @@
 """Types of the C kernels (`_kernels.c`): each returns None for input it does not model, and its
-Python twin (`agent.detect.trend`, `agent.detect.slow_replay`, `agent.series`) then decides."""
+Python twin (`agent.detect.trend`, `agent.detect.slow.replay`, `agent.series`) then decides."""
 
 def slope_median(xs: list[float], ys: list[float], /) -> float | None: ...
 def mk_score(ys: list[float], /) -> int | None: ...

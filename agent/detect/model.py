@@ -65,7 +65,7 @@ class InstanceSeries:
     memory_limit: float | None = None
     started_at: float | None = None
     prior: WorkloadProfile | None = None
-    """What the instance's workload is known to do (`agent.detect.priors`), for a new process."""
+    """What the instance's workload is known to do (`agent.detect.memory.priors`), for a new process."""
     limit_source: str | None = None
     """Where the limit comes from: `config` (medic's config only: the kernel does not enforce it),
     `cgroup`, `host`; None when unknown (a recorded series, `medic analyze --limit`)."""
@@ -184,4 +184,43 @@ class Transition:
             "ts": self.ts,
             "reason": self.reason,
             "finding": self.finding.to_dict(),
+        }
+
+
+@dataclass(slots=True)
+class InstanceAnalysis:
+    """What a replay found for one instance: every finding, opened or resolved, with its times."""
+
+    instance: str
+    findings: list[Finding]
+    transitions: list[Transition]
+    notes: list[str]
+    first_ts: float | None
+    last_ts: float | None
+    restarts: list[float] = field(default_factory=list)
+    at_open: dict[str, Finding] = field(default_factory=dict)  # each finding as it was when it opened
+
+    def first_fired(self, kind: str) -> float | None:
+        times = [f.opened_at for f in self.findings if f.kind == kind and f.opened_at is not None]
+        return min(times) if times else None
+
+    def _finding_dict(self, finding: Finding) -> dict[str, Any]:
+        doc = finding.to_dict()
+        opened = self.at_open.get(finding.id)
+        if opened is not None:
+            doc["at_open"] = {
+                "severity": opened.severity,
+                "summary": opened.summary,
+                "evidence": opened.evidence,
+            }
+        return doc
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance,
+            "first_ts": self.first_ts,
+            "last_ts": self.last_ts,
+            "restarts": self.restarts,
+            "findings": [self._finding_dict(f) for f in self.findings],
+            "notes": self.notes,
         }

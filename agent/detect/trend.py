@@ -24,7 +24,7 @@ from itertools import repeat
 from operator import add, itemgetter, mul, sub, truediv
 
 try:  # the O(n²) kernels in C, built with the package; the Python twins below are the reference
-    from agent.detect import _kernels as _kernels  # exported: agent.series and slow_replay use it too
+    from agent.detect import _kernels as _kernels  # exported: agent.series and slow.replay use it too
 except ImportError:  # a source tree that was not built: same results, slower
     # mypy types the name as the module (its stub); None is the fallback every caller checks first
     _kernels = None  # type: ignore[assignment]

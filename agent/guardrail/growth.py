@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.core.units import format_bytes
-from agent.detect.engine import evaluate
+from agent.detect.memory.engine import evaluate
 from agent.detect.model import InstanceSeries, Observation
 from agent.detect.params import DetectParams
 from agent.guardrail.measure import BuildSeries

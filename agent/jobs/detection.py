@@ -22,11 +22,13 @@ from agent.core.sql import where_clause
 from agent.core.timescale import TimeScale
 from agent.core.units import format_bytes
 from agent.detect import DetectParams, Finding, InstanceSeries, Observation, Transition, tick_for, update
-from agent.detect.attribution import explain
-from agent.detect.fleet import judge_fleet, with_priors
-from agent.detect.growth import REQUESTS
-from agent.detect.jvm import INPUT_METRICS as JVM_INPUTS
+from agent.detect.explain.attribution import explain
+from agent.detect.explain.pysuspects import collecting, python_target, unexplained
 from agent.detect.lifecycle import earlier_process, past_the_limit, restarted
+from agent.detect.memory.fleet import judge_fleet, with_priors
+from agent.detect.memory.growth import REQUESTS
+from agent.detect.memory.jvm import INPUT_METRICS as JVM_INPUTS
+from agent.detect.memory.priors import PriorBook, merge, workload_key
 from agent.detect.model import (
     ACTIVE,
     ALLOCATED,
@@ -38,12 +40,10 @@ from agent.detect.model import (
     START_TIME,
     TREE_MEMORY,
 )
-from agent.detect.priors import PriorBook, merge, workload_key
-from agent.detect.pysuspects import collecting, python_target, unexplained
 from agent.detect.seasonal import WorkloadProfile
-from agent.detect.slow import INPUT_METRICS as SLOW_METRICS
-from agent.detect.slow import Slo, SlowParams, evaluate_slow, slo_from_settings
-from agent.detect.slow import history as slow_history
+from agent.detect.slow.detector import INPUT_METRICS as SLOW_METRICS
+from agent.detect.slow.detector import Slo, SlowParams, evaluate_slow, slo_from_settings
+from agent.detect.slow.detector import history as slow_history
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
 from agent.watch.collector import KEEPALIVE
@@ -304,7 +304,7 @@ class Detection:
     def _collecting(
         self, instance: str, findings: list[Finding], since: float, now: float, explanation: dict[str, Any]
     ) -> dict[str, Any] | None:
-        """What the leak findings of `instance` wait for (`agent.detect.pysuspects.collecting`); a leak
+        """What the leak findings of `instance` wait for (`agent.detect.explain.pysuspects.collecting`); a leak
         the type view cannot explain asks for allocation sites once, while still pending (an open one
         has asked already: the collector starts them when a leak opens)."""
         leaks = [f for f in findings if f.kind == "leak"]

@@ -2,7 +2,7 @@
 
 A new pod starts with an empty store, and a new build is when leaks arrive: the history lets the
 detectors judge its first hours with the workload's daily profile, level and warm-up
-(`agent.detect.priors`). `HistoryJob.run` never raises: an unreachable, slow or garbled
+(`agent.detect.memory.priors`). `HistoryJob.run` never raises: an unreachable, slow or garbled
 Prometheus, a bound passed, or an unreadable token file means "no history" (the priors it gave
 before are dropped), said once in a `history_unavailable` event until a pull works again
 (`history_loaded`). A failed pull is tried again after `RETRY`.
@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 from agent.config.history import PrometheusHistorySection
 from agent.core.errors import MedicError
+from agent.detect.memory.priors import PriorBook, learn_workload, workload_key
 from agent.detect.model import InstanceSeries
 from agent.detect.params import DetectParams
-from agent.detect.priors import PriorBook, learn_workload, workload_key
 from agent.jobs.streak import FailureStreak
 from agent.state.eventlog import EventLog
 

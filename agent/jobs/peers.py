@@ -1,7 +1,7 @@
 """The peers job: workload profiles shared between agents through the remediation coordinator.
 
 A new pod starts with an empty store, but its fleet's other agents have learned the workload's
-daily profile, level and warm-up (`agent.detect.priors`). At start, and every `read_every`
+daily profile, level and warm-up (`agent.detect.memory.priors`). At start, and every `read_every`
 (3 h), this job reads the profiles of the workload keys this agent watches (one request for all of
 them) and offers each to the detection job's priors as the source `peers`; a doc a peer garbled
 (`WorkloadProfile.from_dict` refuses it) is skipped and logged. It publishes this agent's own

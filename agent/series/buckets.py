@@ -29,8 +29,8 @@ from operator import lt
 from typing import TYPE_CHECKING, TypeVar
 
 from agent.core.quantiles import bucket_quantile
-from agent.detect.latency_rules import QUANTILE_METRICS
 from agent.detect.model import InstanceSeries, Points
+from agent.detect.slow.rules import QUANTILE_METRICS
 from agent.detect.trend import _kernels
 
 if TYPE_CHECKING:

@@ -44,11 +44,11 @@ from itertools import pairwise
 
 from agent.core.units import format_duration
 from agent.detect import DetectParams, InstanceSeries
-from agent.detect.engine import InstanceAnalysis
-from agent.detect.fleet import analyze_fleet
-from agent.detect.latency_rules import Slo
-from agent.detect.slow import DEFAULT_SLOW
-from agent.detect.slow_replay import analyze_slow
+from agent.detect.memory.fleet import analyze_fleet
+from agent.detect.model import InstanceAnalysis
+from agent.detect.slow.detector import DEFAULT_SLOW
+from agent.detect.slow.replay import analyze_slow
+from agent.detect.slow.rules import Slo
 from benchmarks.detection.generate import DAY, HOUR, MINUTE, T0, GiB
 
 MEMORY_KINDS = ("leak", "oom-risk")

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from agent.core.units import format_duration
 from agent.detect import DetectParams, InstanceSeries
-from agent.detect.fleet import analyze_fleet
-from agent.detect.priors import learn_workload
+from agent.detect.memory.fleet import analyze_fleet
+from agent.detect.memory.priors import learn_workload
 from benchmarks.detection.baselines import predict_linear_alert
 from benchmarks.detection.fleets import FAMILIES, PRIORS, Fleet, fleets
 from benchmarks.detection.generate import Trace

@@ -7,7 +7,7 @@ Each family is a seeded fleet of 6 instances with a p99 (`latency_p99_seconds`, 
 goes wrong at a labelled onset: slower than its peers but under the SLO (`peer-outlier`), over the
 SLO (`slo-breach`), or degrading by 40 ms/h (`degrading`). Healthy fleets: noise only, a load spike
 that slows every instance together for 20 min, and one-minute spikes of single instances.
-medic's alert is the first `slow` finding of an instance (`agent.detect.slow_replay.analyze_slow`,
+medic's alert is the first `slow` finding of an instance (`agent.detect.slow.replay.analyze_slow`,
 the agent's rules and lifecycle); the baselines are Prometheus rules `p99 > SLO for 5m` and
 `predict_linear(p99[1h], 4h) > SLO for 10m`, evaluated every 30 s. A finding on a healthy instance,
 or before the onset, is a false positive; the delay is from the onset to the first finding.
@@ -22,11 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent.core.units import format_duration
-from agent.detect.engine import InstanceAnalysis
-from agent.detect.latency_rules import Slo
-from agent.detect.model import InstanceSeries
-from agent.detect.slow import DEFAULT_SLOW
-from agent.detect.slow_replay import analyze_slow
+from agent.detect.model import InstanceAnalysis, InstanceSeries
+from agent.detect.slow.detector import DEFAULT_SLOW
+from agent.detect.slow.replay import analyze_slow
+from agent.detect.slow.rules import Slo
 from benchmarks.detection.baselines import predict_linear_alert
 from benchmarks.detection.generate import HOUR, MINUTE, T0
 

@@ -5,7 +5,7 @@ a workload whose agents all died (or stopped sharing) loses its profile by itsel
 the key to that peer's lease. A read of several keys is one read of exact keys (on etcd one txn,
 whatever their number), never of the whole prefix, so an agent's cost does not grow with the fleet.
 The coordinator keeps them as opaque JSON objects (bounded in size); what they mean is the
-detectors' business (`agent.detect.priors`).
+detectors' business (`agent.detect.memory.priors`).
 """
 
 from __future__ import annotations

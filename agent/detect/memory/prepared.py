@@ -11,7 +11,7 @@ from bisect import bisect_left
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
-from agent.detect.envelope import Bucketed, Envelope, bucketize, build_envelope, infer_restarts
+from agent.detect.memory.envelope import Bucketed, Envelope, bucketize, build_envelope, infer_restarts
 from agent.detect.model import LIMIT_METRICS, RSS, InstanceSeries
 from agent.detect.params import DetectParams
 from agent.detect.seasonal import Profile, learn_profile

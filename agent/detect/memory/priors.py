@@ -19,9 +19,9 @@ import math
 import threading
 from collections.abc import Iterable, Mapping
 
+from agent.detect.memory.prepared import Prepared
 from agent.detect.model import RSS, InstanceSeries
 from agent.detect.params import DetectParams
-from agent.detect.prepared import Prepared
 from agent.detect.seasonal import MAX_SLOTS, MAX_WARMUP, WorkloadProfile, learn_profile
 from agent.detect.trend import median
 

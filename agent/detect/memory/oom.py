@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from agent.core.types import Severity
 from agent.core.units import format_bytes, format_duration, format_rate
-from agent.detect.context import Context, oom_series
-from agent.detect.fit import Fit
-from agent.detect.growth import time_to_limit, traffic_explains
-from agent.detect.jvm import LAYERS
+from agent.detect.memory.context import Context, oom_series
+from agent.detect.memory.fit import Fit
+from agent.detect.memory.growth import time_to_limit, traffic_explains
+from agent.detect.memory.jvm import LAYERS
+from agent.detect.memory.saturation import Levelling, reach_bar
 from agent.detect.model import Observation, State
 from agent.detect.params import DetectParams
-from agent.detect.saturation import Levelling, reach_bar
 
 CLEAR_MARGIN = 1.5  # resolve only once the projection is beyond 1.5 × horizon
 STEADY = 0.9  # with no daily profile, a fit's first and last thirds grow at this fraction of its slope

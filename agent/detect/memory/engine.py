@@ -11,28 +11,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
-from agent.detect.context import Context, oom_series
 from agent.detect.coverage import Interval, seen_from, steps_seen
-from agent.detect.fragmentation import judge_fragmentation, note_both
-from agent.detect.growth import time_to_limit
-from agent.detect.leak import judge_leak, leak_series
 from agent.detect.lifecycle import update
-from agent.detect.lifetimes import ended_growing
+from agent.detect.memory.context import Context, oom_series
+from agent.detect.memory.fragmentation import judge_fragmentation, note_both
+from agent.detect.memory.growth import time_to_limit
+from agent.detect.memory.leak import judge_leak, leak_series
+from agent.detect.memory.lifetimes import ended_growing
+from agent.detect.memory.oom import judge_oom, oom_peak
+from agent.detect.memory.prepared import Prepared
 from agent.detect.model import (
     ALLOCATED,
     JVM_HEAP_AFTER_GC,
     RSS,
     Finding,
+    InstanceAnalysis,
     InstanceSeries,
     Observation,
-    Transition,
 )
-from agent.detect.oom import judge_oom, oom_peak
 from agent.detect.params import DetectParams
-from agent.detect.prepared import Prepared
 
 DEFAULT_PARAMS = DetectParams()
 
@@ -107,45 +105,6 @@ def _quiet(ctx: Context) -> bool:
             if ttoom is not None and ttoom < (p.horizon if strong else p.horizon / 4):
                 return False
     return True
-
-
-@dataclass(slots=True)
-class InstanceAnalysis:
-    """What a replay found for one instance: every finding, opened or resolved, with its times."""
-
-    instance: str
-    findings: list[Finding]
-    transitions: list[Transition]
-    notes: list[str]
-    first_ts: float | None
-    last_ts: float | None
-    restarts: list[float] = field(default_factory=list)
-    at_open: dict[str, Finding] = field(default_factory=dict)  # each finding as it was when it opened
-
-    def first_fired(self, kind: str) -> float | None:
-        times = [f.opened_at for f in self.findings if f.kind == kind and f.opened_at is not None]
-        return min(times) if times else None
-
-    def _finding_dict(self, finding: Finding) -> dict[str, Any]:
-        doc = finding.to_dict()
-        opened = self.at_open.get(finding.id)
-        if opened is not None:
-            doc["at_open"] = {
-                "severity": opened.severity,
-                "summary": opened.summary,
-                "evidence": opened.evidence,
-            }
-        return doc
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "instance": self.instance,
-            "first_ts": self.first_ts,
-            "last_ts": self.last_ts,
-            "restarts": self.restarts,
-            "findings": [self._finding_dict(f) for f in self.findings],
-            "notes": self.notes,
-        }
 
 
 def judged_reach(params: DetectParams) -> tuple[float, float]:

@@ -27,8 +27,8 @@ from itertools import pairwise
 from typing import Any
 
 from agent.core.histograms import Snapshot
-from agent.detect.suspects import Suspect, compared_confidence, current_lifetime
-from agent.detect.sustained import MIN_CONFIDENCE, MIN_POINTS
+from agent.detect.explain.suspects import Suspect, compared_confidence, current_lifetime
+from agent.detect.explain.sustained import MIN_CONFIDENCE, MIN_POINTS
 from agent.detect.trend import mann_kendall, normal_cdf
 from agent.state.histograms import HistogramStore
 from agent.state.store import Store

@@ -8,12 +8,12 @@ from typing import Any
 
 from agent.core.types import Kind, Severity
 from agent.core.units import format_bytes
-from agent.detect.fit import Fit
-from agent.detect.growth import PEAK_BUCKETS, fits, peak, time_to_limit
-from agent.detect.jvm import DIRECT, HEAP_MAX, HEAP_USABLE, LAYERS, METASPACE, NATIVE, value_at
+from agent.detect.memory.fit import Fit
+from agent.detect.memory.growth import PEAK_BUCKETS, fits, peak, time_to_limit
+from agent.detect.memory.jvm import DIRECT, HEAP_MAX, HEAP_USABLE, LAYERS, METASPACE, NATIVE, value_at
+from agent.detect.memory.prepared import Prepared
 from agent.detect.model import JVM_HEAP_AFTER_GC, RSS, Observation, State, Verdict
 from agent.detect.params import DetectParams
-from agent.detect.prepared import Prepared
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +74,7 @@ class Context:
 
     def projection(self, metric: str) -> Projection:
         """The ceiling growth of `metric` hits first: the memory limit for the process's memory, the
-        layer's own for a JVM's heap, direct buffers and metaspace (agent/detect/jvm.py)."""
+        layer's own for a JVM's heap, direct buffers and metaspace (agent/detect/memory/jvm.py)."""
         found = self._projections.get(metric)
         if found is None:
             found = self._projections[metric] = self._project(metric)

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.core.units import format_bytes
-from agent.detect.ranking import suspects_for
-from agent.detect.retainers import with_held_by
-from agent.detect.sustained import MIN_CONFIDENCE, growth
+from agent.detect.explain.ranking import suspects_for
+from agent.detect.explain.retainers import with_held_by
+from agent.detect.explain.sustained import MIN_CONFIDENCE, growth
 from agent.state.histograms import HistogramStore
 from agent.state.series import Aggregate
 from agent.state.store import Store

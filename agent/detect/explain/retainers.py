@@ -14,7 +14,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from agent.detect.suspects import Suspect
+from agent.detect.explain.suspects import Suspect
 from agent.state.histograms import HistogramStore
 from agent.state.store import Store
 

@@ -4,7 +4,7 @@ Each name's bytes and count across the snapshots of the current process lifetime
 leak detector's robust trend test (`agent.detect.trend`: level shifts removed, Theil-Sen slope,
 Mann-Kendall confidence corrected for autocorrelation). A suspect grows in bytes **and** in count,
 confidently, well clear of its scatter, with a floor that rises block after block, and without
-levelling off (`agent.detect.sustained`). Garbage counted by `GC.class_histogram -all` lands anywhere
+levelling off (`agent.detect.explain.sustained`). Garbage counted by `GC.class_histogram -all` lands anywhere
 in its range at each snapshot: a few snapshots of it can fool a trend test, rarely all four checks.
 
 JVM classes are judged on their post-GC floor: the live histogram when there are enough of those,
@@ -34,8 +34,8 @@ from typing import Any
 
 from agent.core.histograms import Snapshot
 from agent.core.units import format_bytes
+from agent.detect.explain.sustained import MIN_CONFIDENCE, MIN_POINTS, growth
 from agent.detect.model import Points
-from agent.detect.sustained import MIN_CONFIDENCE, MIN_POINTS, growth
 from agent.detect.trend import theil_sen
 from agent.state.store import Store
 

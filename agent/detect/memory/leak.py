@@ -2,7 +2,7 @@
 
 The series judged is the most specific one present: allocator live bytes, else a JVM's layers
 (the heap after GC, the memory outside the heap, direct buffers, metaspace: each projected to its
-own ceiling, the earliest deadline reported; agent/detect/jvm.py), else RSS. A fit fires when
+own ceiling, the earliest deadline reported; agent/detect/memory/jvm.py), else RSS. A fit fires when
 its lower envelope grows with Mann-Kendall confidence above `confidence`, faster than
 `min_rate`, without decelerating, over enough history for its projection, and when its scale
 may speak (see `assess`): hours of growth are also what a daily traffic rise or a slow drift
@@ -15,13 +15,13 @@ from dataclasses import replace
 
 from agent.core.types import Severity
 from agent.core.units import format_bytes, format_duration, format_rate
-from agent.detect.context import Context, Projection, leak_layers
-from agent.detect.fit import Fit
-from agent.detect.growth import at_record, time_to_limit, traffic_explains
-from agent.detect.jvm import LAYERS, NATIVE, Layer
-from agent.detect.lifetimes import carried
+from agent.detect.memory.context import Context, Projection, leak_layers
+from agent.detect.memory.fit import Fit
+from agent.detect.memory.growth import at_record, time_to_limit, traffic_explains
+from agent.detect.memory.jvm import LAYERS, NATIVE, Layer
+from agent.detect.memory.lifetimes import carried
+from agent.detect.memory.oom import past_the_limit, reported_time_to_oom, saturation_ruled_out
 from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, PYMALLOC, RSS, Observation, State, Verdict
-from agent.detect.oom import past_the_limit, reported_time_to_oom, saturation_ruled_out
 from agent.detect.params import DetectParams
 
 CLEAR_DECEL = 0.5  # clear only when the recent slope is below half of `decel_ratio` of the window's
@@ -35,7 +35,7 @@ NATIVE_DOMINANCE = 4.0
 
 
 def leak_series(ctx: Context) -> list[str]:
-    """The series a leak is judged on, most specific first; a JVM's layers (agent/detect/jvm.py) when
+    """The series a leak is judged on, most specific first; a JVM's layers (agent/detect/memory/jvm.py) when
     its memory outside the heap is known."""
     if ctx.present(ALLOCATED):
         # Python's small objects live in pymalloc's arenas, which malloc's figures do not count

@@ -23,13 +23,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
 from agent.detect.coverage import Sight, seen_from, union
-from agent.detect.engine import InstanceAnalysis, judge, judged_reach, replay_steps
-from agent.detect.leak import severity_for
 from agent.detect.lifecycle import update
-from agent.detect.model import Finding, InstanceSeries, Observation
+from agent.detect.memory.engine import judge, judged_reach, replay_steps
+from agent.detect.memory.leak import severity_for
+from agent.detect.memory.prepared import Prepared
+from agent.detect.memory.priors import learn_workload, merge
+from agent.detect.model import Finding, InstanceAnalysis, InstanceSeries, Observation
 from agent.detect.params import DetectParams
-from agent.detect.prepared import Prepared
-from agent.detect.priors import learn_workload, merge
 from agent.detect.seasonal import WorkloadProfile
 
 FLEET_SHARE = 0.5  # a fleet-wide leak: growth in at least half of the instances...

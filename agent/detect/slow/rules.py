@@ -1,4 +1,4 @@
-"""The three rules of the slow detector and their tunables; `agent.detect.slow` combines them.
+"""The three rules of the slow detector and their tunables; `agent.detect.slow.detector` combines them.
 
 Each rule returns a `Rule`: `firing`, `clear`, `holding` (between its firing and clearing
 thresholds: keep whatever finding there is) or `unknown` (not enough data), a sentence, and the

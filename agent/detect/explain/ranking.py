@@ -6,8 +6,8 @@ built on `suspects` and so is joined here, above both.
 from __future__ import annotations
 
 from agent.core.histograms import Snapshot
-from agent.detect.pysuspects import python_order
-from agent.detect.suspects import (
+from agent.detect.explain.pysuspects import python_order
+from agent.detect.explain.suspects import (
     SUSPECT_KINDS,
     Suspect,
     current_lifetime,
@@ -17,7 +17,7 @@ from agent.detect.suspects import (
     rank,
     with_shares,
 )
-from agent.detect.sustained import MIN_POINTS
+from agent.detect.explain.sustained import MIN_POINTS
 from agent.state.histograms import HistogramStore
 from agent.state.store import Store
 

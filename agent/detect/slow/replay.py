@@ -3,7 +3,7 @@
 `medic analyze` gives the latency series of its input (`latency_p99_seconds` and the other
 quantiles, or the canary's) to `analyze_slow`: on the slow detector's epoch-aligned grid, each
 fleet of peers is judged by `evaluate_slow` with the samples the agent's detection job would have
-loaded at that instant (the last `agent.detect.slow.history` seconds), and the observations go
+loaded at that instant (the last `agent.detect.slow.detector.history` seconds), and the observations go
 through the same lifecycle (`open_after`, `resolve_after`). The findings are added to each
 instance's `InstanceAnalysis`, so the table and `--json` list them beside the memory findings.
 
@@ -26,8 +26,18 @@ from collections.abc import Callable, Mapping, Sequence
 from itertools import compress
 
 from agent.detect.coverage import Interval, seen_from, steps_seen
-from agent.detect.engine import InstanceAnalysis
-from agent.detect.latency_rules import (
+from agent.detect.lifecycle import update
+from agent.detect.model import START_TIME, Finding, InstanceAnalysis, InstanceSeries, Observation, Points
+from agent.detect.slow.detector import (
+    DEFAULT_SLOW,
+    INPUT_METRICS,
+    Level,
+    history,
+    judge_view,
+    judged_reach,
+    tick_for,
+)
+from agent.detect.slow.rules import (
     CANARY,
     MEAN,
     QUANTILE_METRICS,
@@ -40,9 +50,6 @@ from agent.detect.latency_rules import (
     relative_instants,
     relative_ratios,
 )
-from agent.detect.lifecycle import update
-from agent.detect.model import START_TIME, Finding, InstanceSeries, Observation, Points
-from agent.detect.slow import DEFAULT_SLOW, INPUT_METRICS, Level, history, judge_view, judged_reach, tick_for
 from agent.detect.trend import _kernels, normal_cdf
 
 LATENCY_METRICS = frozenset({*QUANTILE_METRICS.values(), MEAN, CANARY})

@@ -1,7 +1,7 @@
 """One scale's view of one memory series at one tick (`Fit`): its step-free lower envelope, and what
 is worked out from it only when a judgement asks (the rise, the trend, the curve it levels off along).
 
-`agent.detect.growth` makes the fits of each scale; the detectors judge them.
+`agent.detect.memory.growth` makes the fits of each scale; the detectors judge them.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agent.detect.memory.saturation import MIN_POINTS, Levelling, levelling, reach_margin
 from agent.detect.params import DetectParams
-from agent.detect.saturation import MIN_POINTS, Levelling, levelling, reach_margin
 from agent.detect.trend import (
     Steps,
     Trend,

@@ -15,9 +15,9 @@ import math
 from typing import Any
 
 from agent.core.units import format_duration
-from agent.detect.context import Context
-from agent.detect.fit import Fit
-from agent.detect.growth import fits, time_to_limit, traffic_explains
+from agent.detect.memory.context import Context
+from agent.detect.memory.fit import Fit
+from agent.detect.memory.growth import fits, time_to_limit, traffic_explains
 
 ALIKE = (0.67, 1.5)  # the current growth within these factors of the previous lifetime's
 

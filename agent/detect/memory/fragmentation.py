@@ -22,8 +22,8 @@ import math
 from typing import TypedDict
 
 from agent.core.units import format_bytes
-from agent.detect.context import Context
-from agent.detect.jvm import HEAP_COMMITTED, HEAP_MAX
+from agent.detect.memory.context import Context
+from agent.detect.memory.jvm import HEAP_COMMITTED, HEAP_MAX
 from agent.detect.model import (
     ACTIVE,
     ALLOCATED,

@@ -18,10 +18,10 @@ from itertools import repeat
 from operator import add, mul, sub
 from typing import cast
 
-from agent.detect.fit import Fit
+from agent.detect.memory.fit import Fit
+from agent.detect.memory.prepared import Prepared
+from agent.detect.memory.saturation import least_squares
 from agent.detect.params import DetectParams
-from agent.detect.prepared import Prepared
-from agent.detect.saturation import least_squares
 from agent.detect.trend import (
     MAX_RHO,
     STEP_HOLD,

@@ -12,14 +12,14 @@ figure only: a p99 with p99s, a mean (a summary without quantiles, a pair of cou
 `agent.detect.lifecycle.update(active, observations, params)`: `SlowParams` has the
 `open_after`/`resolve_after` it reads.
 
-Rules (`agent.detect.latency_rules`), each with separate firing and clearing thresholds so that
+Rules (`agent.detect.slow.rules`), each with separate firing and clearing thresholds so that
 findings do not flap:
 - **slo**: the SLO quantile over its threshold for `fire_fraction` of the SLO's `for` window;
 - **peer**: a robust outlier (median/MAD, at least `peer_min` peers, a ratio and a floor);
 - **trend**: steady growth by the memory detectors' trend test, reaching the SLO within `horizon`.
 The observation fires when any rule fires, clears when every rule that could judge clears, and
 holds otherwise. Evidence names each rule's state and figures; CPU throttling, memory pressure,
-memory near its limit and major faults are attached as likely causes (`agent.detect.causes`).
+memory near its limit and major faults are attached as likely causes (`agent.detect.slow.causes`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from typing import Any, NamedTuple
 
 from agent.core.timescale import WINDOW_SAMPLES, TimeScale
 from agent.core.types import Kind, Severity
-from agent.detect.causes import likely_causes
-from agent.detect.latency_rules import (
+from agent.detect.model import START_TIME, InstanceSeries, Observation, State
+from agent.detect.slow.causes import likely_causes
+from agent.detect.slow.rules import (
     CANARY,
     MEAN,
     QUANTILE_METRICS,
@@ -47,7 +48,6 @@ from agent.detect.latency_rules import (
     relative_instants,
     relative_ratios,
 )
-from agent.detect.model import START_TIME, InstanceSeries, Observation, State
 
 __all__ = [
     "DEFAULT_SLOW",
