@@ -65,7 +65,7 @@ def test_the_refusal_names_the_holders_api_when_its_agent_file_is_its_own(state_
         )
         with pytest.raises(ConfigError) as refused:
             hold_state_dir(state_dir)
-        assert f"(pid {os.getpid()})" in str(refused.value) and "42" not in str(refused.value)
+        assert f"(pid {os.getpid()})" in str(refused.value) and "127.0.0.1:42" not in str(refused.value)
 
 
 @pytest.mark.parametrize("content", [b"", b"garbage\x00\xff", b'{"pid": true}', b"[1]", b'{"pid": "1"}'])
