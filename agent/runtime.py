@@ -24,11 +24,6 @@ from typing import TypedDict
 import anyio.to_thread
 
 # apscheduler 3 ships neither inline types nor a py.typed marker, and no stubs exist for it
-from apscheduler.events import (  # type: ignore[import-untyped]
-    EVENT_JOB_ERROR,
-    EVENT_JOB_EXECUTED,
-    EVENT_JOB_MAX_INSTANCES,
-)
 from apscheduler.schedulers.asyncio import AsyncIOScheduler  # type: ignore[import-untyped]
 from prometheus_client import disable_created_metrics
 
@@ -49,7 +44,7 @@ from agent.jobs.history import HistoryJob
 from agent.jobs.peers import TICK as PEERS_TICK
 from agent.jobs.peers import PeersJob
 from agent.jobs.remediation import Remediation
-from agent.jobs.streak import SkippedRuns
+from agent.jobs.streak import SkippedRuns, quiet_skipped_runs
 from agent.notify.service import Notifier
 from agent.state import AGENT_FILE_NAME
 from agent.state.eventlog import EventLog
@@ -63,21 +58,6 @@ from probes.linux.fstrust import atomic_write, ensure_private_dir
 from probes.registry import PROBES, create_probe
 
 log = logging.getLogger("medic.runtime")
-_SKIP_WARNING = 'Execution of job "%s" skipped'  # apscheduler's WARNING on every tick a run is still going
-
-
-def _not_a_skip_warning(record: logging.LogRecord) -> bool:
-    return not (isinstance(record.msg, str) and record.msg.startswith(_SKIP_WARNING))
-
-
-def quiet_skipped_runs(scheduler: AsyncIOScheduler, runs: SkippedRuns) -> None:
-    """A run skipped because the previous one still waits (on a slow etcd, up to its timeout) goes
-    to `runs` (a counter, one line per streak) instead of apscheduler's WARNING on every tick."""
-    scheduler_log = logging.getLogger("apscheduler.scheduler")
-    if _not_a_skip_warning not in scheduler_log.filters:
-        scheduler_log.addFilter(_not_a_skip_warning)
-    scheduler.add_listener(lambda event: runs.skipped(event.job_id), EVENT_JOB_MAX_INSTANCES)
-    scheduler.add_listener(lambda event: runs.ran(event.job_id), EVENT_JOB_EXECUTED | EVENT_JOB_ERROR)
 
 
 class AgentInfo(TypedDict):

@@ -10,8 +10,7 @@ import threading
 import pytest
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from agent.jobs.streak import SkippedRuns
-from agent.runtime import quiet_skipped_runs
+from agent.jobs.streak import SkippedRuns, quiet_skipped_runs
 
 
 @pytest.mark.slow

@@ -10,6 +10,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
+
+# apscheduler 3 ships neither inline types nor a py.typed marker, and no stubs exist for it
+from apscheduler.events import (  # type: ignore[import-untyped]
+    EVENT_JOB_ERROR,
+    EVENT_JOB_EXECUTED,
+    EVENT_JOB_MAX_INSTANCES,
+)
 
 
 class FailureStreak:
@@ -65,3 +73,20 @@ class SkippedRuns:
         skipped = self._streaks.pop(job, 0)
         if skipped:
             self._log.info("job %s ran again after %d skipped run(s)", job, skipped)
+
+
+_SKIP_WARNING = 'Execution of job "%s" skipped'  # apscheduler's WARNING on every tick a run is still going
+
+
+def _not_a_skip_warning(record: logging.LogRecord) -> bool:
+    return not (isinstance(record.msg, str) and record.msg.startswith(_SKIP_WARNING))
+
+
+def quiet_skipped_runs(scheduler: Any, runs: SkippedRuns) -> None:
+    """A run skipped because the previous one still waits (on a slow etcd, up to its timeout) goes
+    to `runs` (a counter, one line per streak) instead of apscheduler's WARNING on every tick."""
+    scheduler_log = logging.getLogger("apscheduler.scheduler")
+    if _not_a_skip_warning not in scheduler_log.filters:
+        scheduler_log.addFilter(_not_a_skip_warning)
+    scheduler.add_listener(lambda event: runs.skipped(event.job_id), EVENT_JOB_MAX_INSTANCES)
+    scheduler.add_listener(lambda event: runs.ran(event.job_id), EVENT_JOB_EXECUTED | EVENT_JOB_ERROR)
