@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -105,11 +106,7 @@ def judged(members: list) -> list:
     return [m for m in members if m.series[P99] or m.series[MEAN]]
 
 
-# derandomized: the same 40 examples on every run. A random draw once found an input where the
-# screened replay's relative (trend-against-peers) rule says "unknown" at a finding's last tick where
-# judging every tick says "clear": a peer's level at a past instant whose tick the screen skipped is
-# not looked up (docs/latency.md, "Known gaps"); the findings, kinds and times were the same
-@settings(max_examples=40, deadline=None, derandomize=True)
+@settings(max_examples=40, deadline=None)
 @given(
     seed=st.integers(0, 2**16),
     shapes=st.lists(shape, min_size=1, max_size=6),
@@ -130,8 +127,23 @@ def test_the_screened_replay_finds_what_judging_every_tick_finds(seed, shapes, e
     got = {f.id: (f, a.at_open.get(f.id)) for a in analyses.values() for f in a.findings}
     assert got.keys() == expected.keys()
     for key, (finding, at_open) in got.items():
-        assert finding == expected[key][0]
-        assert at_open == expected[key][1]
+        assert same_but_the_known_gap(finding, expected[key][0])
+        assert same_but_the_known_gap(at_open, expected[key][1])
+
+
+def same_but_the_known_gap(got, expected) -> bool:
+    """Equal findings, but for the relative rule's part of the evidence where the screened replay
+    says "unknown" (docs/latency.md, "Known gaps"): its other states must agree."""
+    if got is None or expected is None:
+        return got == expected
+    mine, theirs = got.evidence.get("rules", {}), expected.evidence.get("rules", {})
+    if mine.get("relative", {}).get("state") == "unknown" and "relative" in theirs:
+        got = replace(
+            got, evidence={**got.evidence, "rules": {k: v for k, v in mine.items() if k != "relative"}}
+        )
+        trimmed = {k: v for k, v in theirs.items() if k != "relative"}
+        expected = replace(expected, evidence={**expected.evidence, "rules": trimmed})
+    return got == expected
 
 
 @settings(max_examples=25, deadline=None)
