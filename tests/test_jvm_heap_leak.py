@@ -90,7 +90,7 @@ def test_a_heap_leak_is_found_before_the_jvms_oome_and_a_heap_grown_to_xmx_is_no
         suspects = leaks[0]["evidence"].get("suspects") or [] if leaks else []
         return [s for s in suspects if s.get("held_by")]
 
-    suspect = wait_until(held, 240, interval=1.0)[0]  # JFR records 12 s, then is read; slower on a busy host
+    suspect = wait_until(held, 360, interval=1.0)[0]  # JFR records 12 s, then is read; slower on a busy host
     assert suspect["kind"] == "class" and suspect["name"] in (
         "[B",
         "java.util.HashMap$Node",
