@@ -158,10 +158,12 @@ class _FleetReplay:
         )
         self.ticks = grid(first, last, params, seen)  # when the samples are loaded …
         self.judged = [tick_for(tick, params) for tick in self.ticks]  # … and the instant judged
+        self.first_sample = first
         self.tick_array, self.judged_array = array("d", self.ticks), array("d", self.judged)
         self.index = {round(when / params.step): t for t, when in enumerate(self.judged)}  # by step number
         self._screen_instants = (self.tick_array.tobytes(), self.judged_array.tobytes())
         self.python_levels: dict[tuple[int, int], Level | None] = {}
+        self.python_metrics: dict[tuple[int, int], str | None] = {}
         screens = [self._screen(w) if screen else None for w in self.windows]
         self.levels: list[array[float] | None] = [found[0] if found else None for found in screens]
         self.odd = [found[2] if found else set() for found in screens]
@@ -310,6 +312,13 @@ class _FleetReplay:
                 recent = max(values[:5]) if len(values) >= 5 else max(values)
                 if recent >= bar and recent >= bar * min(values):
                     out.setdefault(i, []).append(t)
+        # where an instance's series changed within the window, the levels above are not the ones
+        # a judgement reads (`levels_at`): Python judges those ticks
+        switched = sorted(self.judged[s] for s in set().union(*self.switched))
+        for t, when in enumerate(self.judged):
+            if bisect_right(switched, when) > bisect_left(switched, when - params.relative_window - 1e-9):
+                for i in range(len(self.names)):
+                    out.setdefault(i, []).append(t)
         return out
 
     def level(self, i: int, t: int) -> float | None:
@@ -330,6 +339,37 @@ class _FleetReplay:
             self.python_levels[key] = None if seconds is None else Level(seconds, view.metric)
         return self.python_levels[key]
 
+    def levels_at(self, t: int, at: float) -> dict[str, Level]:
+        """Each instance's level at the earlier instant `at` as the judgement at tick `t` reads it
+        (`evaluate_slow`): from the series loaded at `t`, so an instance whose judged series changed
+        since (its quantile back after a gap) is read from the new one, not as that tick read it."""
+        if at < self.first_sample:
+            return {}
+        k = self.index.get(round(at / self.params.step))
+        out = {}
+        for j, name in enumerate(self.names):
+            if k is not None and self.metric_at(j, k) == self.metric_at(j, t):
+                found = self.peer_level(j, k)
+            else:
+                load = self.ticks[t]
+                series = self.windows[j].at(load - self.span, load)
+                since = at - self.params.peer_window - self.params.stale
+                view = LatencyView.at(series, at, self.slos.get(series.instance), since)
+                seconds = view.level(self.params.peer_window, at, self.params)
+                found = None if seconds is None else Level(seconds, view.metric)
+            if found is not None:
+                out[name] = found
+        return out
+
+    def metric_at(self, i: int, t: int) -> str | None:
+        """The series instance `i` is judged on at tick `t`."""
+        if self.levels[i] is not None:
+            return MEAN if t in self.switched[i] else self.metric[i]
+        key = (i, t)
+        if key not in self.python_metrics:
+            self.python_metrics[key] = self._view(i, t).metric
+        return self.python_metrics[key]
+
     def _view(self, i: int, t: int) -> LatencyView:
         load = self.ticks[t]
         series = self.windows[i].at(load - self.span, load)
@@ -344,18 +384,7 @@ class _FleetReplay:
             if found is not None:
                 known[name] = found
         instants = relative_instants(self.judged[t], self.params)
-        past = []
-        for at in instants:
-            k = self.index.get(round(at / self.params.step))
-            past.append(
-                {}
-                if k is None
-                else {
-                    name: found
-                    for j, name in enumerate(self.names)
-                    if (found := self.peer_level(j, k)) is not None
-                }
-            )
+        past = [self.levels_at(t, at) for at in instants]
         ratios = relative_ratios(view.instance, past, view.lifetime_start, instants, self.params.peer_min)
         return judge_view(view, self.level(i, t), known, self.judged[t], self.params, ratios)
 
