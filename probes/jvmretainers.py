@@ -42,6 +42,7 @@ NAME = "medic-retainers"
 DUMP = "retainers.jfr"
 MAX_DUMP = 64 * 2**20  # the old-object sampler keeps 256 samples: a dump is some 100 KiB
 MAX_HOLDS = 20
+TRIES = 3  # a recording that failed (a jcmd or `jfr print` timeout on a loaded host) is tried again
 
 
 @dataclass(slots=True)
@@ -56,6 +57,7 @@ class Retainers:
         self.root = root
         self._wanted: set[str] = set()
         self._recordings: dict[tuple[str, int, float], _Recording] = {}
+        self._failed: Counter[tuple[str, int, float]] = Counter()
         self._lock = threading.Lock()
 
     def want(self, instance: str) -> None:
@@ -66,6 +68,7 @@ class Retainers:
     def forget(self, key: tuple[str, int, float]) -> None:
         with self._lock:
             self._recordings.pop(key, None)  # the process is gone: its recording went with it
+            self._failed.pop(key, None)
 
     def step(self, target: ProbeTarget, now: float, settings: JvmHistograms, result: ProbeResult) -> None:
         """Start a wanted recording, or dump and stop one that has run `record`."""
@@ -74,27 +77,38 @@ class Retainers:
             recording = self._recordings.get(key)
             wanted = target.instance in self._wanted
             self._wanted.discard(target.instance)
+        wanted = wanted and settings.retainers.on_leak
+        if recording is None and wanted and not same_mount_namespace(target.pid, self.root):
+            result.problems.append(
+                ProbeError(
+                    f"the JVM {target.pid} runs in another mount namespace (a container): medic cannot "
+                    "read a JFR dump it writes there, so it names no holder of the leak"
+                )
+            )
+            return
         try:
             if recording is None:
-                if wanted and settings.retainers.on_leak:
+                if wanted:
                     self._start(target, now, settings, key)
             elif now - recording.started >= settings.retainers.record:
-                self.forget(key)
+                with self._lock:
+                    self._recordings.pop(key, None)
                 samples = self._dump(target, settings)
                 result.snapshots.append(_snapshot(target, now, samples, now - recording.started))
         except TargetGone:
             raise
         except ProbeError as exc:
-            result.problems.append(exc)
+            with self._lock:
+                self._failed[key] += 1
+                again = self._failed[key] < TRIES
+                if again:
+                    self._wanted.add(target.instance)
+            tail = f" (medic records again, try {self._failed[key] + 1} of {TRIES})" if again else ""
+            result.problems.append(type(exc)(f"recording what holds the leak: {exc}{tail}"))
 
     def _start(
         self, target: ProbeTarget, now: float, settings: JvmHistograms, key: tuple[str, int, float]
     ) -> None:
-        if not same_mount_namespace(target.pid, self.root):
-            raise ProbeError(
-                f"the JVM {target.pid} runs in another mount namespace (a container): medic cannot read a "
-                "JFR dump it writes there, so it names no holder of the leak"
-            )
         stop_after = int(settings.retainers.record + max(60.0, 2 * settings.timeout))
         run_jcmd(
             target.pid,

@@ -8,6 +8,7 @@ grew its heap to -Xmx gets no finding, and none is read as memory kept by an all
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -88,9 +89,14 @@ def test_a_heap_leak_is_found_before_the_jvms_oome_and_a_heap_grown_to_xmx_is_no
             f for f in agent.get("/api/v1/findings", kind="leak")["findings"] if f["instance"] == "leaky"
         ]
         suspects = leaks[0]["evidence"].get("suspects") or [] if leaks else []
+        assert leaks or leaking.poll() is None, "leaky: the JVM died before medic named what holds its leak"
         return [s for s in suspects if s.get("held_by")]
 
-    suspect = wait_until(held, 360, interval=1.0)[0]  # JFR records 12 s, then is read; slower on a busy host
+    try:  # JFR records 12 s, then is read (a failed try is retried); slower on a busy host
+        suspect = wait_until(held, 360, interval=1.0)[0]
+    except AssertionError as exc:
+        said = [e for e in agent.events() if e.get("instance") == "leaky" and "hold" in json.dumps(e)]
+        raise AssertionError(f"{exc}; JVM exit status {leaking.poll()}; medic said: {said[-5:]}") from None
     assert suspect["kind"] == "class" and suspect["name"] in (
         "[B",
         "java.util.HashMap$Node",

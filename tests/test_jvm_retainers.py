@@ -4,6 +4,7 @@ hypothesis makes), turned into holders, and named on the suspects they hold (`he
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -14,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.core.histograms import HistogramRow, Snapshot
-from agent.core.records import ProbeTarget
+from agent.core.records import ProbeResult, ProbeTarget
 from agent.core.text import held_by_text
 from agent.detect.explain.retainers import with_held_by
 from agent.detect.explain.suspects import Suspect
@@ -22,7 +23,8 @@ from agent.state.histograms import HistogramStore
 from agent.state.store import Store
 from probes.jfrtext import histogram_name, parse_old_objects, retainer
 from probes.jvm import JvmProbe
-from probes.jvmretainers import retainer_rows
+from probes.jvmretainers import TRIES, Retainers, retainer_rows
+from probes.settings import JvmHistograms
 from support.jvm_heap import build_heap_shapes, start_heap_shape
 from support.procs import wait_until
 
@@ -137,6 +139,28 @@ def test_any_jfr_text_gives_bounded_samples_and_rows(body):
         assert found is None or (found.where and found.holds and found.holds[0] == sample.type)
     for row in retainer_rows(samples):
         assert row.count >= 1 and json.loads(row.detail or "")["holds"]
+
+
+def test_a_recording_that_failed_is_tried_again_a_few_times_then_given_up(tmp_path):
+    """A jcmd that fails (here: configured where there is none; on a loaded host: a timeout) costs one
+    try; the next probe run records again, up to TRIES, each failure saying so, then medic stops."""
+    retainers = Retainers()
+    settings_ = JvmHistograms(jcmd=str(tmp_path / "no-such-jcmd"))
+    target = ProbeTarget("jvm0", os.getpid(), 1000.0, {}, {})
+    retainers.want("jvm0")
+    said = []
+    for run in range(TRIES + 2):
+        result = ProbeResult()
+        retainers.step(target, 2000.0 + run, settings_, result)
+        said.extend(str(problem) for problem in result.problems)
+    assert len(said) == TRIES, said
+    assert all("recording what holds the leak: histograms.jvm.jcmd" in text for text in said), said
+    assert f"try 2 of {TRIES}" in said[0] and "try" not in said[-1], said
+    retainers.forget(("jvm0", os.getpid(), 1000.0))  # the process went: a new leak finding tries afresh
+    retainers.want("jvm0")
+    result = ProbeResult()
+    retainers.step(target, 3000.0, settings_, result)
+    assert len(result.problems) == 1 and f"try 2 of {TRIES}" in str(result.problems[0])
 
 
 @pytest.mark.slow
