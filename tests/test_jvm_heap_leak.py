@@ -67,7 +67,10 @@ def test_a_heap_leak_is_found_before_the_jvms_oome_and_a_heap_grown_to_xmx_is_no
 ):
     classes = build_heap_shapes(tmp_path)
     leaking, leaky = start_heap_shape(spawn, classes, "leak", 10, "-Xmx96m", "-XX:+UseG1GC")
-    _growing, growing = start_heap_shape(spawn, classes, "expand", 15000, "-Xms8m", "-Xmx96m", "-XX:+UseG1GC")
+    # G1 left to itself commits 35-85 MiB of a 96 MiB heap and gives some back; these two settings make
+    # it commit all of it as its load ramps up over a minute and keep it, on a busy host too
+    expanding = ("-Xms8m", "-Xmx96m", "-XX:+UseG1GC", "-XX:GCTimeRatio=99", "-XX:MaxHeapFreeRatio=100")
+    _growing, growing = start_heap_shape(spawn, classes, "expand", 60000, *expanding)
     direct = ("-Xmx64m", "-XX:MaxDirectMemorySize=48m", "-XX:NativeMemoryTracking=summary")
     keeping, buffers = start_heap_shape(spawn, classes, "direct", 6, *direct)
     agent.start(lab_config(leaky, growing, buffers))
