@@ -338,14 +338,15 @@ def test_a_leaking_server_grows_under_load_and_a_healthy_one_does_not(spawn, mod
 def test_demo_restarts_the_leaking_and_slow_servers_and_never_a_healthy_one(tmp_path):
     state = tmp_path / "state"
     argv = [PYTHON, "-m", "agent.cli.main", "demo", "--listen", "127.0.0.1:0", "--json", "--until-restarted"]
-    argv += ["--duration", "80s", "--leak-rate", "3Mi", "--memory-limit", "320Mi", "--state-dir", str(state)]
+    # the restarts end the demo (about a minute); the duration is only a bound for a busy host
+    argv += ["--duration", "150s", "--leak-rate", "3Mi", "--memory-limit", "320Mi", "--state-dir", str(state)]
     started = time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=150, env=ENV)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     servers = {s["name"]: s for s in report["servers"]}
     assert {s["behaviour"] for s in servers.values()} == {"healthy", "leak", "slow"}
-    assert report["duration_seconds"] < 78, "stopped by --until-restarted, not by --duration"
+    assert report["duration_seconds"] < 148, "stopped by --until-restarted, not by --duration"
 
     leaking = [s for s in servers.values() if s["behaviour"] == "leak"]
     leaks = [f for f in report["findings"] if f["kind"] == "leak"]
