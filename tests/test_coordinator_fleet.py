@@ -39,7 +39,7 @@ CONFIG = {
     },
     "plan": {"safety_margin": "1s", "restart_duration": "1s", "deadline_granularity": "1s"},
     "blockers": {"min_uptime": 0, "capacity": {"max_unavailable": 6}},
-    "verify": {"timeout": "10s", "stable_for": f"{STABLE_FOR}s"},
+    "verify": {"timeout": "60s", "stable_for": f"{STABLE_FOR}s"},
     "coordinator": {"lease_ttl": f"{TTL}s", "fleet_ttl": "5s"},
 }
 

@@ -41,7 +41,7 @@ ENGINE = {
     "interval": "0.2s",
     "budget": {"max_concurrent": 1, "min_interval": "1s", "max_per_hour": None, "cooldown": "30s"},
     "blockers": {"min_uptime": 0},
-    "verify": {"timeout": "10s", "stable_for": "0.3s"},
+    "verify": {"timeout": "60s", "stable_for": "0.3s"},
     "coordinator": {"lease_ttl": "3s", "fleet_ttl": "5s"},
 }
 

@@ -42,7 +42,7 @@ BASE = {
         "crash_loop": {"max_restarts": 3, "window": "1m", "reset_after": "20s"},
     },
     "blockers": {"min_uptime": 0},
-    "verify": {"timeout": "10s", "stable_for": "0.3s"},
+    "verify": {"timeout": "60s", "stable_for": "0.3s"},
     "coordinator": {"lease_ttl": "3s"},
 }
 

@@ -22,7 +22,7 @@ def config(mode: str, **blockers) -> dict:
             "budget": {"max_concurrent": 1, "min_interval": "1s", "max_per_hour": None, "cooldown": "1h"},
             "plan": {"restart_duration": "2s"},
             "blockers": {"min_uptime": "1h", **blockers},
-            "verify": {"timeout": "10s", "stable_for": "0.3s"},
+            "verify": {"timeout": "60s", "stable_for": "0.3s"},  # a busy host starts python slowly
         },
         "instances": [{"name": "svc", "match": {"command": workload_argv("stable", "--size", "8Mi")}}],
     }
@@ -55,7 +55,8 @@ def test_a_held_manual_restart_says_why_in_its_answer_the_plan_and_the_actions(a
 
     forced = agent.cli("restart", "svc", "--force", "--reason", "INC-9: restart it now")
     assert forced.returncode == 0 and "restart started (action" in forced.stdout, forced.stdout
-    wait_until(lambda: any(a["outcome"] == "succeeded" for a in actions(agent)), 30)
+    ended = ("succeeded", "failed", "skipped")
+    wait_until(lambda: any(a["outcome"] in ended for a in actions(agent)), 120)
     by_outcome = {a["outcome"]: a for a in actions(agent)}
     assert set(by_outcome) == {"succeeded", "replaced"}, by_outcome  # the held request gave way to it
     assert agent.instance("svc")["pid"] != first_pid

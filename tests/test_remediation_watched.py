@@ -30,7 +30,7 @@ CONFIG = {
     "budget": {"max_concurrent": 1, "min_interval": "1s", "max_per_hour": None, "cooldown": "1m"},
     "plan": {"safety_margin": "2s", "restart_duration": "1s", "deadline_granularity": 0},
     "blockers": {"min_uptime": 0},
-    "verify": {"timeout": "10s", "stable_for": "0.3s"},
+    "verify": {"timeout": "60s", "stable_for": "0.3s"},
 }
 
 

@@ -353,7 +353,7 @@ FULL_DISK_CONFIG = {
         "interval": "0.3s",
         "budget": {"max_concurrent": 1, "min_interval": "1s", "max_per_hour": None, "cooldown": "5s"},
         "blockers": {"min_uptime": "1s"},
-        "verify": {"timeout": "10s", "stable_for": "1s"},
+        "verify": {"timeout": "60s", "stable_for": "1s"},
     },
     "instances": [
         {
