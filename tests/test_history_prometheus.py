@@ -26,7 +26,7 @@ from agent.series.prometheus_pull import PullSpec, chunks, pull_range
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
 from support.history import prometheus_with_history, write_leaking_openmetrics
-from support.procs import free_port, wait_until
+from support.procs import PATIENCE, free_port, wait_until
 from support.remediation import HttpRecorder, silent_server
 
 MiB = 2**20
@@ -181,7 +181,7 @@ def test_unreachable_and_slow_servers_are_errors_not_hangs():
         started = time.monotonic()
         with pytest.raises(SeriesFormatError, match=r"no answer within 0\.5s"):
             pull_range(spec(url, timeout=0.5))
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < 5 * PATIENCE
 
 
 def test_a_pull_over_its_deadline_stops():

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from remediation.evidence import EvidenceStore, Parts
 from remediation.model import InstanceView
+from support.procs import PATIENCE
 
 VIEW = InstanceView("serving-7", 4242, 1.0)
 
@@ -61,7 +62,7 @@ def test_a_hung_or_failing_capture_does_not_hold_the_restart(tmp_path):
         i.name: i for i in store.capture(1, VIEW, {"jvm": hangs, "gdb": fails, "none": lambda v, t: None})
     }
     release.set()
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 2 * PATIENCE
     assert items["jvm"].error == "timed out after 0.5s"
     assert "attach refused" in items["gdb"].error
     assert items["none"].error == "nothing to capture"
