@@ -18,6 +18,11 @@ PYTHON = sys.executable  # the real interpreter, not a pyenv shim
 
 SpawnFn = Callable[..., subprocess.Popen]
 
+# A wait's `timeout` is how long its event takes on a quiet host at most; the suite runs four workers on
+# two cores beside whatever else the machine does, so every wait allows PATIENCE times that. A wait that
+# is met returns at once: this only decides how long a failing test takes to say so.
+PATIENCE = float(os.environ.get("MEDIC_TEST_PATIENCE", "3"))
+
 
 def reap(proc: subprocess.Popen) -> None:
     """Kill the child (its whole session when it leads one), wait for it and close its pipes."""
@@ -42,7 +47,7 @@ def _own_group(proc: subprocess.Popen) -> bool:
         return False
 
 
-def wait_ready(proc: subprocess.Popen, timeout: float = 10.0) -> list[str]:
+def wait_ready(proc: subprocess.Popen, timeout: float = 10.0 * PATIENCE) -> list[str]:
     """The words of the child's first stdout line, which must start with `ready`.
 
     Reads the pipe byte by byte under `select`, so a child that prints nothing fails after `timeout`
@@ -71,12 +76,6 @@ def wait_ready(proc: subprocess.Popen, timeout: float = 10.0) -> list[str]:
             f"printed {line!r}, exit status {proc.poll()}"
         )
     return line.split()
-
-
-# A wait's `timeout` is how long its event takes on a quiet host at most; the suite runs four workers on
-# two cores beside whatever else the machine does, so every wait allows PATIENCE times that. A wait that
-# is met returns at once: this only decides how long a failing test takes to say so.
-PATIENCE = float(os.environ.get("MEDIC_TEST_PATIENCE", "3"))
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.05) -> object:
