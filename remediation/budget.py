@@ -224,22 +224,3 @@ def _hourly(state: BudgetState, fleet: str, t: float, limit: int, hour: float) -
 
 
 FLEET_WIDE = frozenset({"max-concurrent", "min-interval", "max-per-hour"})
-
-
-def earliest_start(
-    state: BudgetState, fleet: str, instance: str, t: float, limits: BudgetLimits
-) -> tuple[float, Decision | None]:
-    """The first time at or after `t` the budget admits `instance`, and the last refusal that moved it.
-
-    `math.inf` when it never will (the instance is in flight with no known end).
-    """
-    last_refusal = None
-    for _ in range(10_000):
-        decision = admit(state, fleet, instance, t, limits)
-        if decision.ok:
-            return t, last_refusal
-        if decision.retry_at is None:
-            return math.inf, decision
-        last_refusal = decision
-        t = max(decision.retry_at, t + 1e-6)
-    return math.inf, last_refusal

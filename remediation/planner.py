@@ -7,8 +7,8 @@ For each fleet:
 2. Backward pass, latest deadline first: each slot is as late as its own latest start allows and
    one budget gap before the next slot. A fleet that leaks in lockstep is thus spread out early
    enough that all of it fits: "start a day early and roll slowly".
-3. Forward pass, earliest slot first, through the real budget (`budget.earliest_start`) and the time
-   windows: a slot the past, the restart history, a cooldown or a window pushes later is moved; if
+3. Forward pass, earliest slot first, through the real budget (`budget.admit`, walked by `earliest_start`) and
+   the time windows: a slot the past, the restart history, a cooldown or a window pushes later is moved; if
    it then misses its latest start the entry is `late` and the plan says so (restarts still go in
    deadline order, as early as allowed). Late means the deadline itself cannot be met: judged
    against the exact deadline (not the rounded one), and a start up to one engine `step` after it
@@ -137,7 +137,7 @@ def _plan_fleet(
         target = tentative[entry.instance] if entry is not None else math.inf
         while asap:
             candidate = asap[0]
-            slot, why, _, code = _earliest(
+            slot, why, _, code = earliest_start(
                 state, fleet, candidate.instance, max(asap_cursor, now), limits, windows
             )
             if entry is not None and slot + gap > target:
@@ -149,7 +149,7 @@ def _plan_fleet(
         if entry is None:
             break
         wanted = max(target, now, blocked_until)
-        slot, why, fleet_wide, code = _earliest(state, fleet, entry.instance, wanted, limits, windows)
+        slot, why, fleet_wide, code = earliest_start(state, fleet, entry.instance, wanted, limits, windows)
         if fleet_wide and slot > blocked_until:
             blocked_until = slot
         pushed = (why, code) if slot > max(target, now) else (None, None)
@@ -165,7 +165,7 @@ def _plan_fleet(
     return out, problems
 
 
-def _earliest(
+def earliest_start(
     state: BudgetState, fleet: str, instance: str, t: float, limits: BudgetLimits, windows: Windows
 ) -> tuple[float, str | None, bool, str | None]:
     """The first time at or after `t` that both the budget and the windows allow; why it moved;

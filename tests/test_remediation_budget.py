@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from remediation.budget import HOUR, BudgetLimits, BudgetState, admit, earliest_start
+from remediation.budget import HOUR, BudgetLimits, BudgetState, admit
 from remediation.model import RestartRecord
+from remediation.planner import earliest_start
+from remediation.windows import Windows
 
 T0 = 1_700_000_000.0
 LIMITS = BudgetLimits(max_concurrent=1, min_interval=600, max_per_hour=3, cooldown=3600)
@@ -79,17 +81,17 @@ def test_overdue_in_flight_restart_still_counts_now():
 def test_earliest_start_walks_past_every_limit():
     history = [done("s2", 0, 1), done("s3", 700, 1), done("s4", 1400, 1), done("s1", -3000, 1)]
     state = BudgetState(history, now=T0 + 1500)
-    t, why = earliest_start(state, "ranker", "s1", T0 + 1500, LIMITS)
+    t, why, fleet_wide, code = earliest_start(state, "ranker", "s1", T0 + 1500, LIMITS, Windows())
     # per hour: the 3 starts at 0, 700, 1400 -> next at 3600; cooldown of s1 ended at -2940+3600=660
     assert t == pytest.approx(T0 + HOUR)
-    assert why is not None and why.code in ("max-per-hour", "min-interval")
+    assert why is not None and code in ("max-per-hour", "min-interval") and fleet_wide
     assert admit(state, "ranker", "s1", t, LIMITS).ok
 
 
 def test_earliest_start_is_infinite_for_an_instance_in_flight():
     state = BudgetState([running("s1", 0)], now=T0)
-    t, why = earliest_start(state, "ranker", "s1", T0, LIMITS)
-    assert t == math.inf and why.code == "in-flight"
+    t, _, fleet_wide, code = earliest_start(state, "ranker", "s1", T0, LIMITS, Windows())
+    assert t == math.inf and code == "in-flight" and not fleet_wide
 
 
 def test_copy_is_independent():
@@ -132,7 +134,7 @@ def test_property_admitted_start_respects_every_limit(starts, durations, c, gap,
         for i, s in enumerate(starts)
     ]
     state = BudgetState(records, now=T0)
-    when, _ = earliest_start(state, "f", "new", T0 + t, limits)
+    when, *_ = earliest_start(state, "f", "new", T0 + t, limits, Windows())
     assert when >= T0 + t
     running_then = [r for r in records if r.started_at <= when < r.finished_at]
     assert len(running_then) < c
