@@ -69,7 +69,6 @@ class AgentInfo(TypedDict):
     started: float
 
 
-MAIN_INSTANCE = "main"
 API_THREADS = 8  # worker threads of the API's blocking routes (SQLite reads), at most
 
 

@@ -12,8 +12,6 @@ from agent.core.figures import is_figure
 from agent.core.histograms import HistogramRow, Snapshot, rows_from
 from agent.core.records import ProbeTarget
 
-CONTAINER_KEYS = ("name", "type", "len", "bytes", "content_bytes", "holds", "kinds", "complete", "sampled")
-HOLDER_KEYS = ("name", "type", "len", "holds", "sites", "added_at", "traceback", "by")
 MAX_CONTAINERS = 32
 MAX_HOLDERS = 16
 _TEXT = 300  # characters kept of a name or a line

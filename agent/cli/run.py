@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
 
 HELP = "run the agent (on a config, a command after --, pids/regexes, or the built-in demo)"
-DEMO_LISTEN = "127.0.0.1:9464"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

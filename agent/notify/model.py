@@ -11,7 +11,6 @@ from datetime import datetime, timezone
 from typing import Any, Literal
 
 Status = Literal["firing", "resolved", "info"]
-ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's "no end time"
 
 
 @dataclass(frozen=True, slots=True)

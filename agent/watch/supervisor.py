@@ -37,7 +37,6 @@ log = logging.getLogger("medic.supervisor")
 _MIN_BACKOFF = 1.0
 _MAX_BACKOFF = 300.0
 _HEALTHY_AFTER = 60.0  # a child that lived this long resets the back-off
-MAX_BACKOFF = _MAX_BACKOFF
 LOG_MAX_BYTES = 16 * 2**20
 
 
