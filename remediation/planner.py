@@ -7,15 +7,15 @@ For each fleet:
 2. Backward pass, latest deadline first: each slot is as late as its own latest start allows and
    one budget gap before the next slot. A fleet that leaks in lockstep is thus spread out early
    enough that all of it fits: "start a day early and roll slowly".
-3. Forward pass, earliest slot first, through the real budget (`budget.admit`, walked by `earliest_start`) and
-   the time windows: a slot the past, the restart history, a cooldown or a window pushes later is moved; if
-   it then misses its latest start the entry is `late` and the plan says so (restarts still go in
-   deadline order, as early as allowed). Late means the deadline itself cannot be met: judged
-   against the exact deadline (not the rounded one), and a start up to one engine `step` after it
-   is on time (the step that first reaches a slot comes up to one step after it). An entry whose
-   earliest slot would end after its projected OOM itself is `hopeless`: its slot is left to
-   instances that can still be saved (deadline order under overload otherwise spends every slot on
-   instances that die anyway, and the next ones too).
+3. Forward pass, earliest slot first, through the real budget (`budget.admit`, walked by
+   `earliest_start`) and the time windows: a slot the past, the restart history, a cooldown or a
+   window pushes later is moved; if it then misses its latest start the entry is `late` and the plan
+   says so (restarts still go in deadline order, as early as allowed). Late means the deadline
+   itself cannot be met: judged against the exact deadline (not the rounded one), and a start up to
+   one engine `step` after it is on time (the step that first reaches a slot comes up to one step
+   after it). An entry whose earliest slot would end after its projected OOM itself is `hopeless`:
+   its slot is left to instances that can still be saved (deadline order under overload otherwise
+   spends every slot on instances that die anyway, and the next ones too).
 4. Requests without a deadline (slow, manual, external) take the earliest slots that do not push a
    deadline-driven slot; their order among themselves is by request time, then by a hash of the
    name: deterministic, so every agent derives the same plan from the same shared view.

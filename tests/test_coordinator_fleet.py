@@ -21,7 +21,7 @@ import pytest
 
 from remediation.coordinator.etcd import EtcdCoordinator
 from remediation.coordinator.local import LocalCoordinator
-from support.procs import PYTHON, REPO, wait_until
+from support.procs import PYTHON, REPO, VERIFY_TIMEOUT, wait_until
 from support.remediation import NEEDS_ETCD, etcd_server, silent_server
 
 pytestmark = pytest.mark.slow
@@ -39,7 +39,7 @@ CONFIG = {
     },
     "plan": {"safety_margin": "1s", "restart_duration": "1s", "deadline_granularity": "1s"},
     "blockers": {"min_uptime": 0, "capacity": {"max_unavailable": 6}},
-    "verify": {"timeout": "60s", "stable_for": f"{STABLE_FOR}s"},
+    "verify": {"timeout": VERIFY_TIMEOUT, "stable_for": f"{STABLE_FOR}s"},
     "coordinator": {"lease_ttl": f"{TTL}s", "fleet_ttl": "5s"},
 }
 

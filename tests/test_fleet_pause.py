@@ -33,7 +33,7 @@ from remediation.model import Decision, InstanceView, RemediationRequest
 from support.agent_runner import AgentRunner
 from support.compressed import DETECT, remediation
 from support.http_guard import World, admin, read_response
-from support.procs import wait_until, workload_argv
+from support.procs import VERIFY_TIMEOUT, wait_until, workload_argv
 from support.remediation import NEEDS_ETCD, etcd_server
 
 ENGINE = {
@@ -41,7 +41,7 @@ ENGINE = {
     "interval": "0.2s",
     "budget": {"max_concurrent": 1, "min_interval": "1s", "max_per_hour": None, "cooldown": "30s"},
     "blockers": {"min_uptime": 0},
-    "verify": {"timeout": "60s", "stable_for": "0.3s"},
+    "verify": {"timeout": VERIFY_TIMEOUT, "stable_for": "0.3s"},
     "coordinator": {"lease_ttl": "3s", "fleet_ttl": "5s"},
 }
 

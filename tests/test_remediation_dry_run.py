@@ -19,7 +19,7 @@ from remediation.coordinator.local import LocalCoordinator
 from remediation.engine import Engine, EngineHooks
 from remediation.model import InstanceView, PlanEntry, RemediationRequest
 from support.managed_children import ManagedChildren
-from support.procs import workload_argv
+from support.procs import VERIFY_TIMEOUT, workload_argv
 from support.remediation import NEEDS_ETCD, etcd_server
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ CONFIG = {
     "budget": {"max_concurrent": 1, "min_interval": "3s", "max_per_hour": None, "cooldown": "1m"},
     "plan": {"safety_margin": "4s", "restart_duration": "1s", "deadline_granularity": 0},
     "blockers": {"min_uptime": 0},
-    "verify": {"timeout": "60s", "stable_for": "0.3s"},
+    "verify": {"timeout": VERIFY_TIMEOUT, "stable_for": "0.3s"},
     "coordinator": {"lease_ttl": "10s", "fleet_ttl": "10s", "timeout": "5s"},
 }
 # the projected OOM of each instance's first process, from the scenario's start: a must start by

@@ -26,7 +26,7 @@ from remediation.engine import Engine, EngineHooks
 from remediation.model import Decision, InstanceView, RemediationRequest
 from remediation.planner import latest_start
 from support.managed_children import ManagedChildren
-from support.procs import free_port, workload_argv
+from support.procs import VERIFY_TIMEOUT, free_port, workload_argv
 
 pytestmark = pytest.mark.slow
 MiB = 2**20
@@ -42,7 +42,7 @@ BASE = {
         "crash_loop": {"max_restarts": 3, "window": "1m", "reset_after": "20s"},
     },
     "blockers": {"min_uptime": 0},
-    "verify": {"timeout": "60s", "stable_for": "0.3s"},
+    "verify": {"timeout": VERIFY_TIMEOUT, "stable_for": "0.3s"},
     "coordinator": {"lease_ttl": "3s"},
 }
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from support.procs import wait_until, workload_argv
+from support.procs import VERIFY_TIMEOUT, wait_until, workload_argv
 
 pytestmark = pytest.mark.slow
 FAST = {"interval": "0.2s", "slow_interval": "2s", "flush_interval": "0.3s"}
@@ -22,7 +22,7 @@ def config(mode: str, **blockers) -> dict:
             "budget": {"max_concurrent": 1, "min_interval": "1s", "max_per_hour": None, "cooldown": "1h"},
             "plan": {"restart_duration": "2s"},
             "blockers": {"min_uptime": "1h", **blockers},
-            "verify": {"timeout": "60s", "stable_for": "0.3s"},  # a busy host starts python slowly
+            "verify": {"timeout": VERIFY_TIMEOUT, "stable_for": "0.3s"},
         },
         "instances": [{"name": "svc", "match": {"command": workload_argv("stable", "--size", "8Mi")}}],
     }

@@ -19,7 +19,7 @@ from remediation.config import RemediationSection
 from remediation.coordinator.local import LocalCoordinator
 from remediation.engine import Engine, EngineHooks
 from remediation.model import InstanceView, RemediationRequest
-from support.procs import wait_until, workload_argv
+from support.procs import VERIFY_TIMEOUT, wait_until, workload_argv
 
 pytestmark = pytest.mark.slow
 MiB = 2**20
@@ -30,7 +30,7 @@ CONFIG = {
     "budget": {"max_concurrent": 1, "min_interval": "1s", "max_per_hour": None, "cooldown": "1m"},
     "plan": {"safety_margin": "2s", "restart_duration": "1s", "deadline_granularity": 0},
     "blockers": {"min_uptime": 0},
-    "verify": {"timeout": "60s", "stable_for": "0.3s"},
+    "verify": {"timeout": VERIFY_TIMEOUT, "stable_for": "0.3s"},
 }
 
 

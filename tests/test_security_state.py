@@ -36,7 +36,7 @@ from remediation.coordinator.local import LocalCoordinator
 from remediation.engine import Engine
 from remediation.evidence import EvidenceStore
 from remediation.model import InstanceView, RemediationRequest
-from support.procs import wait_until, workload_argv
+from support.procs import VERIFY_TIMEOUT, wait_until, workload_argv
 
 NOBODY = 65534
 IS_ROOT = os.geteuid() == 0
@@ -353,7 +353,7 @@ FULL_DISK_CONFIG = {
         "interval": "0.3s",
         "budget": {"max_concurrent": 1, "min_interval": "1s", "max_per_hour": None, "cooldown": "5s"},
         "blockers": {"min_uptime": "1s"},
-        "verify": {"timeout": "60s", "stable_for": "1s"},
+        "verify": {"timeout": VERIFY_TIMEOUT, "stable_for": "1s"},
     },
     "instances": [
         {

@@ -22,6 +22,8 @@ SpawnFn = Callable[..., subprocess.Popen]
 # two cores beside whatever else the machine does, so every wait allows PATIENCE times that. A wait that
 # is met returns at once: this only decides how long a failing test takes to say so.
 PATIENCE = float(os.environ.get("MEDIC_TEST_PATIENCE", "3"))
+# a restart's verification (`verify.timeout`): a new Python workload comes up and stays up within 20 s
+VERIFY_TIMEOUT = f"{20 * PATIENCE:g}s"
 
 
 def reap(proc: subprocess.Popen) -> None:
