@@ -3,7 +3,7 @@
     python -m benchmarks.coordination --agents 1000 --seconds 60 --json
     python -m benchmarks.coordination --agents 1000 --seconds 90 --speed 300 --check
 
-Agents run many per process (`--per-process`), each with its own lease, fleet entry, watches and
+Agents run many per process (`--per-process`), each with its own lease, fleet entry and
 SQLite ledger, stepped every `--interval` seconds at its own phase. Their instances are simulated
 (a pid and a start time; a managed restart gives a new one): N real processes do not fit two cores.
 Agent 0 runs alone in the first process and starts first, so it is the first leader; at two thirds
@@ -178,7 +178,7 @@ def worker(spec: dict) -> dict:
         heapq.heappush(queue, (due + spec["interval"], i))
         if first_round:
             first_round.discard(i)
-            if not first_round:  # every agent has its lease, entry and watch: the steady state can begin
+            if not first_round:  # every agent has its lease and entry: the steady state can begin
                 Path(spec["ready"]).touch()
     for agent in agents:
         agent["engine"].close(timeout=2)
@@ -233,7 +233,7 @@ def _run(args: argparse.Namespace, url: str, procs: list[subprocess.Popen], work
     t0 = time.time()
     warmup = 10.0 + n * 0.15  # processes start, import, open their ledgers and clients (busy 2 cores)
     start = t0 + warmup
-    settle = start + 2 * args.interval + 1  # every agent has made its first writes and watches
+    settle = start + 2 * args.interval + 1  # every agent has made its first writes
     quiet_end = settle + args.seconds / 3
     kill_at = settle + 2 * args.seconds / 3
     end = settle + args.seconds

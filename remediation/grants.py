@@ -1,15 +1,15 @@
 """One planner per namespace: the elected leader plans the whole fleet, the others follow its grants.
 
 Each step every agent publishes its own entries (written only when they change) and campaigns
-(`Coordinator.campaign`: no request while a live leader holds the seat). Then:
+(`Coordinator.campaign`, from the step's one read of `control/`). Then:
 
     leader    reads every agent's entries (a watched copy in etcd) and the restart history, runs
               `planner.plan` exactly as before, and writes each other agent its `PlannedGrant`s
               (slot, not-before, the leader's fencing revision), only those that changed
-    follower  when it wants a restart, reads its grants (a watched key in etcd) and turns them into
-              its plan entries; when one comes due it reads the fleet and the history once, for the
-              blockers and the budget, and the slot acquisition checks the grant's revision against
-              the current leader atomically (`acquire`)
+    follower  when it wants a restart, reads its grants (in the same read as `control/`) and turns
+              them into its plan entries; when one comes due it reads the fleet and the history
+              once, for the blockers and the budget, and the slot acquisition checks the grant's
+              revision against the current leader atomically (`acquire`)
 
 Budget, stagger by deadline, cooldowns and windows are the planner's and the budget's, unchanged;
 the budget is still checked atomically at `acquire`, so even two leaders at once (a partition
@@ -18,8 +18,8 @@ itself from the whole view (its would-be restarts are known only to itself, and 
 fleet-wide limits as enforce's restarts would). Without the coordinator, nothing is granted and
 the error says why.
 
-Each step also reads the namespace's controls, the fleet-wide pause and the leader (in etcd from
-the watched `control/` prefix: no request), and keeps them as `control` for the engine's gate and
+Each step also reads the namespace's controls, the fleet-wide pause and the leader (the same read
+of `control/`), and keeps them as `control` for the engine's gate and
 `medic plan`, so that showing them costs the coordinator nothing. While the coordinator cannot be
 read, the last pause seen keeps holding until its own expiry (fail closed).
 """

@@ -1,5 +1,7 @@
-"""A coordinator at work against a real etcd says nothing at INFO: httpx's one line per request is
-the agent's logging setup's to silence, and medic's coordinator keeps its steady state to DEBUG."""
+"""A coordinator at work against a real etcd is quiet. It says nothing at INFO: httpx's one line per
+request is the agent's logging setup's to silence, and medic's coordinator keeps its steady state to
+DEBUG. And a follower holds nothing open in etcd between steps (no connection, no watch stream: each
+costs etcd tens of KiB per agent): one read a step answers all of that step's questions."""
 
 from __future__ import annotations
 
@@ -8,12 +10,16 @@ import subprocess
 import sys
 import uuid
 
+import httpx
+import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from agent.cli.run import QUIET_LOGGERS, configure_logging
 from remediation.coordinator.base import SlotRequest
 from remediation.coordinator.etcd import EtcdCoordinator
 from remediation.model import Decision, FleetEntry
+from support.procs import wait_until
 from support.remediation import NEEDS_ETCD, etcd_server
 
 
@@ -77,3 +83,60 @@ def test_the_etcd_coordinator_logs_nothing_at_info(logging_setup, caplog):
         caplog.set_level(logging.INFO)
         steady_state(url)
         assert [f"{r.name}: {r.getMessage()}" for r in caplog.records] == []
+
+
+def etcd_figures(url: str) -> dict[str, float]:
+    """The Txn calls etcd has started and the watch streams it holds, from its own /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    figures = {"txns": 0.0, "watch_streams": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "grpc_server_started_total" and sample.labels.get("grpc_method") == "Txn":
+                figures["txns"] += sample.value
+            elif sample.name == "etcd_debugging_mvcc_watch_stream_total":
+                figures["watch_streams"] = sample.value
+    return figures
+
+
+def open_connections_to(url: str) -> int:
+    port = int(url.rsplit(":", 1)[1])
+    held = psutil.Process().net_connections(kind="tcp")
+    return sum(1 for c in held if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+
+
+@NEEDS_ETCD
+@pytest.mark.slow
+def test_a_follower_holds_nothing_open_and_reads_once_a_step():
+    namespace = f"q{uuid.uuid4().hex[:8]}"
+    with etcd_server() as url:
+        others = open_connections_to(url)  # the fixture's own
+        leader = EtcdCoordinator([url], namespace=namespace)
+        follower = EtcdCoordinator([url], namespace=namespace)
+        try:
+            assert leader.campaign("agent-a", ttl=10) is not None
+            # the leader's stream on fleet/, which it reads every step, is the one connection it holds
+            assert open_connections_to(url) == others + 1
+            streams = etcd_figures(url)["watch_streams"]
+
+            def follower_step() -> None:  # what a follower that wants a restart asks each step
+                follower.publish("agent-b", [FleetEntry("serving-2", "f", "agent-b")], 60)
+                assert follower.campaign("agent-b", ttl=10) is None
+                assert follower.leader() == "agent-a"
+                assert follower.fleet_pause() is None
+                assert follower.grants("agent-b") == []
+
+            follower_step()  # its first: the entry written
+            before = etcd_figures(url)["txns"]
+            follower_step()  # steady: nothing to write, one read for the step's questions
+            assert etcd_figures(url)["txns"] - before <= 1
+            assert etcd_figures(url)["watch_streams"] == streams
+            assert open_connections_to(url) == others + 1
+
+            pause = {"reason": "change freeze", "by": "oncall", "since": 0.0, "until": None}
+            follower.set_fleet_pause(pause)  # what it writes, it reads at once
+            assert (follower.fleet_pause() or {}).get("reason") == "change freeze"
+            leader.set_fleet_pause(None)  # another agent's write: seen within a second
+            wait_until(lambda: follower.fleet_pause() is None, timeout=5)
+        finally:
+            follower.close()
+            leader.close()

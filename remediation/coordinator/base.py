@@ -196,7 +196,7 @@ class Coordinator:
     def campaign(self, agent: str, ttl: float, spread: float = 0.0) -> Leadership | None:
         """Become or stay the namespace's leader for `ttl` seconds; None while another agent is.
         `spread`: a vacant seat is claimed up to this many seconds late (`seat.claim_due`)."""
-        snapshot = self.store.read([controls.CONTROL], watch=True)
+        snapshot = self.store.read([controls.CONTROL], recent=True)
         now = time.monotonic()
         mine = self._leadership
         if mine is not None:
@@ -252,7 +252,7 @@ class Coordinator:
 
     def leader_info(self) -> dict[str, Any] | None:
         """The current leader as `{agent, revision, since}`, or None while the seat is vacant."""
-        return seat.leader_of(self.store.read([controls.CONTROL], watch=True))
+        return seat.leader_of(self.store.read([controls.CONTROL], recent=True))
 
     def write_grants(self, leadership: Leadership, grants: Mapping[str, Sequence[PlannedGrant]]) -> int:
         """Replace every agent's grants with `grants` (agent -> its grants), fenced by `leadership`;
@@ -275,7 +275,7 @@ class Coordinator:
 
     def grants(self, agent: str) -> list[PlannedGrant] | None:
         """`agent`'s grants from the current leader (none while the fleet is paused)."""
-        snapshot = self.store.read([controls.CONTROL, seat.GRANTS + agent], watch=True)
+        snapshot = self.store.read([controls.CONTROL, seat.GRANTS + agent], recent=True)
         out = seat.grants_for(snapshot, agent, self.clock(), self.clocks)
         with self._lock:
             self._fences = {g.instance: g.revision for g in out}
@@ -292,7 +292,7 @@ class Coordinator:
     def fleet_pause(self) -> dict[str, Any] | None:
         """The fleet-wide pause in force (`read_pause`), or None: while it holds the leader grants
         nothing and `acquire` takes no slot; it ends by itself at its `until`."""
-        snapshot = self.store.read([controls.CONTROL], watch=True)
+        snapshot = self.store.read([controls.CONTROL], recent=True)
         now = self.clock()
         lift = controls.lift_expired(snapshot, now, self.clocks)
         if lift is not None:

@@ -104,7 +104,14 @@ class EtcdGateway:
                 "use https:// endpoints with tls, or remove tls"
             )
         verify: ssl.SSLContext | bool = self.security.ssl_context or True
-        self._client = httpx.Client(timeout=httpx.Timeout(timeout), trust_env=False, verify=verify)
+        # no connection is kept between requests: an idle kept-alive connection holds ~40 KiB of etcd's
+        # memory per agent, more than everything the agent stores there (docs/deploy.md)
+        self._client = httpx.Client(
+            timeout=httpx.Timeout(timeout),
+            trust_env=False,
+            verify=verify,
+            limits=httpx.Limits(max_keepalive_connections=0),
+        )
         self._preferred = 0
         self._auth_lock = threading.Lock()
         self._token: str | None = None  # None: not authenticated yet; "": etcd has auth disabled

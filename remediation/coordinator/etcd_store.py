@@ -1,8 +1,11 @@
 """The lease store on etcd 3.4+, through its JSON gateway (`etcd_gateway.py`), under `<prefix>/<namespace>/`.
 
     read      one txn of range requests, whatever the number of keys and prefixes (one consistent
-              revision); with `watch`, from copies kept current by watch streams (`etcd_watch.py`):
-              no request while nothing changes, and a fresh read while a stream is down
+              revision); with `recent`, from a copy read at most `RECENT` seconds ago (the reads of
+              one engine step share one request, and nothing is held open between steps); with
+              `watch`, from copies kept current by watch streams (`etcd_watch.py`): no request while
+              nothing changes, and a fresh read while a stream is down. A stream holds ~70 KiB of
+              etcd's memory, so only the leader watches (the whole fleet, which it reads every step)
     commit    one txn: each expected revision a compare (`CREATE == 0` for an absent key, `MOD == r`
               else), the puts and deletes its success branch
     grant, keepalive, revoke   etcd's leases, one request each
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -25,6 +29,7 @@ from remediation.coordinator.store import ABSENT, Change, Item, Snapshot
 from remediation.errors import CoordinatorError
 
 MAX_TXN_OPS = 100  # etcd refuses more than --max-txn-ops (default 128) operations in one txn
+RECENT = 1.0  # seconds a copy answers `read(recent=True)`: well within one engine step
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -61,6 +66,8 @@ class EtcdStore:
         self.base = f"{prefix}/{namespace}/"
         self._watches: dict[str, KeyWatch] = {}
         self._watch_lock = threading.Lock()  # the engine's step and an API request may read at once
+        self._copies: dict[str, tuple[Snapshot, float]] = {}  # key -> (its items, read at) for `recent`
+        self._commits = 0  # a copy read before this store's last commit is not kept
 
     def describe(self) -> str:
         return f"etcd coordinator {self.gateway.describe()} (keys {self.base})"
@@ -80,12 +87,17 @@ class EtcdStore:
 
     # ----------------------------------------------------------------------------- the five operations
     @_shape_checked
-    def read(self, keys: Sequence[str], *, watch: bool = False) -> Snapshot:
+    def read(self, keys: Sequence[str], *, watch: bool = False, recent: bool = False) -> Snapshot:
         keys = list(dict.fromkeys(keys))
         if watch:
             watched = self._watched(keys)
             if watched is not None:
                 return watched
+        if recent:
+            return self._recent(keys)
+        return self._read(keys)
+
+    def _read(self, keys: list[str]) -> Snapshot:
         ops = []
         for key in keys:
             body = {"key": b64(self.base + key)}
@@ -105,6 +117,13 @@ class EtcdStore:
 
     @_shape_checked
     def commit(self, change: Change) -> int | None:
+        self._forget_copies()  # what this agent writes, it reads at once
+        try:
+            return self._commit(change)
+        finally:
+            self._forget_copies()  # nor is a copy read while the commit was under way kept
+
+    def _commit(self, change: Change) -> int | None:
         gw = self.gateway
         compare = [
             gw.absent(self.base + key) if revision == ABSENT else gw.unchanged(self.base + key, revision)
@@ -127,7 +146,34 @@ class EtcdStore:
     def revoke(self, lease: int) -> None:
         self.gateway.revoke(lease)
 
-    # ----------------------------------------------------------------------------- watched copies
+    # ----------------------------------------------------------------------------- recent and watched copies
+    def _forget_copies(self) -> None:
+        with self._watch_lock:
+            self._commits += 1
+            self._copies.clear()
+
+    def _recent(self, keys: list[str]) -> Snapshot:
+        """The keys from copies read within `RECENT` seconds, else all of them in one read."""
+        now = time.monotonic()
+        with self._watch_lock:
+            copies = [self._copies.get(key) for key in keys]
+            commits = self._commits
+        if all(c is not None and now - c[1] < RECENT for c in copies):
+            kept = [c[0] for c in copies if c is not None]
+            items = {k: v for snapshot in kept for k, v in snapshot.items.items()}
+            return Snapshot(items, min((snapshot.revision for snapshot in kept), default=0))
+        snapshot = self._read(keys)
+        with self._watch_lock:
+            if commits == self._commits:
+                for key in keys:
+                    under = {
+                        k: v
+                        for k, v in snapshot.items.items()
+                        if k == key or (key.endswith("/") and k.startswith(key))
+                    }
+                    self._copies[key] = (Snapshot(under, snapshot.revision), now)
+        return snapshot
+
     def _watched(self, keys: list[str]) -> Snapshot | None:
         """The keys from their watched copies (a watch started for each new one), or None while
         one is not current (then the caller reads etcd itself)."""

@@ -108,7 +108,7 @@ class SqliteStore:
         """Nothing to forget: every read is a local one."""
 
     # ----------------------------------------------------------------------------- the five operations
-    def read(self, keys: Sequence[str], *, watch: bool = False) -> Snapshot:
+    def read(self, keys: Sequence[str], *, watch: bool = False, recent: bool = False) -> Snapshot:
         def read(db: sqlite3.Connection, now: float) -> Snapshot:
             items: dict[str, Item] = {}
             for key in dict.fromkeys(keys):

@@ -82,9 +82,10 @@ class Change:
 class LeaseStore(Protocol):
     max_ops: int  # puts and deletes one commit may carry (etcd: its --max-txn-ops, less headroom)
 
-    def read(self, keys: Sequence[str], *, watch: bool = False) -> Snapshot:
+    def read(self, keys: Sequence[str], *, watch: bool = False, recent: bool = False) -> Snapshot:
         """The keys (those ending in "/" as prefixes) in one consistent read. `watch`: the store may
-        answer from a copy it keeps current (etcd: a watch stream; no request while nothing changes)."""
+        answer from a copy it keeps current (etcd: a watch stream; no request while nothing changes).
+        `recent`: from a copy read an instant ago (etcd: within a second; one request a step)."""
         ...
 
     def commit(self, change: Change) -> int | None:
