@@ -371,6 +371,10 @@ def test_medic_pause_on_a_full_disk_stops_restarts(small_fs, agent):
     small_fs(agent.state_dir, "16m")
     agent.start(FULL_DISK_CONFIG)
     pid = wait_until(lambda: agent.instance("svc")["pid"], 30)
+    # its `ready` line written before the disk fills: its output goes to the same filesystem, and a
+    # workload whose print fails there exits and is launched again (a new pid, no restart of medic's)
+    output = agent.state_dir / "logs" / "svc.log"
+    wait_until(lambda: output.exists() and f"ready {pid}" in output.read_text(), 30)
     ballast = fill(agent.state_dir)
     wait_until(lambda: "cannot write samples" in agent.log.read_text(), 20)  # the store is failing now
 
