@@ -2,10 +2,11 @@
 
     python -m benchmarks.etcd_connections [--clients 300]
 
-A fresh etcd on loopback; N clients of the JSON gateway (httpx, as the etcd coordinator uses it)
-each make one request and keep the connection alive; then N more each hold a watch stream on a
-prefix, as every agent holds one on `control/`. Prints etcd's RSS and Go heap in use per client for
-each (from its `/metrics`), beside which `benchmarks.coordination` gives the whole per-agent figure.
+A fresh etcd on loopback; N clients of the JSON gateway (httpx) each make one request and keep the
+connection alive; then N more each hold a watch stream on a prefix. Prints etcd's RSS and Go heap
+in use per client for each (from its `/metrics`): what an agent would cost etcd if it kept either
+(the coordinator keeps neither: only the leader watches), beside which `benchmarks.coordination`
+gives the whole per-agent figure.
 """
 
 from __future__ import annotations
