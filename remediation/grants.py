@@ -6,7 +6,7 @@ Each step every agent publishes its own entries (written only when they change) 
     leader    reads every agent's entries (a watched copy in etcd) and the restart history, runs
               `planner.plan` exactly as before, and writes each other agent its `PlannedGrant`s
               (slot, not-before, the leader's fencing revision), only those that changed
-    follower  when it wants a restart, reads its grants (in the same read as `control/`) and turns
+    follower  when it wants a restart, reads its grants (with `control/`, one read more) and turns
               them into its plan entries; when one comes due it reads the fleet and the history
               once, for the blockers and the budget, and the slot acquisition checks the grant's
               revision against the current leader atomically (`acquire`)

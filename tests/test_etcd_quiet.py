@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import time
 import uuid
 
 import httpx
@@ -18,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.cli.run import QUIET_LOGGERS, configure_logging
 from remediation.coordinator.base import SlotRequest
 from remediation.coordinator.etcd import EtcdCoordinator
+from remediation.coordinator.etcd_store import RECENT
 from remediation.model import Decision, FleetEntry
 from support.procs import wait_until
 from support.remediation import NEEDS_ETCD, etcd_server
@@ -118,17 +120,23 @@ def test_a_follower_holds_nothing_open_and_reads_once_a_step():
             assert open_connections_to(url) == others + 1
             streams = etcd_figures(url)["watch_streams"]
 
-            def follower_step() -> None:  # what a follower that wants a restart asks each step
+            def follower_step(wanting: bool) -> None:  # what a follower asks in one engine step
                 follower.publish("agent-b", [FleetEntry("serving-2", "f", "agent-b")], 60)
                 assert follower.campaign("agent-b", ttl=10) is None
                 assert follower.leader() == "agent-a"
                 assert follower.fleet_pause() is None
-                assert follower.grants("agent-b") == []
+                if wanting:
+                    assert follower.grants("agent-b") == []
 
-            follower_step()  # its first: the entry written
-            before = etcd_figures(url)["txns"]
-            follower_step()  # steady: nothing to write, one read for the step's questions
-            assert etcd_figures(url)["txns"] - before <= 1
+            def txns_of_a_step(wanting: bool) -> float:
+                time.sleep(RECENT)  # the step before's copy has aged, as between two engine steps
+                before = etcd_figures(url)["txns"]
+                follower_step(wanting)
+                return etcd_figures(url)["txns"] - before
+
+            follower_step(wanting=True)  # its first: the entry written
+            assert txns_of_a_step(wanting=False) == 1  # steady: one read answers the step's questions
+            assert txns_of_a_step(wanting=True) == 2  # and one more for its grants while it wants a restart
             assert etcd_figures(url)["watch_streams"] == streams
             assert open_connections_to(url) == others + 1
 

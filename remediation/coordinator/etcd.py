@@ -7,11 +7,11 @@ Keys under `<prefix>/<namespace>/` (the rules modules say what each means):
     control/pause                                         the fleet-wide pause (`controls.py`)
     profiles/<workload>                                   learned workload profiles (`profiles.py`)
 
-Every agent reads `control/` once a step (and its own `grants/<agent>` with it while it wants a
-restart); only the leader watches, `fleet/`, which it reads every step. A follower therefore costs
-a read a step, a lease keepalive every third of `fleet_ttl`, a write when its entries change, and a
-slot acquisition when a grant comes due; it holds no stream or connection open between steps, so
-etcd keeps only its keys and its lease for it.
+Every agent reads `control/` once a step (and once more with its own `grants/<agent>` while it
+wants a restart); only the leader watches, `fleet/`, which it reads every step. A follower
+therefore costs a read a step, a lease keepalive every third of `fleet_ttl`, a write when its
+entries change, and a slot acquisition when a grant comes due; it holds no stream or connection
+open between steps, so etcd keeps only its keys and its lease for it.
 """
 
 from __future__ import annotations

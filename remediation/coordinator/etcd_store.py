@@ -65,7 +65,9 @@ class EtcdStore:
         self.gateway = EtcdGateway(endpoints, timeout, security)
         self.base = f"{prefix}/{namespace}/"
         self._watches: dict[str, KeyWatch] = {}
-        self._watch_lock = threading.Lock()  # the engine's step and an API request may read at once
+        self._lock = (
+            threading.Lock()
+        )  # over the watches and copies: the engine's step and an API request may read at once
         self._copies: dict[str, tuple[Snapshot, float]] = {}  # key -> (its items, read at) for `recent`
         self._commits = 0  # a copy read before this store's last commit is not kept
 
@@ -73,14 +75,14 @@ class EtcdStore:
         return f"etcd coordinator {self.gateway.describe()} (keys {self.base})"
 
     def close(self) -> None:
-        with self._watch_lock:
+        with self._lock:
             watches, self._watches = list(self._watches.values()), {}
         for watch in watches:
             watch.close()
         self.gateway.close()
 
     def unwatch(self, key: str) -> None:
-        with self._watch_lock:
+        with self._lock:
             watch = self._watches.pop(key, None)
         if watch is not None:
             watch.close()
@@ -148,14 +150,14 @@ class EtcdStore:
 
     # ----------------------------------------------------------------------------- recent and watched copies
     def _forget_copies(self) -> None:
-        with self._watch_lock:
+        with self._lock:
             self._commits += 1
             self._copies.clear()
 
     def _recent(self, keys: list[str]) -> Snapshot:
         """The keys from copies read within `RECENT` seconds, else all of them in one read."""
         now = time.monotonic()
-        with self._watch_lock:
+        with self._lock:
             copies = [self._copies.get(key) for key in keys]
             commits = self._commits
         if all(c is not None and now - c[1] < RECENT for c in copies):
@@ -163,7 +165,7 @@ class EtcdStore:
             items = {k: v for snapshot in kept for k, v in snapshot.items.items()}
             return Snapshot(items, min((snapshot.revision for snapshot in kept), default=0))
         snapshot = self._read(keys)
-        with self._watch_lock:
+        with self._lock:
             if commits == self._commits:
                 for key in keys:
                     under = {
@@ -179,7 +181,7 @@ class EtcdStore:
         one is not current (then the caller reads etcd itself)."""
         copies = []
         for key in keys:
-            with self._watch_lock:
+            with self._lock:
                 watch = self._watches.get(key)
                 if watch is None:
                     watch = KeyWatch(self.gateway, self.base + key, prefix=key.endswith("/"))
