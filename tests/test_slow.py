@@ -306,11 +306,17 @@ def test_fuzz_any_series_gives_one_valid_observation_each(raw, at):
 
 def test_inputs_are_catalog_metrics_and_history_covers_every_window():
     from agent.core.catalog import CATALOG
-    from agent.detect.slow.detector import INPUT_METRICS, history
+    from agent.detect.slow.detector import CAUSE_METRICS, INPUT_METRICS, causes_history, history
 
     assert set(INPUT_METRICS) - set(CATALOG) <= {"process_start_time_seconds"}
     assert history(PARAMS, {"a": Slo(window=3600.0), "b": None}) >= 3600.0 + PARAMS.stale
     assert history() >= DEFAULT_SLOW.trend_window
+    # the relative rule's instants before its window, each a peer-window level
+    assert history() >= DEFAULT_SLOW.relative_reach + DEFAULT_SLOW.peer_window
+    # the likely causes are read over the SLO's `for` or the peer window: loaded over that, not hours
+    assert set(CAUSE_METRICS) < set(INPUT_METRICS)
+    assert causes_history(PARAMS, {"a": Slo(window=3600.0)}) >= 3600.0 + PARAMS.stale
+    assert DEFAULT_SLOW.peer_window + DEFAULT_SLOW.stale <= causes_history() < history() / 10
 
 
 def test_the_lifetime_is_the_recorded_process_start_not_the_first_sample_loaded():

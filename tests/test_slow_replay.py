@@ -135,7 +135,8 @@ QUANTILE_BACK = [
 @example(6414, QUANTILE_BACK, 15.0, 2, Slo(0.99, 0.05, 120.0), 1.0)
 def test_the_screened_replay_finds_what_judging_every_tick_finds(seed, shapes, every, decimals, slo, scale):
     params = DEFAULT_SLOW if scale == 1.0 else DEFAULT_SLOW.scaled(scale)
-    members = judged(fleet(seed, shapes, every / scale, 4.5 / scale, decimals))
+    # scaled, long enough that the relative rule reads its instants before the window too
+    members = judged(fleet(seed, shapes, every / scale, (4.5 if scale == 1.0 else 7.0) / scale, decimals))
     if not members:
         return
     slos = {m.instance: slo for m in members}
@@ -246,3 +247,50 @@ def test_a_fleet_wide_swing_is_no_slow_instance_and_a_creeping_one_is_found():
     assert found["p0"] and onset <= min(found["p0"]) <= onset + 2 * 3600
     first = next(f for f in analyses["p0"].findings if f.opened_at == min(found["p0"]))
     assert "relative" in analyses["p0"].at_open[first.id].evidence["fired"]
+
+
+def queueing_fleet(seed: int, creep: float, hours: float = 9.0) -> tuple[list, float]:
+    """Eight pods at 0.5-1.4x their median base latency sharing a queueing delay that rises 2.5x
+    over the day (a fast pod's ratio to its peers rises with it: 0.5x towards 0.8x), pod 0 the
+    fastest, creeping `creep` of its level per hour from the sixth hour."""
+    rng = random.Random(seed)
+    onset = T0 + 6 * 3600
+    bases = [0.5, *(rng.uniform(0.7, 1.4) for _ in range(7))]
+    members = []
+    for i, base in enumerate(bases):
+        points = []
+        for k in range(int(hours * 3600 / 30)):
+            ts = T0 + 30.0 * k
+            load = 0.5 - 0.5 * math.cos(math.pi * (ts - T0) / (9 * 3600))
+            value = 0.04 * (base + 1.5 * load) * math.exp(rng.gauss(0, 0.05))
+            if i == 0 and ts >= onset:
+                value *= 1 + creep * (ts - onset) / 3600
+            points.append((ts, value))
+        members.append(InstanceSeries(f"p{i}", {P99: points}))
+    return members, onset
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_fast_pod_creeping_towards_its_peers_is_found_and_one_rising_with_the_queue_is_not(seed):
+    """The relative rule measures a pod that usually runs faster than its peers against its own
+    usual ratio: creeping +30 %/h it is found within two hours although still below 1.3x its peers;
+    its healthy twin, whose ratio rises with the shared queueing delay alone, is not. The replay
+    finds exactly what judging every tick finds, with those instants read."""
+    slos = {f"p{i}": None for i in range(8)}
+    for creep in (0.0, 0.3):
+        members, onset = queueing_fleet(seed, creep)
+        analyses = {m.instance: InstanceAnalysis(m.instance, [], [], [], None, None) for m in members}
+        analyze_slow([members], analyses, DEFAULT_SLOW, slos=slos)
+        got = {f.id: (f, a.at_open.get(f.id)) for a in analyses.values() for f in a.findings}
+        assert got == reference(members, DEFAULT_SLOW, slos)
+        found = {name: sorted(f.opened_at for f in a.findings if f.opened_at) for name, a in analyses.items()}
+        assert not any(found[f"p{i}"] for i in range(1, 8)), found
+        if not creep:
+            assert not found["p0"], found
+            continue
+        assert found["p0"] and onset < found["p0"][0] <= onset + 2 * 3600, found
+        first = next(f for f in analyses["p0"].findings if f.opened_at == found["p0"][0])
+        relative = analyses["p0"].at_open[first.id].evidence["rules"]["relative"]
+        assert relative["state"] == "firing"
+        assert relative["usual_ratio"] < 0.8 and relative["ratio_to_peers"] < 1.3
+        assert "usually" in relative["summary"]

@@ -41,8 +41,15 @@ from agent.detect.model import (
     TREE_MEMORY,
 )
 from agent.detect.seasonal import WorkloadProfile
+from agent.detect.slow.detector import (
+    CAUSE_METRICS,
+    Slo,
+    SlowParams,
+    causes_history,
+    evaluate_slow,
+    slo_from_settings,
+)
 from agent.detect.slow.detector import INPUT_METRICS as SLOW_METRICS
-from agent.detect.slow.detector import Slo, SlowParams, evaluate_slow, slo_from_settings
 from agent.detect.slow.detector import history as slow_history
 from agent.state.eventlog import EventLog
 from agent.state.store import Store
@@ -217,7 +224,7 @@ class Detection:
     ) -> InstanceSeries:
         """The series the detectors need up to `tick`: memory series over `params.history`, as the
         min and max of each sub-bucket; latency series over the slow detector's history (with the
-        instance's SLO window, which may be the longest)."""
+        instance's SLO window, which may be the longest), the likely causes' over their window."""
         stored = set(self.store.metrics(instance))
         points: dict[str, list[tuple[float, float]]] = {}
         if memory:
@@ -232,9 +239,11 @@ class Detection:
                 self._lifetimes(instance, since, tick) if START_TIME in stored else (None, None)
             )
         if slow:
-            since = tick - slow_history(self.slow, {instance: slo})
+            latency_since = tick - slow_history(self.slow, {instance: slo})
+            causes_since = tick - causes_history(self.slow, {instance: slo})
             for metric in SLOW_METRICS:
                 if metric in stored and metric not in points:
+                    since = causes_since if metric in CAUSE_METRICS else latency_since
                     points[metric] = self.store.series(
                         instance, metric, since, tick, max_points=10**7, now=tick
                     ).points

@@ -20,7 +20,9 @@ instance (`analyze_fleet`, its own earlier lifetimes as its prior). Families:
   lives" counts the lifetimes after the onset that got a finding of their own).
 
 Latency: fleets of 12 pods whose p99 swings 2-3× a day together; the leak twin has one pod
-creeping from a labelled onset (+25-50 % of its level per hour).
+creeping from a labelled onset (+25-50 % of its level per hour). `latency-swing` scales each pod's
+own latency with the traffic; in `latency-queue` the pods differ more (0.5-1.4× their median) and share a
+queueing delay that follows the traffic, so a fast pod's ratio to its peers moves with the day.
 
 On a healthy twin every `leak`/`oom-risk` (`slow` for latency) finding is false; a critical one
 is what remediation would act on. On a leak twin the first such finding after the onset and
@@ -59,6 +61,7 @@ LIFETIMES_TO_FIND = 3  # a leak cut short by restarts: found within this many li
 LEAD_GOAL = 0.4
 CREEP_GOAL = 2 * HOUR
 P99 = "latency_p99_seconds"
+LATENCY_FAMILIES = ("latency-swing", "latency-queue")
 SLO = Slo(quantile=0.99, threshold=0.25, window=5 * MINUTE)
 
 
@@ -266,17 +269,28 @@ def memory_cases(family: str, seed: int, noise: str) -> list[Case]:
     return out
 
 
-def latency_cases(seed: int, noise: str, size: int = 12) -> list[Case]:
-    """A fleet whose p99 swings 2-3× a day together; the leak twin with one pod creeping."""
+def latency_cases(seed: int, noise: str, size: int = 12, family: str = "latency-swing") -> list[Case]:
+    """A fleet whose p99 swings 2-3× a day together; the leak twin with one pod creeping.
+
+    `latency-swing`: each pod's p99 is its own base times the daily factor, so its ratio to its
+    peers holds. `latency-queue`: pods at 0.5-1.4× the fleet's median base latency share a queueing delay that
+    follows the traffic, so a fast pod's ratio to its peers rises and falls with the day (from 0.5×
+    at night towards 0.8× at the peak) without anything being wrong with it."""
     out = []
+    queue = family == "latency-queue"
+    key = "latency" if family == "latency-swing" else family  # the seeds' series as first scored
     for creep in (False, True):
-        rng = random.Random(f"precision/latency/{noise}/{seed}")
+        rng = random.Random(f"precision/{key}/{noise}/{seed}")
         swing = rng.uniform(2.0, 3.0)
         phase = rng.uniform(0, DAY)
         days, every = 2.0, 30.0
         sigma = 0.15 if noise == "harsh" else 0.05
-        bases = [rng.uniform(0.03, 0.06) for _ in range(size)]
-        crng = random.Random(f"precision/latency/{noise}/{seed}/creep")
+        bases = [rng.uniform(0.5, 1.5) if queue else rng.uniform(0.03, 0.06) for _ in range(size)]
+        if queue:  # 0.5-1.4× the fleet's median: a pod twice its peers' latency is slow, not healthy
+            middle = statistics.median(bases)
+            bases = [0.045 * min(1.4, max(0.5, b / middle)) for b in bases]
+        typical = statistics.median(bases)
+        crng = random.Random(f"precision/{key}/{noise}/{seed}/creep")
         onset = T0 + crng.uniform(0.6, 1.4) * DAY
         rate = crng.uniform(0.25, 0.5)
         series = []
@@ -284,19 +298,20 @@ def latency_cases(seed: int, noise: str, size: int = 12) -> list[Case]:
             points = []
             for k in range(int(days * DAY / every)):
                 ts = T0 + k * every
-                daily = 1 + (swing - 1) * (0.5 + 0.5 * math.sin(2 * math.pi * (ts - phase) / DAY))
-                value = base * daily * math.exp(rng.gauss(0, sigma))
+                load = 0.5 + 0.5 * math.sin(2 * math.pi * (ts - phase) / DAY)
+                daily = base + typical * (swing - 1) * load if queue else base * (1 + (swing - 1) * load)
+                value = daily * math.exp(rng.gauss(0, sigma))
                 if noise == "harsh" and rng.random() < 1 / 120:
                     value *= rng.uniform(1.5, 3.0)
                 if creep and i == 0 and ts >= onset:
                     value *= 1 + rate * (ts - onset) / HOUR
                 points.append((ts, value))
             series.append(
-                InstanceSeries(f"lat-{noise}-{seed}-{'creep' if creep else 'ok'}/p{i}", {P99: points})
+                InstanceSeries(f"{family}-{noise}-{seed}-{'creep' if creep else 'ok'}/p{i}", {P99: points})
             )
         out.append(
             Case(
-                "latency-swing",
+                family,
                 noise,
                 seed,
                 creep,
@@ -439,8 +454,8 @@ def judge_latency(case: Case, cell: Cell) -> None:
 def _score_one(task: tuple[str, str, int, DetectParams]) -> tuple[str, Cell]:
     family, noise, seed, params = task
     cell = Cell()
-    if family == "latency-swing":
-        for case in latency_cases(seed, noise):
+    if family in LATENCY_FAMILIES:
+        for case in latency_cases(seed, noise, family=family):
             judge_latency(case, cell)
     else:
         for case in memory_cases(family, seed, noise):
@@ -454,7 +469,7 @@ def score(
     params = params or DetectParams()
     tasks = [
         (family, noise, seed, params)
-        for family in [*MEMORY_FAMILIES, "latency-swing"]
+        for family in [*MEMORY_FAMILIES, *LATENCY_FAMILIES]
         if not families or any(f in family for f in families)
         for noise in NOISES
         for seed in seeds

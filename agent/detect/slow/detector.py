@@ -50,13 +50,16 @@ from agent.detect.slow.rules import (
 )
 
 __all__ = [
+    "CAUSE_METRICS",
     "DEFAULT_SLOW",
     "INPUT_METRICS",
     "KIND",
+    "LATENCY_METRICS",
     "QUANTILE_METRICS",
     "Level",
     "Slo",
     "SlowParams",
+    "causes_history",
     "evaluate_slow",
     "fleets",
     "history",
@@ -67,11 +70,9 @@ __all__ = [
 
 KIND: Kind = "slow"
 DEFAULT_SLOW = SlowParams()
-# the series `evaluate_slow` reads: load these from the store for each instance
-INPUT_METRICS = (
-    *QUANTILE_METRICS.values(),
-    MEAN,
-    CANARY,
+LATENCY_METRICS = (*QUANTILE_METRICS.values(), MEAN, CANARY)  # each instance judges the first it has
+# what likely causes are read from, over `causes_history` (far shorter than the latency's `history`)
+CAUSE_METRICS = (
     "cgroup_cpu_periods_total",
     "cgroup_cpu_throttled_periods_total",
     "cgroup_cpu_throttled_seconds_total",
@@ -79,17 +80,31 @@ INPUT_METRICS = (
     "rss_bytes",
     "memory_limit_bytes",
     "major_faults_total",
-    START_TIME,
 )
+# the series `evaluate_slow` reads: load these from the store for each instance
+INPUT_METRICS = (*LATENCY_METRICS, START_TIME, *CAUSE_METRICS)
 
 
 def history(params: SlowParams = DEFAULT_SLOW, slos: Mapping[str, Slo | None] | None = None) -> float:
     """Seconds of samples before `now` that `evaluate_slow` needs to judge like a full replay."""
     windows = [
-        params.peer_window + params.relative_window,
+        params.peer_window + params.relative_reach,
         params.trend_window,
         *(slo.window for slo in (slos or {}).values() if slo),
     ]
+    return max(windows) + params.stale + params.step
+
+
+def causes_window(params: SlowParams, slo: Slo | None) -> float:
+    """The span before a judgement over which its likely causes are read: the SLO's `for` or the
+    peer window, the longer."""
+    return max(slo.window if slo else 0.0, params.peer_window)
+
+
+def causes_history(params: SlowParams = DEFAULT_SLOW, slos: Mapping[str, Slo | None] | None = None) -> float:
+    """Seconds of the likely causes' series (`CAUSE_METRICS`) before `now` that `evaluate_slow`
+    reads: far less than the latency's `history`."""
+    windows = [causes_window(params, slo) for slo in (slos or {}).values()] or [causes_window(params, None)]
     return max(windows) + params.stale + params.step
 
 
@@ -199,7 +214,7 @@ def judge_view(
         for name, peer in known.items()
         if name != view.instance and peer.metric == view.metric
     }
-    relative = judge_relative(view, ratios, params)
+    relative = judge_relative(view, ratios, tick, params)
     trend = judge_trend(view, tick, params)
     if trend.state == "firing" and relative.state == "clear":
         trend = Rule("holding", trend.summary + "; its peers rose alike", trend.figures)
@@ -242,8 +257,7 @@ def _observation(view: LatencyView, tick: float, rules: dict[str, Rule], params:
     else:
         summary = f"{view.instance}: latency within its SLO and in line with its peers"
     if state in ("firing", "holding"):
-        window = max(view.slo.window if view.slo else 0.0, params.peer_window)
-        causes = likely_causes(view.series, tick - window, tick, params)
+        causes = likely_causes(view.series, tick - causes_window(params, view.slo), tick, params)
         evidence["likely_causes"] = causes
         if causes and fired:
             summary += "; likely cause: " + ", ".join(cause["text"] for cause in causes)

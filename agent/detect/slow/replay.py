@@ -31,6 +31,7 @@ from agent.detect.model import START_TIME, Finding, InstanceAnalysis, InstanceSe
 from agent.detect.slow.detector import (
     DEFAULT_SLOW,
     INPUT_METRICS,
+    LATENCY_METRICS,
     Level,
     history,
     judge_view,
@@ -38,11 +39,10 @@ from agent.detect.slow.detector import (
     tick_for,
 )
 from agent.detect.slow.rules import (
+    BASELINE_POINTS,
     CANARY,
     MEAN,
-    QUANTILE_METRICS,
     RELATIVE_GROWTH,
-    RELATIVE_POINTS,
     LatencyView,
     Slo,
     SlowParams,
@@ -51,8 +51,6 @@ from agent.detect.slow.rules import (
     relative_ratios,
 )
 from agent.detect.trend import _kernels, normal_cdf
-
-LATENCY_METRICS = frozenset({*QUANTILE_METRICS.values(), MEAN, CANARY})
 
 
 def has_latency(series: InstanceSeries) -> bool:
@@ -276,7 +274,8 @@ class _FleetReplay:
 
     def _relative_candidates(self) -> dict[int, list[int]]:
         """Per instance, the ticks where its relative rule might fire: its level over its peers'
-        median (`relative_ratios`) at one of the last five instants at least `1 + RELATIVE_GROWTH`,
+        median (`relative_ratios`) at one of the last five instants at least `1 + RELATIVE_GROWTH`
+        times the lower of 1 and its lowest before the window (`relative_bar` of a median of those),
         and that many times its lowest at any instant of the window (the median of three is at
         most their largest and at least the lowest of all)."""
         params = self.params
@@ -298,25 +297,27 @@ class _FleetReplay:
                 if 0 < ratio < math.inf:
                     ratios[i][t] = ratio
         index = self.index
-        back = params.relative_window / (RELATIVE_POINTS - 1)
-        bar = 1 + RELATIVE_GROWTH - 1e-9
+        grow = 1 + RELATIVE_GROWTH - 1e-9
         out: dict[int, list[int]] = {}
         for t, when in enumerate(self.judged):
-            at = [
-                index.get(round((when - back * k) / params.step)) for k in range(RELATIVE_POINTS)
-            ]  # newest first
+            instants = relative_instants(when, params)
+            at = [index.get(round(x / params.step)) for x in instants[BASELINE_POINTS:]][::-1]  # newest first
+            before = [index.get(round(x / params.step)) for x in instants[:BASELINE_POINTS]]
             for i, of_instance in enumerate(ratios):
                 values = [of_instance[k] for k in at if k is not None and not math.isnan(of_instance[k])]
                 if not values:
                     continue
+                usual = [of_instance[k] for k in before if k is not None and not math.isnan(of_instance[k])]
+                # the bar is at least this: the usual ratio is a median of these, and not above 1
+                bar = grow * min([1.0, *usual])
                 recent = max(values[:5]) if len(values) >= 5 else max(values)
-                if recent >= bar and recent >= bar * min(values):
+                if recent >= bar and recent >= grow * min(values):
                     out.setdefault(i, []).append(t)
         # where an instance's series changed within the window, the levels above are not the ones
         # a judgement reads (`levels_at`): Python judges those ticks
         switched = sorted(self.judged[s] for s in set().union(*self.switched))
         for t, when in enumerate(self.judged):
-            if bisect_right(switched, when) > bisect_left(switched, when - params.relative_window - 1e-9):
+            if bisect_right(switched, when) > bisect_left(switched, when - params.relative_reach - 1e-9):
                 for i in range(len(self.names)):
                     out.setdefault(i, []).append(t)
         return out

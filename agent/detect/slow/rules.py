@@ -46,7 +46,10 @@ def judged_metrics(slo: Slo | None) -> tuple[str, str, str]:
 
 RELATIVE_SPAN = 3  # the relative rule looks back this many trend windows...
 RELATIVE_POINTS = 12  # ...at this many instants, each the instance's level over its peers' median
-RELATIVE_GROWTH = 0.3  # it fires when that ratio grew by 30 % and is 30 % above the peers now
+RELATIVE_GROWTH = 0.3  # it fires when that ratio grew by 30 % and is 30 % above its usual ratio now:
+# the median of this many instants before the window, twice as far apart (two windows' span), or
+# the peers' median until those are known
+BASELINE_POINTS = 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +116,12 @@ class SlowParams:
         multiplied by a whole number, so a replay reads the levels it judged at earlier ticks."""
         spacing = max(1, round(RELATIVE_SPAN * self.trend_window / (RELATIVE_POINTS - 1) / self.step))
         return spacing * self.step * (RELATIVE_POINTS - 1)
+
+    @property
+    def relative_reach(self) -> float:
+        """How far before the tick the relative rule reads levels: its window and, before it, the
+        instants of the instance's usual ratio to its peers (`BASELINE_POINTS`, two spacings apart)."""
+        return self.relative_window * (1 + 2 * BASELINE_POINTS / (RELATIVE_POINTS - 1))
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -348,9 +357,13 @@ def judge_trend(view: LatencyView, tick: float, params: SlowParams) -> Rule:
 
 
 def relative_instants(tick: float, params: SlowParams) -> list[float]:
-    """The instants whose levels `judge_relative` compares, oldest first (multiples of the step)."""
+    """The instants whose levels `judge_relative` compares, oldest first (multiples of the step):
+    `BASELINE_POINTS` before its window, two spacings apart, then `RELATIVE_POINTS` over it."""
     spacing = params.relative_window / (RELATIVE_POINTS - 1)
-    return [tick - spacing * (RELATIVE_POINTS - 1 - k) for k in range(RELATIVE_POINTS)]
+    start = tick - params.relative_window
+    return [start - 2 * spacing * (BASELINE_POINTS - k) for k in range(BASELINE_POINTS)] + [
+        tick - spacing * (RELATIVE_POINTS - 1 - k) for k in range(RELATIVE_POINTS)
+    ]
 
 
 def relative_ratios(
@@ -386,41 +399,67 @@ def relative_rise(ratios: Sequence[tuple[float, float]]) -> tuple[float, float, 
     return first, now, (now / first - 1 if first > 0 else 0.0)
 
 
-def judge_relative(view: LatencyView, ratios: Sequence[tuple[float, float]], params: SlowParams) -> Rule:
-    """The instance's latency over its peers' median grows steadily and is now well above it: one
-    instance creeping while the fleet's traffic swings all of them alike (a daily 2-3x cycle moves
-    every instance; the ratio cancels it)."""
+def usual_ratio(ratios: Sequence[tuple[float, float]], tick: float, params: SlowParams) -> float | None:
+    """The instance's usual level over its peers' median: the median of its ratios before the
+    relative window, when at least half of those instants had one (else None: not known yet)."""
+    start = tick - params.relative_window - 1e-6
+    before = [r for at, r in ratios if at < start]
+    return median(before) if len(before) * 2 >= BASELINE_POINTS else None
+
+
+def relative_bar(usual: float | None) -> float:
+    """The ratio to its peers an instance must reach for the relative rule: 30 % above its own usual
+    ratio once that is known (a pod that usually runs at 0.6x its peers and creeps to 0.9x has
+    slowed by half while still faster than most; one usually at 1.3x that swings to 1.55x as the
+    fleet's queueing delay ebbs at night has not slowed at all), else 30 % above their median."""
+    return (1 + RELATIVE_GROWTH) * (1.0 if usual is None else usual)
+
+
+def judge_relative(
+    view: LatencyView, ratios: Sequence[tuple[float, float]], tick: float, params: SlowParams
+) -> Rule:
+    """The instance's latency over its peers' median grows steadily and is now well above where it
+    usually sits among them (their median until that is known): one instance creeping while the
+    fleet's traffic swings all of them alike (a daily 2-3x cycle moves every instance; the ratio
+    cancels it)."""
     window = params.relative_window
-    if len(ratios) < params.min_coverage * RELATIVE_POINTS:
+    start = tick - window - 1e-6
+    usual = usual_ratio(ratios, tick, params)
+    recent = [(at, r) for at, r in ratios if at >= start]
+    if len(recent) < params.min_coverage * RELATIVE_POINTS:
         return Rule(
             "unknown",
             f"comparing with peers over {format_duration(window)} needs {params.peer_min} peers with latency data",
         )
-    first, now, rise = relative_rise(ratios)
+    first, now, rise = relative_rise(recent)
     # in logarithms: a ratio is multiplicative, and one of extreme levels stays a finite number
-    fit = fit_trend([x for x, _ in ratios], [math.log(r) for _, r in ratios], floor=math.log(1.1))
+    fit = fit_trend([x for x, _ in recent], [math.log(r) for _, r in recent], floor=math.log(1.1))
+    bar = relative_bar(usual)
     figures = {
         "metric": view.metric,
         "ratio_to_peers": round(now, 4),
         "ratio_growth": round(rise, 4),
+        "usual_ratio": None if usual is None else round(usual, 4),
         "confidence": round(fit.confidence, 5),
         "decel": round(fit.decel, 3),
         "window_seconds": window,
     }
     text = (
         f"{view.name} went from {first:.2f}x to {now:.2f}x its peers' median over "
-        f"{format_duration(window)} (confidence {fit.confidence:.4f})"
+        f"{format_duration(window)} (confidence {fit.confidence:.4f}"
+        + ("" if usual is None else f"; usually {usual:.2f}x")
+        + ")"
     )
     if (
         rise >= RELATIVE_GROWTH
-        and now >= 1 + RELATIVE_GROWTH
+        and now >= bar
         and fit.confidence >= params.trend_confidence
         and fit.decel >= params.trend_decel
     ):
         return Rule("firing", text, figures)
     if (
         rise < RELATIVE_GROWTH / 2
-        or now < 1 + RELATIVE_GROWTH / 2
+        or now < bar * (1 + RELATIVE_GROWTH / 2) / (1 + RELATIVE_GROWTH)
         or fit.confidence < params.trend_confidence_clear
     ):
         return Rule("clear", text, figures)
