@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
-from agent.api.exposition import PageEncoder
+from agent.api.exposition import PageEncoder, Rows
 from agent.api.metrics import MAX_VARIANTS, Pages, render
 from agent.api.snapshots import Ticks
 
@@ -53,15 +53,24 @@ def registry_of(rows: list[tuple[str, float]]) -> CollectorRegistry:
     summary = Metric("medic_test_seconds", "Quantiles.", "summary")
     odd = Metric("medic:odd_name_bytes", "A colon, and a unit.", "gauge", "bytes")  # escapings differ
     stamped = GaugeMetricFamily("medic_test_stamped", "Samples with a timestamp.", labels=["name"])
+    # instance rows: written from one kept label text per instance, not from samples
+    rows_gauge = Rows("medic_test_rows_bytes", "Rows of a gauge.", "gauge")
+    rows_counter = Rows("medic_test_rows_total", "Rows of a counter.", "counter")
+    rows_odd = Rows("medic:odd_rows", "Rows the escaping may quote.", "gauge")
+    rows_two = Rows("medic_test_rows_two", "Rows of two labels.", "gauge", ("probe", "name"))
     for i, (name, value) in enumerate(rows):
         label = f"{name}-{i}"  # one series per row
+        for family in (rows_gauge, rows_counter, rows_odd):
+            family.add(value, label)
+        rows_two.add(value, name, label)
         gauge.add_metric([label], value)
         counter.add_metric(["process", label], value)
         info.add_metric([label], {"mode": name, "limit.source": name})
         summary.add_sample("medic_test_seconds", {"name": label, "quantile": "0.99"}, value)
         odd.add_sample("medic:odd_name_bytes", {"name": label}, value)
         stamped.add_metric([label], value, timestamp=1_700_000_000.5)
-    families = [gauge, counter, info, summary, odd, stamped, GaugeMetricFamily("medic_empty", "None.")]
+    families = [gauge, rows_gauge, counter, rows_counter, info, summary, odd, rows_odd, rows_two, stamped]
+    families.append(GaugeMetricFamily("medic_empty", "None."))
     registry.register(Families(families))
     histogram = Histogram("medic_test_duration_seconds", "A histogram.", ["probe"], registry=registry)
     for _, value in rows:

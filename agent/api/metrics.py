@@ -14,13 +14,12 @@ from functools import cache
 from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
 
 from agent import __version__
-from agent.api.exposition import Families, PageEncoder
+from agent.api.exposition import Families, PageEncoder, Rows
 from agent.api.snapshots import TickCache, Ticks
 from agent.config.model import InstanceSpec
 from agent.core.catalog import CATALOG, ExportedFamily, exported_families, exported_sample
@@ -37,7 +36,6 @@ class _Seen(NamedTuple):
     scrape tells of the same moment."""
 
     name: str
-    labels: dict[str, str]  # {"name": name}: one dict shared by the instance's samples of the page
     status: str
     spec: InstanceSpec
     limit_source: str | None
@@ -65,7 +63,6 @@ class InstanceCollector(Collector):
             seen = [
                 _Seen(
                     state.name,
-                    {"name": state.name},
                     state.status,
                     state.spec,
                     state.memory_limit_source,
@@ -84,39 +81,39 @@ class InstanceCollector(Collector):
         yield _instance_up(seen)
         yield _instance_info(seen, self.fleet_label)
         yield _by_instance(
-            CounterMetricFamily,
+            "counter",
             "medic_instance_restarts",
             "Restarts seen (new pid or start time).",
-            ((s.labels, s.restarts) for s in seen),
+            ((s.name, s.restarts) for s in seen),
         )
         yield _by_instance(
-            GaugeMetricFamily,
+            "gauge",
             "medic_instance_last_probe_timestamp_seconds",
             "When the instance was last probed.",
-            ((s.labels, s.last_probe) for s in seen if s.last_probe),
+            ((s.name, s.last_probe) for s in seen if s.last_probe),
         )
         yield _by_probe(
-            CounterMetricFamily,
+            "counter",
             "medic_probe_errors",
             "Probe failures, partial ones included.",
             ((probe, s.name, errors) for s in seen for probe, errors, _ in s.probes),
         )
         yield _by_probe(
-            GaugeMetricFamily,
+            "gauge",
             "medic_probe_last_success_timestamp_seconds",
             "When the probe last read the instance.",
             ((probe, s.name, success) for s in seen for probe, _, success in s.probes if success),
         )
         for family, metrics in _catalog_families():
             metric = _catalog_family(family, metrics, seen)
-            if metric.samples:
+            if metric.rows:
                 yield metric
 
 
 def _instance_up(seen: list[_Seen]) -> Metric:
-    up = GaugeMetricFamily("medic_instance_up", "1 if the instance's process runs, else 0.", labels=["name"])
+    up = Rows("medic_instance_up", "1 if the instance's process runs, else 0.", "gauge")
     for s in seen:
-        _add(up, s.labels, 1.0 if s.status == "up" else 0.0)
+        up.add(1.0 if s.status == "up" else 0.0, s.name)
     return up
 
 
@@ -139,36 +136,19 @@ def _instance_info(seen: list[_Seen], fleet_label: str) -> Metric:
     return info
 
 
-# the families whose samples carry one value per label set (an instance, a probe)
-LabelledFamily = CounterMetricFamily | GaugeMetricFamily
-
-
-def _by_instance(
-    kind: type[LabelledFamily], name: str, help_text: str, values: Iterable[tuple[dict[str, str], float]]
-) -> Metric:
-    """A family labelled by instance `name` alone, from `(the instance's labels, value)` pairs."""
-    family = kind(name, help_text, labels=["name"])
-    for labels, value in values:
-        _add(family, labels, value)
+def _by_instance(kind: str, name: str, help_text: str, values: Iterable[tuple[str, float]]) -> Metric:
+    """A family labelled by instance `name` alone, from `(instance, value)` pairs."""
+    family = Rows(name, help_text, kind)
+    for instance, value in values:
+        family.add(value, instance)
     return family
 
 
-def _add(family: LabelledFamily, labels: dict[str, str], value: float) -> None:
-    """`family.add_metric` with the instance's own label dict, shared by its samples on the page, and
-    the sample name `add_metric` gave the family's first sample (a counter's has `_total`)."""
-    if family.samples:
-        family.samples.append(Sample(family.samples[0].name, labels, value))
-    else:
-        family.add_metric(list(labels.values()), value)
-
-
-def _by_probe(
-    kind: type[LabelledFamily], name: str, help_text: str, values: Iterable[tuple[str, str, float]]
-) -> Metric:
+def _by_probe(kind: str, name: str, help_text: str, values: Iterable[tuple[str, str, float]]) -> Metric:
     """A family labelled by `probe` and instance `name`, from `(probe, instance, value)` triples."""
-    family = kind(name, help_text, labels=["probe", "name"])
+    family = Rows(name, help_text, kind, ("probe", "name"))
     for probe, instance, value in values:
-        family.add_metric([probe, instance], value)
+        family.add(value, probe, instance)
     return family
 
 
@@ -188,24 +168,23 @@ def _catalog_families() -> tuple[tuple[ExportedFamily, tuple[tuple[str, tuple[st
 
 def _catalog_family(
     family: ExportedFamily, metrics: tuple[tuple[str, tuple[str, str] | None], ...], seen: list[_Seen]
-) -> Metric:
-    """One family of the catalog over every instance that is up, labelled by instance `name`."""
-    if family.kind == "summary":
-        metric = Metric(family.name, family.help, "summary")
-        for s in seen:
-            for stored, extra in metrics:
-                value = s.latest.get(stored)
-                if value is not None and extra:  # a quantile of a summary: a sample of the family's name
-                    metric.add_sample(family.name, {"name": s.name, extra[0]: extra[1]}, value)
-        return metric
-    kind = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily
-    metric = kind(family.name, family.help, labels=["name"])
+) -> Rows:
+    """One family of the catalog over every instance that is up, labelled by instance `name` (and,
+    for the quantiles of a summary, by the family's extra label)."""
+    extra_label = family.extra_label if family.kind == "summary" else None
+    rows = Rows(family.name, family.help, family.kind, ("name", extra_label) if extra_label else ("name",))
+    add = rows.rows.append
     for s in seen:
-        for stored, _ in metrics:
-            value = s.latest.get(stored)
-            if value is not None:
-                _add(metric, s.labels, value)
-    return metric
+        latest = s.latest
+        for stored, extra in metrics:
+            value = latest.get(stored)
+            if value is None:
+                continue
+            if extra_label is None:
+                add(((s.name,), value))
+            elif extra is not None and extra[0] == extra_label:  # a quantile: a sample of the family's name
+                add(((s.name, extra[1]), value))
+    return rows
 
 
 class FindingCollector(Collector):
