@@ -270,6 +270,7 @@ class Telemetry:
             buckets=_PROBE_BUCKETS,
             registry=self.registry,
         )
+        self._probe_durations: dict[str, Histogram] = {}
         self.job_skipped_runs = Counter(
             "medic_job_skipped_runs_total",
             "Scheduled runs of a job skipped because its previous run was still going (a slow dependency).",
@@ -297,7 +298,10 @@ class Telemetry:
         self.job_skipped_runs.labels(job).inc()
 
     def observe_probe(self, probe: str, seconds: float, ok: bool) -> None:
-        self.probe_duration.labels(probe).observe(seconds)
+        child = self._probe_durations.get(probe)
+        if child is None:  # `labels()` validates and locks on every call: a child per probe, kept
+            child = self._probe_durations[probe] = self.probe_duration.labels(probe)
+        child.observe(seconds)
 
 
 def render(registry: Collector, accept: str, accept_encoding: str) -> tuple[bytes, dict[str, str]]:
