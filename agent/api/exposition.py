@@ -61,12 +61,17 @@ class Rows(Metric):
     `samples`) gets the samples the rows stand for."""
 
     def __init__(
-        self, name: str, documentation: str, typ: str, labelnames: tuple[str, ...] = ("name",)
+        self,
+        name: str,
+        documentation: str,
+        typ: str,
+        labelnames: tuple[str, ...] = ("name",),
+        rows: Iterable[tuple[tuple[str, ...], float]] = (),
     ) -> None:
         super().__init__(name.removesuffix("_total") if typ == "counter" else name, documentation, typ)
         self.sample_name = self.name + "_total" if typ == "counter" else self.name
         self.labelnames = labelnames
-        self.rows: list[tuple[tuple[str, ...], float]] = []
+        self.rows: list[tuple[tuple[str, ...], float]] = list(rows)
 
     @property
     def samples(self) -> list[Sample]:

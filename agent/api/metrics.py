@@ -9,7 +9,7 @@ the scraper accepts gzip.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from functools import cache
 from typing import NamedTuple
 
@@ -78,43 +78,43 @@ class InstanceCollector(Collector):
                 for state in sorted(self.tracker.states.values(), key=lambda s: s.name)
             ]
         # each family is built when the encoder asks for it, and dropped once encoded
-        yield _instance_up(seen)
+        yield Rows(
+            "medic_instance_up",
+            "1 if the instance's process runs, else 0.",
+            "gauge",
+            rows=(((s.name,), 1.0 if s.status == "up" else 0.0) for s in seen),
+        )
         yield _instance_info(seen, self.fleet_label)
-        yield _by_instance(
-            "counter",
+        yield Rows(
             "medic_instance_restarts",
             "Restarts seen (new pid or start time).",
-            ((s.name, s.restarts) for s in seen),
+            "counter",
+            rows=(((s.name,), s.restarts) for s in seen),
         )
-        yield _by_instance(
-            "gauge",
+        yield Rows(
             "medic_instance_last_probe_timestamp_seconds",
             "When the instance was last probed.",
-            ((s.name, s.last_probe) for s in seen if s.last_probe),
+            "gauge",
+            rows=(((s.name,), s.last_probe) for s in seen if s.last_probe),
         )
-        yield _by_probe(
-            "counter",
+        yield Rows(
             "medic_probe_errors",
             "Probe failures, partial ones included.",
-            ((probe, s.name, errors) for s in seen for probe, errors, _ in s.probes),
+            "counter",
+            ("probe", "name"),
+            (((probe, s.name), errors) for s in seen for probe, errors, _ in s.probes),
         )
-        yield _by_probe(
-            "gauge",
+        yield Rows(
             "medic_probe_last_success_timestamp_seconds",
             "When the probe last read the instance.",
-            ((probe, s.name, success) for s in seen for probe, _, success in s.probes if success),
+            "gauge",
+            ("probe", "name"),
+            (((probe, s.name), success) for s in seen for probe, _, success in s.probes if success),
         )
         for family, metrics in _catalog_families():
             metric = _catalog_family(family, metrics, seen)
             if metric.rows:
                 yield metric
-
-
-def _instance_up(seen: list[_Seen]) -> Metric:
-    up = Rows("medic_instance_up", "1 if the instance's process runs, else 0.", "gauge")
-    for s in seen:
-        up.add(1.0 if s.status == "up" else 0.0, s.name)
-    return up
 
 
 def _instance_info(seen: list[_Seen], fleet_label: str) -> Metric:
@@ -134,22 +134,6 @@ def _instance_info(seen: list[_Seen], fleet_label: str) -> Metric:
             },
         )
     return info
-
-
-def _by_instance(kind: str, name: str, help_text: str, values: Iterable[tuple[str, float]]) -> Metric:
-    """A family labelled by instance `name` alone, from `(instance, value)` pairs."""
-    family = Rows(name, help_text, kind)
-    for instance, value in values:
-        family.add(value, instance)
-    return family
-
-
-def _by_probe(kind: str, name: str, help_text: str, values: Iterable[tuple[str, str, float]]) -> Metric:
-    """A family labelled by `probe` and instance `name`, from `(probe, instance, value)` triples."""
-    family = Rows(name, help_text, kind, ("probe", "name"))
-    for probe, instance, value in values:
-        family.add(value, probe, instance)
-    return family
 
 
 @cache
