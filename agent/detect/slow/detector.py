@@ -32,6 +32,7 @@ from agent.core.timescale import WINDOW_SAMPLES, TimeScale
 from agent.core.types import Kind, Severity
 from agent.detect.model import START_TIME, InstanceSeries, Observation, State
 from agent.detect.slow.causes import likely_causes
+from agent.detect.slow.relative import judge_relative, relative_instants, relative_ratios
 from agent.detect.slow.rules import (
     CANARY,
     MEAN,
@@ -42,11 +43,8 @@ from agent.detect.slow.rules import (
     Slo,
     SlowParams,
     judge_peer,
-    judge_relative,
     judge_slo,
     judge_trend,
-    relative_instants,
-    relative_ratios,
 )
 
 __all__ = [

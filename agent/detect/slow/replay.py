@@ -38,6 +38,7 @@ from agent.detect.slow.detector import (
     judged_reach,
     tick_for,
 )
+from agent.detect.slow.relative import relative_instants, relative_ratios
 from agent.detect.slow.rules import (
     BASELINE_POINTS,
     CANARY,
@@ -47,8 +48,6 @@ from agent.detect.slow.rules import (
     Slo,
     SlowParams,
     judged_metrics,
-    relative_instants,
-    relative_ratios,
 )
 from agent.detect.trend import _kernels, normal_cdf
 
