@@ -18,6 +18,7 @@ from agent.detect.coverage import Sight, sample_spans, seen_from, steps_seen, un
 from agent.detect.memory import fleet as fleet_module
 from agent.detect.memory.engine import judged_reach
 from agent.detect.memory.fleet import analyze_fleet
+from agent.detect.memory.prepared import Prepared
 from agent.detect.model import InstanceAnalysis
 from agent.detect.slow.replay import analyze_slow
 from support.detect_shapes import DAY, HOUR, PARAMS, T0, series
@@ -109,8 +110,8 @@ def test_skipping_unseen_ticks_changes_no_finding_of_a_fleet(fleet, seed):
         for n, (shape, gaps) in enumerate(fleet)
     ]
     members = [m for m in members if m.series["rss_bytes"]]
-    skipping = fleet_module._replay(members, PARAMS)
-    every = fleet_module._replay(members, PARAMS, every_tick=True)
+    skipping = fleet_module._replay([Prepared(m, PARAMS) for m in members], PARAMS)
+    every = fleet_module._replay([Prepared(m, PARAMS) for m in members], PARAMS, every_tick=True)
     assert [_summary(a) for a in skipping] == [_summary(a) for a in every]
 
 
@@ -137,7 +138,7 @@ def test_a_stray_sample_decades_before_judges_no_more_ticks_than_without_it(monk
     found = analyze_fleet([strayed(36 * 365 * 86400)], PARAMS)
     back, ahead = judged_reach(PARAMS)
     assert len(calls) <= ticks + (back + ahead) / PARAMS.step + 3  # the stray's own reach at most
-    reference = fleet_module._replay([strayed(30 * DAY)], PARAMS, every_tick=True)
+    reference = fleet_module._replay([Prepared(strayed(30 * DAY), PARAMS)], PARAMS, every_tick=True)
     assert found[0].findings and _summary(found[0])[0] == _summary(reference[0])[0]
 
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from agent.detect import InstanceSeries, update
 from agent.detect.memory.fleet import analyze_fleet, fleet_evidence, judge_fleet
+from agent.detect.memory.prepared import Prepared
 from agent.detect.memory.priors import PriorBook, learn_workload, merge, workload_key
 from agent.detect.model import Observation
 from agent.detect.seasonal import WorkloadProfile
@@ -211,7 +212,9 @@ def _online(fleet: list[InstanceSeries], prior: WorkloadProfile | None, cadence:
                 continue  # gone (OOM-killed): the agent no longer judges it
             seen = {m: [p for p in pts if p[0] <= now] for m, pts in s.series.items()}
             views.append(replace(s, series=seen, prior=prior))
-        active, transitions = update(active, judge_fleet(views, tick, PARAMS), PARAMS)
+        active, transitions = update(
+            active, judge_fleet([Prepared(v, PARAMS) for v in views], tick, PARAMS), PARAMS
+        )
         out += [(t.change, t.ts, t.finding.instance, t.finding.kind, t.finding.severity) for t in transitions]
     return out
 

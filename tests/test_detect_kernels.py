@@ -3,11 +3,15 @@ anything that is not a list of floats."""
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.detect import trend
+from agent.detect.memory import envelope
 
 kernels = trend._kernels
 
@@ -37,6 +41,94 @@ def test_the_median_pairwise_slope_equals_the_python_one(data, n):
 @given(st.lists(st.one_of(finite, st.sampled_from([0.0, 1.0, 2.0])), max_size=60))
 def test_the_mann_kendall_score_equals_the_python_one(ys):
     assert kernels.mk_score(ys) == trend.mk_score(ys)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.one_of(finite, st.sampled_from([0.0, 1.0, 2.0])), min_size=3, max_size=120),
+    st.lists(st.tuples(st.integers(1, 119), st.sampled_from([-1e3, -30.0, 10.0, 50.0, 1e6])), max_size=3),
+    st.sampled_from([0.0, 0.5, 2.0, 1e9]),
+)
+def test_removing_steps_equals_the_python_one(noise, jumps, floor):
+    """Level shifts (up to three, so that too many for a reload are seen too) on any noise."""
+    ys = [y + sum(size for at, size in jumps if i >= at) for i, y in enumerate(noise)]
+    fast, python = trend.remove_steps(ys, floor, 0.5), trend._remove_steps(ys, floor, 0.5)
+    assert (fast.clean, fast.count, fast.noise, fast._rise) == (
+        python.clean,
+        python.count,
+        python.noise,
+        python._rise,
+    )
+    assert (fast.clean is ys) == (python.clean is ys)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.one_of(finite, st.sampled_from([0.0, 1.0, 2.0, float("inf"), -float("inf")])), max_size=80)
+)
+def test_the_median_and_the_rise_of_thirds_equal_the_python_ones(ys):
+    def sorted_median(values):
+        ordered = sorted(values)
+        mid = len(ordered) // 2
+        return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+    if ys:
+        both = [kernels.median(ys), sorted_median(ys)]
+        assert both[0] == both[1] or all(math.isnan(m) for m in both)  # inf - inf: NaN either way
+    if len(ys) >= 2:
+        k = max(2, len(ys) // 3)
+        python = sorted_median(ys[-k:]) - sorted_median(ys[:k])
+        fast = kernels.thirds_rise(ys)
+        assert fast == python or (math.isnan(fast) and math.isnan(python))
+
+
+def test_a_median_of_what_c_does_not_model_is_python_s():
+    assert kernels.median([]) is None and kernels.thirds_rise([1.0]) is None
+    assert kernels.median([1.0, float("nan")]) is None and kernels.thirds_rise([1.0, 2, 3.0]) is None
+    assert trend.median([3, 1, 2]) == 2 and trend.thirds_rise([1, 2, 3, 4, 5, 6]) == 4.0
+    with pytest.raises(IndexError):
+        trend.median([])
+
+
+def test_steps_are_removed_in_c_only_where_it_models_them():
+    assert kernels.steps_removed([1.0, 2.0], 0.0) is None  # too short for a median of changes
+    assert kernels.steps_removed([1.0] * 513, 0.0) is None  # far longer than any fit
+    assert kernels.steps_removed([1.0, 2.0, float("nan")], 0.0) is None
+    assert kernels.steps_removed([1.0, 2.0, 3], 0.0) is None
+    assert kernels.steps_removed([0.0] * 10 + [100.0] * 10, 1.0) == (1, 0.0, [0.0] * 20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from([1.7e9, 0.0, -5e3, 1.7e9 + 0.3]),
+    st.lists(
+        st.one_of(st.sampled_from([0.0, 1.0, 15.0, 60.0, 900.0, 1e-7]), st.floats(0, 5000)), max_size=200
+    ),
+    st.sampled_from([900.0, 60.0, 0.1, 1e-3, 86400.0, 7.0]),
+    st.data(),
+)
+def test_cutting_samples_into_buckets_equals_the_python_one(start, steps, width, data):
+    """Times in order (repeats, tiny and wide steps), any values: the same buckets, floors and peaks."""
+    times = list(itertools.accumulate(steps, initial=start))[1:]
+    values = data.draw(
+        st.lists(st.one_of(finite, st.just(float("nan"))), min_size=len(times), max_size=len(times))
+    )
+    idx, firsts, ends = envelope._buckets(times, width)
+    python = (idx, firsts, ends, *envelope._floors_and_peaks(values, firsts, ends))
+    assert repr(envelope._cut(times, values, width)) == repr(python)  # NaN and -0.0 included
+
+
+def test_buckets_are_cut_in_c_only_for_times_in_order():
+    assert kernels.bucket_floors([2000.0, 1000.0], [1.0, 2.0], 900.0) is None
+    assert kernels.bucket_floors([1.0, float("inf")], [1.0, 2.0], 900.0) is None
+    assert kernels.bucket_floors([1.0, 2.0], [1.0, 2.0], 0.0) is None
+    assert kernels.bucket_floors([1.0, 2], [1.0, 2.0], 900.0) is None
+    assert kernels.bucket_floors([1.0, 950.0, 960.0], [5.0, 2.0, 3.0], 900.0) == (
+        [0, 1],
+        [0, 1],
+        [5.0, 2.0],
+        [5.0, 3.0],
+    )
 
 
 def test_anything_but_lists_of_floats_is_left_to_python():

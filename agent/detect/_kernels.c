@@ -1,5 +1,6 @@
-/* The two O(n^2) kernels of the trend test, in C: a replay of weeks of history judges tens of
- * thousands of windows, and these loops are most of its time in Python.
+/* The hot loops of the trend test and of a replay, in C: a replay of weeks of history judges tens
+ * of thousands of windows, and these loops are most of its time in Python (the pairwise slopes and
+ * Mann-Kendall, step removal, medians, cutting samples into buckets).
  *
  * Each function gives exactly what its Python twin in agent/detect/trend.py gives (the same IEEE
  * operations in the same order; the median picks the same elements), and returns None when an
@@ -37,6 +38,220 @@ static int compare_doubles(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* The k-th smallest of v[0..n) (0-based), with v partly reordered: every element before k is at
+ * most v[k]. Quickselect (Hoare's partition around the middle of three): linear on average, where
+ * sorting all of them is n log n. No NaN may be in v. */
+static double select_kth(double *v, Py_ssize_t n, Py_ssize_t k)
+{
+    Py_ssize_t lo = 0, hi = n - 1;
+    while (hi > lo) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        double a = v[lo], b = v[mid], c = v[hi];
+        double pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));
+        Py_ssize_t i = lo, j = hi;
+        while (i <= j) {
+            while (v[i] < pivot)
+                i++;
+            while (v[j] > pivot)
+                j--;
+            if (i <= j) {
+                double t = v[i];
+                v[i] = v[j];
+                v[j] = t;
+                i++;
+                j--;
+            }
+        }
+        if (k <= j)
+            hi = j;
+        else if (k >= i)
+            lo = i;
+        else
+            break; /* between j and i: every element there equals the pivot */
+    }
+    return v[k];
+}
+
+/* The median of v[0..n) (n >= 1), v reordered: the same value sorting would pick. */
+static double select_median(double *v, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (isnan(v[i])) { /* no order to select by: sort as the Python twin does */
+            qsort(v, (size_t)n, sizeof(double), compare_doubles);
+            return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+        }
+    }
+    Py_ssize_t mid = n / 2;
+    double upper = select_kth(v, n, mid);
+    if (n % 2)
+        return upper;
+    double lower = v[0]; /* the largest of the elements before mid: the (mid-1)-th smallest */
+    for (Py_ssize_t i = 1; i < mid; i++)
+        if (v[i] > lower)
+            lower = v[i];
+    return 0.5 * (lower + upper);
+}
+
+/* The items of a list of floats (none NaN) into a new buffer; NULL with no error set when the
+ * list is anything else (or empty), NULL with MemoryError when out of memory. */
+static double *plain_floats(PyObject *list, Py_ssize_t *n)
+{
+    if (!PyList_CheckExact(list) || (*n = PyList_Size(list)) < 1)
+        return NULL;
+    double *v = PyMem_Malloc(sizeof(double) * (size_t)*n);
+    if (v == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    int usable = read_floats(list, v, *n);
+    for (Py_ssize_t i = 0; usable && i < *n; i++)
+        usable = !isnan(v[i]);
+    if (!usable) {
+        PyMem_Free(v);
+        return NULL;
+    }
+    return v;
+}
+
+/* median(values): trend.median of a non-empty list of floats without NaN; None for other input. */
+static PyObject *median(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_ssize_t n = 0;
+    double *v = plain_floats(arg, &n);
+    if (v == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    double found = select_median(v, n);
+    PyMem_Free(v);
+    return PyFloat_FromDouble(found);
+}
+
+/* thirds_rise(ys): trend.thirds_rise (the median of the last third less that of the first) of a
+ * list of at least two floats without NaN; None for other input. */
+static PyObject *thirds_rise(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_ssize_t n = 0;
+    double *v = plain_floats(arg, &n);
+    if (v == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    if (n < 2) {
+        PyMem_Free(v);
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t k = n / 3 > 2 ? n / 3 : 2;
+    double *last = PyMem_Malloc(sizeof(double) * (size_t)k);
+    if (last == NULL) {
+        PyMem_Free(v);
+        return PyErr_NoMemory();
+    }
+    memcpy(last, v + n - k, sizeof(double) * (size_t)k); /* the first k may overlap the last k */
+    double rise = select_median(last, k) - select_median(v, k);
+    PyMem_Free(last);
+    PyMem_Free(v);
+    return PyFloat_FromDouble(rise);
+}
+
+/* Python's float floor division `vx // wx` (floatobject.c's float_floor_div), for a bucket index
+ * that equals the one Python computes. */
+static double floor_division(double vx, double wx)
+{
+    double mod = fmod(vx, wx);
+    double div = (vx - mod) / wx;
+    if (mod && ((wx < 0) != (mod < 0)))
+        div -= 1.0;
+    if (!div)
+        return copysign(0.0, vx / wx);
+    double whole = floor(div);
+    return div - whole > 0.5 ? whole + 1.0 : whole;
+}
+
+/* A new list of n Python ints (as_float 0) or floats (1) from `v`; NULL on error. */
+static PyObject *list_of(const double *v, const Py_ssize_t *k, Py_ssize_t n)
+{
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *item = v != NULL ? PyFloat_FromDouble(v[i]) : PyLong_FromSsize_t(k[i]);
+        if (item == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SetItem(out, i, item);
+    }
+    return out;
+}
+
+/* bucket_floors(times, values, width): envelope._buckets and _floors_and_peaks in one pass, as
+ * (bucket indices, index of each bucket's first sample, floors, peaks): a bucket is a run of
+ * samples with the same `int(time // width)`, its floor and peak what Python's min and max pick.
+ * None for input it does not model: not lists of floats of one length, a time that is not
+ * finite or whose bucket index falls (times out of order), a width that is not positive. */
+static PyObject *bucket_floors(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1]) || !PyFloat_CheckExact(args[2]))
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyList_Size(args[0]);
+    double width = PyFloat_AsDouble(args[2]);
+    if (PyList_Size(args[1]) != n || !(width > 0) || !isfinite(width))
+        Py_RETURN_NONE;
+    double *ts = PyMem_Malloc(sizeof(double) * (size_t)(4 * n + 1));
+    Py_ssize_t *marks = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(2 * n + 1));
+    if (ts == NULL || marks == NULL) {
+        PyMem_Free(ts);
+        PyMem_Free(marks);
+        return PyErr_NoMemory();
+    }
+    double *vs = ts + n, *lo = vs + n, *hi = lo + n;
+    Py_ssize_t *idx = marks, *firsts = marks + n, m = 0;
+    PyObject *result = NULL;
+    int usable = read_floats(args[0], ts, n) && read_floats(args[1], vs, n);
+    double last = 0.0;
+    for (Py_ssize_t i = 0; usable && i < n; i++) {
+        if (!isfinite(ts[i])) {
+            usable = 0;
+            break;
+        }
+        double b = floor_division(ts[i], width);
+        if (!(fabs(b) < 9.0e15) || (m && b < last)) {
+            usable = 0;
+            break;
+        }
+        if (m && b == last) {
+            if (vs[i] < lo[m - 1])
+                lo[m - 1] = vs[i];
+            if (vs[i] > hi[m - 1])
+                hi[m - 1] = vs[i];
+            continue;
+        }
+        idx[m] = (Py_ssize_t)b;
+        firsts[m] = i;
+        lo[m] = hi[m] = vs[i];
+        last = b;
+        m++;
+    }
+    if (!usable) {
+        result = Py_NewRef(Py_None);
+    } else {
+        PyObject *a = list_of(NULL, idx, m), *b = list_of(NULL, firsts, m);
+        PyObject *c = list_of(lo, NULL, m), *d = list_of(hi, NULL, m);
+        if (a != NULL && b != NULL && c != NULL && d != NULL)
+            result = PyTuple_Pack(4, a, b, c, d);
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+        Py_XDECREF(c);
+        Py_XDECREF(d);
+    }
+    PyMem_Free(ts);
+    PyMem_Free(marks);
+    return result;
+}
+
 /* slope_median(xs, ys): the median of (ys[j] - ys[i]) / (xs[j] - xs[i]) over all i < j. */
 static PyObject *slope_median(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -67,9 +282,7 @@ static PyObject *slope_median(PyObject *self, PyObject *const *args, Py_ssize_t 
             slopes[k++] = (ys[j] - ys[i]) / dx;
         }
     }
-    qsort(slopes, (size_t)pairs, sizeof(double), compare_doubles);
-    Py_ssize_t mid = pairs / 2;
-    result = PyFloat_FromDouble(pairs % 2 ? slopes[mid] : 0.5 * (slopes[mid - 1] + slopes[mid]));
+    result = PyFloat_FromDouble(select_median(slopes, pairs));
 done:
     PyMem_Free(xs);
     return result;
@@ -184,11 +397,15 @@ static int is_step(const double *ys, const double *diffs, Py_ssize_t n, Py_ssize
     return (double)held >= 0.8 * (double)(nb + na);
 }
 
-static void remove_steps(const double *ys, Py_ssize_t n, double floor_, double *clean, double *work,
-                         int *close)
+#define MAX_STEP_POINTS 512 /* the longest series remove_steps takes: a fit has far fewer buckets */
+
+/* Writes `ys` (n <= MAX_STEP_POINTS) with its level shifts removed into `clean` and returns how many were
+ * removed; `*spread` gets the robust sigma of the changes (before the sqrt(2) of Steps.noise). */
+static Py_ssize_t remove_steps(const double *ys, Py_ssize_t n, double floor_, double *clean, double *work,
+                               double *spread_out, int *close)
 {
     double *diffs = work, *devs = work + n, *scratch = work + 2 * n;
-    char candidate[64];
+    char candidate[MAX_STEP_POINTS];
     for (Py_ssize_t i = 0; i < n; i++)
         clean[i] = ys[i];
     for (Py_ssize_t i = 0; i + 1 < n; i++)
@@ -203,30 +420,76 @@ static void remove_steps(const double *ys, Py_ssize_t n, double floor_, double *
             most = devs[i];
     }
     double spread = 1.4826 * median_of(scratch, n - 1);
+    *spread_out = spread;
     double limit = 6.0 * spread >= floor_ ? 6.0 * spread : floor_;
     if (CLOSE(most, limit))
         *close = 1;
     if (!(most > limit))
-        return;
+        return 0;
     for (Py_ssize_t i = 0; i + 1 < n; i++) {
         if (CLOSE(devs[i], limit))
             *close = 1;
         candidate[i] = devs[i] > limit;
     }
-    char jump[64];
+    char jump[MAX_STEP_POINTS];
     Py_ssize_t jumps = 0;
     for (Py_ssize_t i = 0; i + 1 < n; i++) {
         jump[i] = candidate[i] && is_step(ys, diffs, n, i, candidate, limit, scratch, close);
         jumps += jump[i];
     }
     if (jumps == 0 || jumps > 2)
-        return;
+        return 0;
     double shift = 0.0;
     for (Py_ssize_t i = 0; i + 1 < n; i++) {
         if (jump[i])
             shift += diffs[i] - typical;
         clean[i + 1] = ys[i + 1] - shift;
     }
+    return jumps;
+}
+
+/* steps_removed(ys, floor): trend.remove_steps of a list of 3 to MAX_STEP_POINTS finite floats, as
+ * (steps removed, spread, the clean values or None when none were removed); None for other input. */
+static PyObject *steps_removed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyFloat_CheckExact(args[1]))
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyList_Size(args[0]);
+    double floor_ = PyFloat_AsDouble(args[1]);
+    if (n < 3 || n > MAX_STEP_POINTS || !isfinite(floor_))
+        Py_RETURN_NONE;
+    double *ys = PyMem_Malloc(sizeof(double) * (size_t)(5 * n));
+    if (ys == NULL)
+        return PyErr_NoMemory();
+    double *clean = ys + n, *work = clean + n, spread = 0.0;
+    PyObject *cleaned = NULL;
+    int usable = read_floats(args[0], ys, n);
+    for (Py_ssize_t i = 0; usable && i < n; i++)
+        usable = isfinite(ys[i]);
+    if (!usable) {
+        PyMem_Free(ys);
+        Py_RETURN_NONE;
+    }
+    int close = 0;
+    Py_ssize_t count = remove_steps(ys, n, floor_, clean, work, &spread, &close);
+    if (count) {
+        cleaned = PyList_New(n);
+        for (Py_ssize_t i = 0; cleaned != NULL && i < n; i++) {
+            PyObject *value = PyFloat_FromDouble(clean[i]);
+            if (value == NULL)
+                Py_CLEAR(cleaned);
+            else
+                PyList_SetItem(cleaned, i, value);
+        }
+    } else {
+        cleaned = Py_NewRef(Py_None);
+    }
+    PyMem_Free(ys);
+    if (cleaned == NULL)
+        return NULL;
+    PyObject *out = Py_BuildValue("(ndN)", count, spread, cleaned);
+    return out;
 }
 
 /* The (time, value) float pairs of a list of points into `ts`, `vs` (only those with a finite
@@ -504,7 +767,8 @@ static PyObject *slow_screen(PyObject *self, PyObject *const *args, Py_ssize_t n
                 for (Py_ssize_t i = 0; i < n; i++)
                     steps_work[i] = ys[i];
                 double floor_ = 0.1 * median_of(steps_work, n);
-                remove_steps(ys, n, floor_, clean, steps_work, &close);
+                double spread_unused;
+                remove_steps(ys, n, floor_, clean, steps_work, &spread_unused, &close);
                 long long s = 0;
                 for (Py_ssize_t j = 1; j < n; j++)
                     for (Py_ssize_t i = 0; i < j; i++)
@@ -951,6 +1215,13 @@ static PyMethodDef methods[] = {
      "bucket_quantiles(bounds, counts, q) -> bytes of doubles: each interval's histogram_quantile"},
     {"matrix_values", (PyCFunction)(void (*)(void))matrix_values, METH_FASTCALL,
      "matrix_values(text, start) -> (times, values, end) of a query_range values array, or None"},
+    {"steps_removed", (PyCFunction)(void (*)(void))steps_removed, METH_FASTCALL,
+     "steps_removed(ys, floor) -> (count, spread, clean values or None), or None for input it does not model"},
+    {"median", median, METH_O, "median(values) -> the median of a list of floats, or None for other input"},
+    {"thirds_rise", thirds_rise, METH_O,
+     "thirds_rise(ys) -> median of the last third less that of the first, or None for other input"},
+    {"bucket_floors", (PyCFunction)(void (*)(void))bucket_floors, METH_FASTCALL,
+     "bucket_floors(times, values, width) -> (indices, firsts, floors, peaks), or None for input it does not model"},
     {"mk_score", mk_score, METH_O, "mk_score(ys) -> Mann-Kendall S, or None for input that is not a list of floats"},
     {NULL, NULL, 0, NULL},
 };

@@ -62,6 +62,9 @@ class Trend:
 
 
 def median(values: list[float]) -> float:
+    found = _kernels.median(values) if _kernels is not None else None
+    if found is not None:
+        return found
     ordered = sorted(values)
     n = len(ordered)
     mid = n // 2
@@ -113,6 +116,9 @@ class Steps:
 
 def thirds_rise(ys: list[float]) -> float:
     """Median of the last third of `ys` minus the median of its first third."""
+    found = _kernels.thirds_rise(ys) if _kernels is not None else None
+    if found is not None:
+        return found
     k = max(2, len(ys) // 3)
     return _median_sorted(sorted(ys[-k:])) - _median_sorted(sorted(ys[:k]))
 
@@ -124,6 +130,17 @@ def remove_steps(ys: list[float], floor: float, raw_rise: float | None = None) -
     from the median change; if more than `MAX_STEPS` do, the series is left as it is.
     `raw_rise` is `thirds_rise(ys)` when already known.
     """
+    found = _kernels.steps_removed(ys, floor) if _kernels is not None else None
+    if found is not None:
+        count, spread, cleaned = found
+        if cleaned is None:
+            return Steps(ys, 0, spread / math.sqrt(2.0), raw_rise)
+        return Steps(cleaned, count, spread / math.sqrt(2.0), None)
+    return _remove_steps(ys, floor, raw_rise)
+
+
+def _remove_steps(ys: list[float], floor: float, raw_rise: float | None = None) -> Steps:
+    """`remove_steps` in Python (`_kernels.steps_removed` in C)."""
     n = len(ys)
     diffs = list(map(sub, ys[1:], ys[:-1]))
     typical = _median_sorted(sorted(diffs))

@@ -89,11 +89,11 @@ def _quiet(ctx: Context) -> bool:
     p = ctx.params
     settled = ctx.tick - ctx.lifetime_start >= ctx.prep.settle(ctx.life)
     for metric in {RSS, *leak_series(ctx), *oom_series(ctx)}:
-        limit = ctx.projection(metric).limit
-        unlimited = limit is None
         for fit in ctx.fits(metric):
             if fit.confidence < p.confidence or fit.trend.slope <= 0:
                 continue
+            limit = ctx.projection(metric).limit  # made once per metric, and only for a growing fit
+            unlimited = limit is None
             strong = fit.trend.confidence >= p.confidence
             if fit.trend.confidence >= p.confidence_clear and ended_growing(ctx, metric) is not None:
                 return False  # the previous lifetime's evidence may speak (`lifetimes.carried`)

@@ -15,6 +15,7 @@ from operator import gt, itemgetter, sub
 
 from agent.detect.model import RSS, START_TIME, InstanceSeries, Points
 from agent.detect.params import DetectParams
+from agent.detect.trend import _kernels
 
 
 def _buckets(times: list[float], width: float) -> tuple[list[int], list[int], list[int]]:
@@ -61,9 +62,20 @@ class Bucketed:
 def bucketize(points: Points, width: float) -> Bucketed:
     times = list(map(itemgetter(0), points))
     values = list(map(itemgetter(1), points))
+    return Bucketed(times, values, *_cut(times, values, width))
+
+
+def _cut(
+    times: list[float], values: list[float], width: float
+) -> tuple[list[int], list[int], list[int], list[float], list[float]]:
+    """(indices, firsts, ends, floors, peaks) of the buckets of `width` of sorted samples
+    (`_kernels.bucket_floors` in C, `_buckets` and `_floors_and_peaks` in Python)."""
+    found = _kernels.bucket_floors(times, values, width) if _kernels is not None else None
+    if found is not None:
+        idx, firsts, lo, hi = found
+        return idx, firsts, [*firsts[1:], len(times)], lo, hi
     idx, firsts, ends = _buckets(times, width)
-    lo, hi = _floors_and_peaks(values, firsts, ends)
-    return Bucketed(times, values, idx, firsts, ends, lo, hi)
+    return idx, firsts, ends, *_floors_and_peaks(values, firsts, ends)
 
 
 RESTART_DROP = 0.25  # a floor this fraction below the last hour's floors...
@@ -191,8 +203,7 @@ def build_envelope(
     for life, _start in enumerate(starts):
         first = bisect_left(times, starts[life]) if life else 0
         end = bisect_left(times, starts[life + 1]) if life + 1 < len(starts) else len(times)
-        idx, firsts, ends = _buckets(times[first:end], width)
-        lo, hi = _floors_and_peaks(values[first:end], firsts, ends)
+        idx, _, _, lo, hi = _cut(times[first:end], values[first:end], width)
         env.idx.append(idx)
         env.lo.append(lo)
         env.hi.append(hi)

@@ -19,7 +19,7 @@ the workload's priors (given, and learned from the instances' history before eac
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from agent.detect.coverage import Sight, seen_from, union
@@ -280,17 +280,18 @@ def with_priors(
     given: WorkloadProfile | None,
     learn_history: bool = True,
     learned: dict[tuple[str, float], WorkloadProfile | None] | None = None,
-) -> list[InstanceSeries]:
-    """The instances of one workload, each with its prior: `given` (peers, Prometheus) merged
-    with what the instance's own samples before its latest start teach (its earlier lifetimes),
-    when it has restarted within them. `learned` caches those by (instance, start) across calls
+) -> list[Prepared]:
+    """The instances of one workload prepared for judging (`Prepared`), each with its prior: `given`
+    (peers, Prometheus) merged with what the instance's own samples before its latest start teach
+    (its earlier lifetimes), when it has restarted within them. `learned` caches those by (instance, start) across calls
     (the agent's job); the workload's other instances speak through `given`."""
     cache = learned if learned is not None else {}
     out = []
     for series in fleet:
         own = None
+        plain = Prepared(series, params)
         if learn_history:
-            starts = Prepared(series, params).starts
+            starts = plain.starts
             if len(starts) > 1:  # a new process with the workload's earlier lifetimes before it
                 cut = (series.instance, starts[-1])
                 if cut not in cache:
@@ -299,19 +300,21 @@ def with_priors(
                     found = learn_workload([series], params, until=starts[-1])
                     cache[cut] = replace(found, learned_until=starts[-1]) if found is not None else None
                 own = cache[cut]
-        out.append(replace(series, prior=merge([own, given]) if own and given else (own or given)))
+        prior = merge([own, given]) if own and given else (own or given)
+        same = prior is series.prior
+        out.append(plain if same else Prepared(replace(series, prior=prior), params, same_samples=plain))
     return out
 
 
-def judge_fleet(fleet: list[InstanceSeries], tick: float, params: DetectParams) -> list[Observation]:
+def judge_fleet(fleet: Sequence[Prepared], tick: float, params: DetectParams) -> list[Observation]:
     """Every instance of one workload judged at `tick` (`judge`), with `fleet_evidence` applied:
     what the agent does at each judgement, and what `analyze_fleet` replays."""
-    observations = [o for series in fleet for o in judge(Prepared(series, params), tick)]
+    observations = [o for prep in fleet for o in judge(prep, tick)]
     return fleet_evidence(observations, params) if len(fleet) > 1 else observations
 
 
 def _needs_everyone(
-    per: dict[int, list[Observation]], preps: list[Prepared], tick: float, params: DetectParams
+    per: dict[int, list[Observation]], preps: Sequence[Prepared], tick: float, params: DetectParams
 ) -> list[int] | None:
     """Which quiet instances (judged to nothing) the fleet's evidence needs judged in full at this
     tick to see what the agent sees; None when no promotion is possible at all. A fleet-wide leak
@@ -341,12 +344,12 @@ def _needs_everyone(
 
 
 def _replay(
-    fleet: list[InstanceSeries], params: DetectParams, every_tick: bool = False
+    preps: Sequence[Prepared], params: DetectParams, every_tick: bool = False
 ) -> list[InstanceAnalysis]:
     """`analyze_instance` for every instance of one fleet, tick by tick together, with
     `fleet_evidence` applied at each tick; the ticks that see no sample are skipped unless
     `every_tick` (the reference the skipping is held to)."""
-    preps = [Prepared(s, params) for s in fleet]
+    fleet = [p.series for p in preps]
     outs = [
         InstanceAnalysis(s.instance, [], [], [], s.first_ts(), s.last_ts(), p.starts[1:])
         for s, p in zip(fleet, preps, strict=True)

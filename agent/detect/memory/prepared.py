@@ -21,14 +21,20 @@ if TYPE_CHECKING:
 
 
 class Prepared:
-    def __init__(self, series: InstanceSeries, params: DetectParams) -> None:
+    def __init__(
+        self, series: InstanceSeries, params: DetectParams, same_samples: Prepared | None = None
+    ) -> None:
+        """`same_samples`: a `Prepared` of the same samples (the series before its prior was set),
+        whose lifetimes and bucketed RSS are taken as they are instead of inferred again."""
         self.instance = series.instance
         self.series = series
         self.params = params
         first = series.first_ts()
         self.starts: list[float] = []
         self._rss: Bucketed | None = None
-        if first is not None:
+        if same_samples is not None:
+            self.starts, self._rss = same_samples.starts, same_samples._rss
+        elif first is not None:
             origin = min(first, series.started_at) if series.started_at is not None else first
             if series.restarts is None and series.series.get(RSS):
                 self._rss = bucketize(series.series[RSS], params.bucket)  # shared with the envelope
