@@ -283,7 +283,7 @@ class Engine:
         for view in views.values():
             if view.start_time is not None:
                 self.ledger.record_start(view.name, view.start_time, now)
-        primary, stale = self.intake.take(now, requests, views)
+        primary, stale, considered = self.intake.take(now, requests, views)
         report.decisions.update(stale)
         self.actions.expire(primary, now, self.grace)
         for name, request in primary.items():
@@ -308,7 +308,7 @@ class Engine:
             )
         for name, decision in report.decisions.items():
             self.ledger.record_decision(name, decision, now)
-        self.intake.note(report.decisions)
+        self.intake.note(report.decisions, considered)
         if now - self._pruned_at >= HOUR:
             self.ledger.prune(now, self.config.retention)
             self._pruned_at = now

@@ -14,14 +14,14 @@ import logging
 import sqlite3
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.core.errors import StoreError
 from agent.core.ports import EventSink
 from probes.linux.procfs import same_process
 from remediation import policy
-from remediation.ledger import Ledger
+from remediation.ledger import WAITING, Ledger
 from remediation.model import Decision, InstanceView, RemediationRequest
 from remediation.text import at
 
@@ -122,9 +122,9 @@ class Intake:
             log.error("the restart request for %s is kept in memory only: %s", request.instance, exc)
             return None
 
-    def _update(self, submitted: Submitted, **fields: object) -> None:
+    def _update(self, submitted: Submitted, only_while: tuple[str, ...] = (), **fields: object) -> None:
         if submitted.action_id is not None:
-            self.ledger.update_action(submitted.action_id, **fields)
+            self.ledger.update_action(submitted.action_id, only_while=only_while, **fields)
 
     def action_id(self, request: RemediationRequest) -> int | None:
         """The action of a one-shot request still kept (None for a finding's request)."""
@@ -136,12 +136,16 @@ class Intake:
         with self._lock:
             return list(self._submitted.values())
 
-    def note(self, decisions: Mapping[str, Decision]) -> None:
+    def note(self, decisions: Mapping[str, Decision], considered: Sequence[RemediationRequest]) -> None:
         """Say in each kept request's action what this step decided for its instance: `held` with
-        the reason (and when it is tried again) while it waits, written when that changes."""
+        the reason (and when it is tried again) while it waits, written when that changes. Only the
+        requests the step `considered` (`take`): one submitted while it ran (a forced restart
+        replacing a held one) was not decided by it, and must not get the old one's answer."""
         for submitted in self.pending():
             decision = decisions.get(submitted.request.instance)
             if decision is None or decision.code in CARRIED_OUT:
+                continue
+            if not any(submitted.request is request for request in considered):
                 continue
             outcome = "requested" if decision.ok else "held"
             detail = f"{outcome}: {decision.stage}/{decision.code}: {decision.reason}"
@@ -149,7 +153,13 @@ class Intake:
                 detail += f" (tried again {at(decision.retry_at)})"
             if (outcome, detail) != submitted.said:
                 submitted.said = (outcome, detail)
-                self._update(submitted, outcome=outcome, detail=detail, data={"decision": decision.to_dict()})
+                self._update(
+                    submitted,
+                    only_while=WAITING,
+                    outcome=outcome,
+                    detail=detail,
+                    data={"decision": decision.to_dict()},
+                )
 
     def done(self, instance: str, finding_id: str | None = None) -> None:
         """The one-shot request of `instance` was carried out (or recorded, in dry-run)."""
@@ -161,8 +171,9 @@ class Intake:
     # ----------------------------------------------------------------------------- each step
     def take(
         self, now: float, requests: Iterable[RemediationRequest], views: Mapping[str, InstanceView]
-    ) -> tuple[dict[str, RemediationRequest], dict[str, Decision]]:
-        """(the leading request per instance, decisions for instances whose only requests were stale)."""
+    ) -> tuple[dict[str, RemediationRequest], dict[str, Decision], list[RemediationRequest]]:
+        """(the leading request per instance, decisions for instances whose only requests were stale,
+        the kept one-shot requests this step considers: what `note` may answer)."""
         with self._lock:
             expired = [s for s in self._submitted.values() if now - s.since > SUBMITTED_TTL]
             for gone in expired:
@@ -196,7 +207,7 @@ class Intake:
             grouped[request.instance].append(request)
         self._keep_cases(grouped, now)
         primary = {name: policy.primary_request(reqs) for name, reqs in grouped.items()}
-        return primary, {name: d for name, d in stale.items() if name not in primary}
+        return primary, {name: d for name, d in stale.items() if name not in primary}, submitted
 
     def _expire(self, gone: Submitted, now: float) -> None:
         last = gone.said[1] or "no step decided it"

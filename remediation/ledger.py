@@ -40,6 +40,8 @@ from remediation.ledger_rows import (
 from remediation.model import WOULD_RESTART, Decision, RemediationRequest, RestartRecord, WouldRestart
 from remediation.policy import CaseHistory, related_kinds
 
+WAITING = ("requested", "held")  # the outcomes of a person's request until it is carried out
+
 
 class Ledger:
     def __init__(self, store: TableStore) -> None:
@@ -95,14 +97,17 @@ class Ledger:
             assert cur.lastrowid is not None  # an INSERT into a rowid table always has one
             return cur.lastrowid
 
-    def update_action(self, action_id: int, **fields: Any) -> None:
+    def update_action(self, action_id: int, *, only_while: tuple[str, ...] = (), **fields: Any) -> None:
+        """Write `fields` into the action; with `only_while`, only if its outcome is still one of
+        those (a waiting request's answer must not overwrite the restart that carried it out)."""
         if not fields:
             return
         row = encode_action(fields)
+        still = f" AND outcome IN ({', '.join('?' * len(only_while))})" if only_while else ""
         with self.store.transaction() as db:
             db.execute(
-                f"UPDATE remediation_actions SET {', '.join(f'{k} = ?' for k in row)} WHERE id = ?",
-                (*row.values(), action_id),
+                f"UPDATE remediation_actions SET {', '.join(f'{k} = ?' for k in row)} WHERE id = ?{still}",
+                (*row.values(), action_id, *only_while),
             )
 
     def actions(
@@ -152,7 +157,7 @@ class Ledger:
             "SELECT id, outcome FROM remediation_actions WHERE outcome IN ('running', 'planned', 'requested', 'held')"
         )
         for action_id, outcome in rows:
-            asked = outcome in ("requested", "held")
+            asked = outcome in WAITING
             self.update_action(
                 action_id,
                 outcome="interrupted",

@@ -594,6 +594,44 @@ def test_forced_manual_request_skips_plan_and_budget_but_not_pause(made):
     assert "svc" not in report.decisions
 
 
+def test_a_request_submitted_while_a_step_runs_is_not_given_that_step_s_answer(made):
+    """A person forces a restart while a step is deciding the held request it replaces: the step's
+    "held: min-uptime" belongs to the old request's action, never to the forced one's."""
+    fleet = made.fleet({"svc": workload_argv("stable", "--size", "4Mi")})
+    engine = made.engine(config(budget={"cooldown": "1h"}, blockers={"min_uptime": "1h"}), fleet)
+    assert engine.submit(RemediationRequest("svc", "manual", "M1", "please")).ok
+    forced = RemediationRequest("svc", "manual", "M2", "INC-8: stuck", force=True, requested_by="alice")
+    take = engine.intake.take
+
+    def take_then_force(*args):
+        taken = take(*args)
+        assert engine.submit(forced).ok  # from the API's thread, while this step runs
+        return taken
+
+    engine.intake.take = take_then_force
+    report = engine.step(time.time(), [], fleet.views())
+    assert report.decisions["svc"].code == "min-uptime"
+    engine.intake.take = take
+    old, new = sorted(engine.ledger.actions(), key=lambda a: a["id"])
+    assert old["outcome"] == "replaced" and new["outcome"] == "requested", (old, new)
+    report = engine.step(time.time(), [], fleet.views())
+    assert report.decisions["svc"].code == "started" and len(fleet.restarts) == 1
+
+
+def test_a_waiting_request_s_answer_never_overwrites_the_restart_that_carried_it_out(made):
+    """The restart that carried a request out finished while a step was deciding: the step's "held"
+    is not written over the action's outcome."""
+    fleet = made.fleet({"svc": workload_argv("stable", "--size", "4Mi")})
+    engine = made.engine(config(budget={"cooldown": "1h"}, blockers={"min_uptime": "1h"}), fleet)
+    decision = engine.submit(RemediationRequest("svc", "manual", "M1", "please"))
+    action_id = decision.data["action_id"]
+    engine.ledger.update_action(action_id, outcome="succeeded", detail="restarted", finished_at=time.time())
+    report = engine.step(time.time(), [], fleet.views())
+    assert report.decisions["svc"].code == "min-uptime"
+    action = engine.ledger.action(action_id)
+    assert (action["outcome"], action["detail"]) == ("succeeded", "restarted"), action
+
+
 def test_budget_and_ledger_survive_an_agent_restart(made, tmp_path):
     fleet = made.fleet(
         {"a": workload_argv("stable", "--size", "4Mi"), "b": workload_argv("stable", "--size", "4Mi")}

@@ -172,7 +172,7 @@ static double floor_division(double vx, double wx)
     return div - whole > 0.5 ? whole + 1.0 : whole;
 }
 
-/* A new list of n Python ints (as_float 0) or floats (1) from `v`; NULL on error. */
+/* A new list of the n floats of `v`, or (`v` NULL) of the n ints of `k`; NULL on error. */
 static PyObject *list_of(const double *v, const Py_ssize_t *k, Py_ssize_t n)
 {
     PyObject *out = PyList_New(n);
@@ -473,18 +473,7 @@ static PyObject *steps_removed(PyObject *self, PyObject *const *args, Py_ssize_t
     }
     int close = 0;
     Py_ssize_t count = remove_steps(ys, n, floor_, clean, work, &spread, &close);
-    if (count) {
-        cleaned = PyList_New(n);
-        for (Py_ssize_t i = 0; cleaned != NULL && i < n; i++) {
-            PyObject *value = PyFloat_FromDouble(clean[i]);
-            if (value == NULL)
-                Py_CLEAR(cleaned);
-            else
-                PyList_SetItem(cleaned, i, value);
-        }
-    } else {
-        cleaned = Py_NewRef(Py_None);
-    }
+    cleaned = count ? list_of(clean, NULL, n) : Py_NewRef(Py_None);
     PyMem_Free(ys);
     if (cleaned == NULL)
         return NULL;
