@@ -140,7 +140,10 @@ def test_a_slower_candidate_fails_with_slower(lab):
     assert code == 1, stderr
     found = verdicts(doc)
     assert found["slower"]["status"] == "fail", found["slower"]
-    assert found["leak"]["status"] == "pass" and found["fragmentation"]["status"] == "pass"
+    assert found["leak"]["status"] == "pass" and found["fragmentation"]["status"] == "pass", (
+        found["leak"],
+        found["fragmentation"],
+    )
     # about 2 on a quiet machine, +50-60 % at load 8
     assert 1.25 < found["slower"]["evidence"]["p50"]["ratio"] < 5
 
