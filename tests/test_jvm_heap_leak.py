@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 import yaml
 
-from support.jvm_heap import build_heap_shapes, start_heap_shape
+from support.jvm_heap import build_heap_shapes, start_heap_shape, start_keeping
 from support.procs import REPO, wait_until
 
 pytestmark = [
@@ -130,7 +130,9 @@ def test_a_heap_leak_is_found_before_the_jvms_oome_and_a_heap_grown_to_xmx_is_no
     opened = [e for e in agent.events(kind="finding_opened") if e["instance"] == "growing"]
     assert not opened, opened
 
-    # direct buffers hit -XX:MaxDirectMemorySize long before the memory limit, and are never "retention"
+    # direct buffers hit -XX:MaxDirectMemorySize long before the memory limit, and are never "retention";
+    # the JVM starts keeping them only now, so the race with its own OutOfMemoryError starts here
+    start_keeping(keeping)
     found = wait_until(found_before_oome(agent, "buffers", keeping), 240, interval=1.0)
     assert keeping.poll() is None
     assert found["evidence"]["layer"] == "jvm_direct" and found["evidence"]["ceiling_bytes"] == 48 * MiB

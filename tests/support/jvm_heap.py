@@ -1,6 +1,6 @@
 """JVMs whose memory does what a serving JVM's does: one leaks `byte[]` values into a static
-`HashMap<String, byte[]>` until it throws `java.lang.OutOfMemoryError`, one keeps direct buffers until
-`-XX:MaxDirectMemorySize` stops it, one widens its GC sawtooth (more requests in flight) so that it
+`HashMap<String, byte[]>` until it throws `java.lang.OutOfMemoryError`, one keeps direct buffers from
+the moment a line comes on its stdin until `-XX:MaxDirectMemorySize` stops it, one widens its GC sawtooth (more requests in flight) so that it
 commits its heap up to `-Xmx` over a flat floor and stays there. All make request garbage. Each prints `ready PID` once it runs; the leaking one prints `oome` on
 its stdout when the OutOfMemoryError comes, and exits."""
 
@@ -31,8 +31,13 @@ public class HeapShapes {
         else expand(number);
     }
 
-    /** A direct buffer of `kibPerTick` KiB kept every 20 ms tick, plus request garbage. */
+    /** Request garbage only until a line comes on stdin; then a direct buffer of `kibPerTick` KiB
+     * kept every 20 ms tick as well. */
     static void direct(int kibPerTick) throws Exception {
+        while (System.in.available() == 0) {
+            for (int i = 0; i < 2000; i++) sink = new int[16];
+            Thread.sleep(20);
+        }
         try {
             while (true) {
                 BUFFERS.add(ByteBuffer.allocateDirect(kibPerTick * 1024));
@@ -92,7 +97,22 @@ def start_heap_shape(
     spawn: SpawnFn, classes: Path, mode: str, number: int, *flags: str, **env: str
 ) -> tuple[subprocess.Popen, int]:
     """Start `HeapShapes leak|direct KIB_PER_TICK` or `HeapShapes expand RAMP_MS` with the JVM `flags`;
-    returns the process and the JVM's pid once it runs."""
+    returns the process and the JVM's pid once it runs. `direct` starts keeping buffers when
+    `start_keeping(proc)` is called."""
     argv = ["java", *flags, "-cp", str(classes), "HeapShapes", mode, str(number)]
-    proc = spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=clean_env(**env))
+    proc = spawn(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=clean_env(**env),
+    )
     return proc, int(read_ready(proc)[1])
+
+
+def start_keeping(proc: subprocess.Popen) -> None:
+    """Tell a `HeapShapes direct` JVM to start keeping its direct buffers."""
+    assert proc.stdin is not None
+    proc.stdin.write("keep\n")
+    proc.stdin.flush()
