@@ -41,6 +41,7 @@ from remediation.model import WOULD_RESTART, Decision, RemediationRequest, Resta
 from remediation.policy import CaseHistory, related_kinds
 
 WAITING = ("requested", "held")  # the outcomes of a person's request until it is carried out
+UNFINISHED = ("running", "planned", *WAITING)  # what an agent that stopped leaves open
 
 
 class Ledger:
@@ -154,7 +155,8 @@ class Ledger:
         """Actions left open by an agent that stopped: a restart it was running, or a person's request
         it had not carried out yet (requests are kept in memory only), closed as `interrupted`."""
         rows = self.store.query(
-            "SELECT id, outcome FROM remediation_actions WHERE outcome IN ('running', 'planned', 'requested', 'held')"
+            f"SELECT id, outcome FROM remediation_actions WHERE outcome IN ({', '.join('?' * len(UNFINISHED))})",
+            UNFINISHED,
         )
         for action_id, outcome in rows:
             asked = outcome in WAITING
