@@ -9,7 +9,8 @@ import random
 import pytest
 
 from agent.detect import DetectParams, InstanceSeries, analyze_instance
-from agent.detect.memory.saturation import levelling, reach_bar, reach_margin
+from agent.detect.memory.saturation import RATE_RATIO, levelling, reach_bar, reach_margin
+from agent.guardrail.growth import judge_series
 from support.native import start_target
 from support.workloads import build_c_target, target_env
 
@@ -62,6 +63,22 @@ def test_one_burst_at_the_end_does_not_hide_the_bend():
     series = InstanceSeries("cache", {"rss_bytes": rss}, restarts=[], memory_limit=4.8e9)
     found = analyze_instance(series, params)
     assert not any(f.severity == "critical" for f in found.findings)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_levelling_verdict_states_the_slope_that_decided_it(seed):
+    """A server's 45 s guardrail run: a warm-up step, then slower growth. The trend's own recent slope
+    is steady (over half the window's), the curve beside it is what levels: the summary gives the
+    curve's figure, not the trend's 100 % and more."""
+    rng, start = random.Random(seed), 1e6
+    rss = [
+        (start + i * 0.25, 72e6 + 5e6 * (1 - math.exp(-i * 0.25 / 3)) + 0.2e6 * i * 0.25 + rng.gauss(0, 5e4))
+        for i in range(180)
+    ]
+    leak = next(o for o in judge_series({"rss_bytes": rss}, start, start + 45) if o.kind == "leak")
+    assert leak.verdict == "working-set-plateau", leak.summary
+    stated = float(leak.summary.split("recent slope ")[1].split("%")[0])
+    assert stated < 100 * RATE_RATIO, leak.summary
 
 
 @pytest.fixture(scope="module")

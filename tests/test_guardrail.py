@@ -41,7 +41,7 @@ from agent.guardrail.stats import (
     theil_sen,
     time_edges,
 )
-from agent.guardrail.verdicts import Measurement, judge_all
+from agent.guardrail.verdicts import Measurement, holds_to_the_end, judge_all
 from agent.jobs.warmup import WarmupRequest
 
 MiB = 2**20
@@ -276,6 +276,55 @@ def test_live_growth_is_a_leak_and_rss_growth_alone_is_fragmentation():
     frag = _verdicts(cand_rss=2 * MiB, cand_live=0.0)
     assert frag["fragmentation"].failed and not frag["leak"].failed
     assert frag["fragmentation"].confidence > 0.99
+
+
+def test_growth_counts_only_when_it_still_outgrows_the_baseline_in_the_last_round():
+    # round slopes (KiB/s) of real demo servers beside three CPU burners: both builds warm up in
+    # the first round, out of step, then stop; a fragmenting build grows ~1 MiB/s in every round
+    t, k = Thresholds(), 1024.0
+    warm_ups = [([87.2, 1.2], [13.2, 0.0]), ([66.7, 36.7], [89.7, 1.6]), ([15.6, 0.0], [81.6, 1.2])]
+    for cand, base in warm_ups:
+        assert not holds_to_the_end([c * k for c in cand], [b * k for b in base], t)
+    assert holds_to_the_end([1032.2 * k, 1025.0 * k], [14.9 * k, 1.3 * k], t)
+    assert holds_to_the_end([1025.0 * k, 1024.0 * k], [], t)  # no baseline figures: against zero
+    assert not holds_to_the_end([1025.0 * k, 1024.0 * k], [900.0 * k, 900.0 * k], t)  # both grow alike
+    # of more rounds: every one but one in four, and never the last
+    assert holds_to_the_end([9 * k, 0.0, 9 * k, 9 * k], [0.0] * 4, t)
+    assert not holds_to_the_end([9 * k, 0.0, 0.0, 9 * k], [0.0] * 4, t)
+    assert not holds_to_the_end([9 * k, 9 * k, 9 * k, 0.0], [0.0] * 4, t)
+    assert holds_to_the_end([], [], t)  # nothing to tell the run's verdict from
+
+
+def _stepped(name: str, rng: random.Random, start: float, rate: float) -> BuildSeries:
+    """45 s of a server whose RSS steps up 5 MiB as it warms up, then grows `rate` bytes a second,
+    its allocated bytes flat."""
+    build = BuildSeries(name)
+    for i in range(181):
+        t, x = start + i * 0.25, i * 0.25
+        step = 5 * MiB * (1 - math.exp(-x / 3))
+        build.add("rss_bytes", t, 72 * MiB + step + rate * x + rng.gauss(0, 0.05 * MiB))
+        build.add("allocator_allocated_bytes", t, 17 * MiB + rng.gauss(0, 0.01 * MiB))
+        build.answered.append((t, i * 4))
+    return build
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_warm_up_step_then_steady_rss_growth_is_fragmentation_and_the_step_alone_is_not(seed):
+    rng, start = random.Random(seed), 1_000_000.0
+    rounds = [(start, start + 22.5, 0), (start + 22.5, start + 45, 1)]
+
+    def fragmentation(rate: float):
+        builds = (_stepped("baseline", rng, start, 0.0), _stepped("candidate", rng, start, rate))
+        records = (_record(rng, 0.0, 45, 16, 0.002), _record(rng, 0.0, 45, 16, 0.002))
+        m = Measurement(start, start + 45, rounds, records, start, builds, 4 * 2**30)
+        return {v.name: v for v in judge_all(m, Thresholds(), resamples=100)}["fragmentation"]
+
+    steady = fragmentation(0.2 * MiB)  # a chunk kept every few requests, as a fragmenting server under load
+    assert steady.failed, steady.summary
+    assert "a step at the start" in steady.evidence["candidate_rss"]["detector_summary"]
+    warm_up = fragmentation(0.0)
+    assert not warm_up.failed, warm_up.summary
+    assert warm_up.evidence["candidate_rss"]["detector"] == "not firing"
 
 
 def test_slower_and_errors_are_judged_by_their_tests():

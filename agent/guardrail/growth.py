@@ -12,6 +12,11 @@ with the work it does, so when a busy machine stalls the server, the load or the
 few seconds (no request answered), its memory holds flat on the wall clock and those flat
 stretches would read as growth that levels off; on the requests' clock they take no time. The
 rates the verdicts print and compare are still bytes per wall-clock second.
+
+A warm-up step in the first seconds followed by steady growth fits the detector's levelling curve
+on this scale; where the detector says "levelling off" with its full confidence, the growth still
+counts when every round grows at over half the rate of the fastest (`steady_in_rounds`), since a
+working set that levels grows in the first round only.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any
 
 from agent.core.units import format_bytes
 from agent.detect.memory.engine import evaluate
+from agent.detect.memory.saturation import RATE_RATIO
 from agent.detect.model import InstanceSeries, Observation
 from agent.detect.params import DetectParams
 from agent.guardrail.measure import BuildSeries
@@ -31,6 +37,7 @@ from agent.guardrail.stats import lower_envelope, theil_sen
 # cycle to mistake for growth, and the baseline beside it; its 0.999 is for hours of production data
 DETECTOR_CONFIDENCE = 0.995
 MIN_POINTS = 12  # samples in the run, and requests answered, that a growth stands on
+ROUND_BUCKETS = 12  # the lower envelope of one round
 
 
 def detector_params(duration: float) -> DetectParams:
@@ -56,6 +63,7 @@ class Growth:
     detector_slope: float | None
     summary: str
     level: float | None
+    per_round: list[float]  # the same slope within each round, in order
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -67,6 +75,7 @@ class Growth:
             "slope_per_minute": format_bytes(self.slope * 60) + "/min",
             "detector_slope_bytes_per_second": self.detector_slope,
             "level_bytes": self.level,
+            "round_slopes_bytes_per_second": self.per_round,
         }
 
 
@@ -105,7 +114,11 @@ def judge_series(points: dict[str, list[tuple[float, float]]], start: float, end
     return evaluate(series, origin + duration + 1e-6, params)
 
 
-def growth(build: BuildSeries, metric: str, start: float, end: float) -> Growth | None:
+def growth(
+    build: BuildSeries, metric: str, start: float, end: float, rounds: list[tuple[float, float, int]]
+) -> Growth | None:
+    """The build's growth of `metric` over the run, judged by the detector, with its slope over the
+    run and within each of the `rounds` (start, end, first)."""
     points = build.points(metric)
     if len([p for p in points if start <= p[0] <= end]) < MIN_POINTS:
         return None
@@ -113,13 +126,32 @@ def growth(build: BuildSeries, metric: str, start: float, end: float) -> Growth 
     leak = next(o for o in judge_series({metric: work}, start, end) if o.kind == "leak")
     envelope = lower_envelope(points, start, end, 24)
     slope = theil_sen(envelope)
-    confidence = leak.evidence.get("confidence")
+    found = leak.evidence.get("confidence")
+    confidence = float(found) if isinstance(found, (int, float)) else 0.0
+    per_round = [theil_sen(lower_envelope(points, a, b, ROUND_BUCKETS)) for a, b, _ in rounds]
+    firing, summary = leak.state == "firing", leak.summary
+    if (
+        leak.verdict == "working-set-plateau"
+        and confidence >= DETECTOR_CONFIDENCE
+        and steady_in_rounds(per_round)
+    ):
+        firing = True
+        shown = ", ".join(format_bytes(r) + "/s" for r in per_round)
+        summary = f"{metric} grows round after round ({shown}): a step at the start, not a level reached"
     return Growth(
         metric,
-        leak.state == "firing",
-        float(confidence) if isinstance(confidence, (int, float)) else 0.0,
+        firing,
+        confidence,
         slope,
         leak.evidence.get("slope_bytes_per_second"),
-        leak.summary,
+        summary,
         envelope[-1][1] if envelope else None,
+        per_round,
     )
+
+
+def steady_in_rounds(per_round: list[float]) -> bool:
+    """Growth that goes on through the run: every round grows at over `RATE_RATIO` of the fastest.
+    On the run's compressed scale a warm-up step in the first seconds, then steady growth, fits a
+    levelling curve; a working set that levels grows in the first round only."""
+    return len(per_round) >= 2 and min(per_round) > 0 and min(per_round) >= RATE_RATIO * max(per_round)

@@ -3,7 +3,9 @@
 - `leak`: medic's leak detector (`agent.detect`) on the run's compressed time scale
   (`agent.guardrail.growth`) fires on the candidate's live bytes (allocator `allocated` when both
   builds have the hook, else RSS), and the candidate grows faster than the baseline by `leak_rate`,
-  and by `leak_margin` when both grow.
+  and by `leak_margin` when both grow; and it still does in the last round and in every other round
+  but one in four (a server's warm-up fills arenas and caches in the first seconds, both builds alike but
+  not in step, and then stops).
 - `fragmentation`: the detector fires on the candidate's RSS while its allocated bytes stay flat
   (grow at under a quarter of the RSS rate), by the same margins; needs allocator figures.
 - `slower`: p50 or p99 worse by more than its threshold at the confidence asked: the one-sided
@@ -88,7 +90,27 @@ def _grows_more(cand: Growth, base: Growth | None, t: Thresholds) -> tuple[bool,
         return False, excess
     if base is not None and base.firing and cand.slope < (1 + t.leak_margin) * base.slope:
         return False, excess
-    return True, excess
+    return holds_to_the_end(cand.per_round, base.per_round if base else [], t), excess
+
+
+def holds_to_the_end(cand: list[float], base: list[float], t: Thresholds) -> bool:
+    """Whether the candidate outgrows the baseline by `leak_rate` and `leak_margin` in every round but
+    one in four, the last round always (true when there are no rounds to tell)."""
+    base = base or [0.0] * len(cand)
+    beyond = [
+        c - max(b, 0.0) >= t.leak_rate and c >= (1 + t.leak_margin) * max(b, 0.0)
+        for c, b in zip(cand, base, strict=True)
+    ]
+    return not beyond or (beyond[-1] and beyond.count(False) <= len(beyond) // 4)
+
+
+def _early_only(cand: Growth, base: Growth | None, t: Thresholds) -> str:
+    """What a pass says when the growth was a regression over the run but not in its last rounds."""
+    if not (cand.firing and cand.per_round) or holds_to_the_end(
+        cand.per_round, base.per_round if base else [], t
+    ):
+        return ""
+    return f" (grew early in the run only: {_per_min(cand.per_round[-1])} in its last round)"
 
 
 def _pass_confidence(cand: Growth, excess: float, t: Thresholds) -> float:
@@ -107,7 +129,7 @@ def judge_leak(m: Measurement, t: Thresholds) -> Verdict:
     base_b, cand_b = m.builds
     hooked = bool(base_b.points(ALLOCATED)) and bool(cand_b.points(ALLOCATED))
     metric = ALLOCATED if hooked else RSS
-    cand, base = growth(cand_b, metric, m.start, m.end), growth(base_b, metric, m.start, m.end)
+    cand, base = (growth(b, metric, m.start, m.end, m.rounds) for b in (cand_b, base_b))
     if cand is None or base is None:
         return Verdict("leak", "unknown", f"too few {metric} samples to judge growth (need {MIN_POINTS})")
     failed, excess = _grows_more(cand, base, t)
@@ -131,7 +153,10 @@ def judge_leak(m: Measurement, t: Thresholds) -> Verdict:
         )
         return Verdict("leak", "fail", summary, cand.confidence, evidence)
     summary = f"no leak: the candidate's {metric} grows {_per_min(cand.slope)}, the baseline's {_per_min(base.slope)}"
-    if cand.firing:
+    early = _early_only(cand, base, t)
+    if early:
+        summary += early
+    elif cand.firing:
         summary += " (both grow alike)" if base.firing else f" (under the {_per_min(t.leak_rate)} threshold)"
     return Verdict("leak", "pass", summary, _pass_confidence(cand, excess, t), evidence)
 
@@ -141,9 +166,9 @@ def judge_fragmentation(m: Measurement, t: Thresholds, leak: Verdict) -> Verdict
     if not cand_b.points(ALLOCATED):
         why = cand_b.allocator or "no allocator figures"
         return Verdict("fragmentation", "unknown", f"cannot tell RSS growth from live growth: {why}")
-    rss = growth(cand_b, RSS, m.start, m.end)
-    live = growth(cand_b, ALLOCATED, m.start, m.end)
-    base_rss = growth(base_b, RSS, m.start, m.end)
+    rss = growth(cand_b, RSS, m.start, m.end, m.rounds)
+    live = growth(cand_b, ALLOCATED, m.start, m.end, m.rounds)
+    base_rss = growth(base_b, RSS, m.start, m.end, m.rounds)
     if rss is None or live is None:
         return Verdict("fragmentation", "unknown", f"too few samples to judge growth (need {MIN_POINTS})")
     evidence: dict[str, Any] = {
@@ -189,6 +214,7 @@ def judge_fragmentation(m: Measurement, t: Thresholds, leak: Verdict) -> Verdict
         summary = f"no fragmentation: the candidate's RSS grows {_per_min(rss.slope)}"
         if base_rss is not None:
             summary += f", the baseline's {_per_min(base_rss.slope)}"
+        summary += _early_only(rss, base_rss, t)
     return Verdict("fragmentation", "pass", summary, _pass_confidence(rss, excess, t), evidence)
 
 

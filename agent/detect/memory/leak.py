@@ -179,9 +179,11 @@ def judge_leak(ctx: Context) -> Observation:
     evidence = fit.evidence() | {"time_to_oom_seconds": ttoom, "limit_bytes": ctx.limit}
     verdict: Verdict | None
     if any(a[3] for a in assessed):
-        summary = (
-            f"{fit.metric} grew but is levelling off (recent slope {fit.trend.decel:.0%} of the window's)"
-        )
+        # what levels: the trend's own recent slope, else the curve fitted beside it
+        plateau = next(a[0] for a in assessed if a[3])
+        curve = plateau.levelling if plateau.trend.decel >= ctx.params.decel_ratio else None
+        now = curve.rate_now / curve.mean_rate if curve is not None else plateau.trend.decel
+        summary = f"{plateau.metric} grew but is levelling off (recent slope {now:.0%} of the window's)"
         verdict = "working-set-plateau"
     else:
         summary = f"no steady growth of {fit.metric} ({fit.pct_per_hour:+.3f} %/h, confidence {fit.trend.confidence:.3f})"
