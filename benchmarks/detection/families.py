@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from agent.detect import InstanceSeries
 from agent.detect.slow.rules import Slo
-from benchmarks.detection.generate import DAY, HOUR, MINUTE, T0, GiB
+from benchmarks.detection.generate import DAY, HOUR, MINUTE, T0, GiB, deploys
 
 P99 = "latency_p99_seconds"
 LATENCY_FAMILIES = ("latency-swing", "latency-queue")
@@ -111,15 +111,6 @@ class Workload:
         return InstanceSeries(name, series), oom
 
 
-def _deploys(rng: random.Random, days: float, every: tuple[float, float]) -> list[float]:
-    out, ts = [], T0
-    while True:
-        ts += rng.uniform(*every) * DAY
-        if ts >= T0 + days * DAY:
-            return out
-        out.append(ts)
-
-
 def _workload(rng: random.Random, noise: str, days: tuple[float, float] = (4, 14)) -> Workload:
     limit = rng.uniform(4, 16) * GiB
     return Workload(rng, noise, limit, rng.uniform(*days), limit * rng.uniform(0.4, 0.5))
@@ -128,7 +119,7 @@ def _workload(rng: random.Random, noise: str, days: tuple[float, float] = (4, 14
 def _ttl(hours: float) -> Callable[[random.Random, str], Workload]:
     def make(rng: random.Random, noise: str) -> Workload:
         w = _workload(rng, noise)
-        w.restarts = _deploys(rng, w.days, (1.5, 3.5))
+        w.restarts = deploys(rng, (1.5, 3.5), w.days)
         size = w.limit * rng.uniform(0.80, 0.89) - w.level * 1.15  # the plateau's peaks at 80-89 %
         tau = hours * HOUR / 3  # concave: 95 % full after one TTL
         w.growth = lambda _ts, age: size * (1 - math.exp(-age / tau))
@@ -139,7 +130,7 @@ def _ttl(hours: float) -> Callable[[random.Random, str], Workload]:
 
 def _frag_log(rng: random.Random, noise: str) -> Workload:
     w = _workload(rng, noise)
-    w.restarts = _deploys(rng, w.days, (3, 6))
+    w.restarts = deploys(rng, (3, 6), w.days)
     tau0 = rng.uniform(20, 60) * MINUTE
     reach = math.log1p(6 * DAY / tau0)
     size = (w.limit * rng.uniform(0.82, 0.88) - w.level * 1.15) / reach

@@ -136,11 +136,12 @@ def _days(rng: random.Random, lo: float, hi: float) -> float:
     return T0 + rng.uniform(lo, hi) * DAY
 
 
-def _deploys(rng: random.Random, every: tuple[float, float]) -> list[float]:
+def deploys(rng: random.Random, every: tuple[float, float], days: float = DAYS) -> list[float]:
+    """Deploy times over `days` from T0, each `every` (lo, hi) days after the last."""
     out, ts = [], T0
     while True:
         ts += rng.uniform(*every) * DAY
-        if ts >= T0 + DAYS * DAY:
+        if ts >= T0 + days * DAY:
             return out
         out.append(ts)
 
@@ -179,7 +180,7 @@ def healthy_near_limit(rng: random.Random) -> Scenario:
 
 def healthy_deploys(rng: random.Random) -> Scenario:
     s = _base(rng)
-    s.restarts = _deploys(rng, (1.0, 3.0))
+    s.restarts = deploys(rng, (1.0, 3.0))
     s.warm_depth, s.warm_tau = rng.uniform(0.3, 0.6), rng.uniform(10, 60) * MINUTE
     return s
 
@@ -199,7 +200,7 @@ def healthy_bursts(rng: random.Random) -> Scenario:
 
 def healthy_cache_fill(rng: random.Random) -> Scenario:
     s = _base(rng)
-    s.restarts = _deploys(rng, (2.0, 4.0))
+    s.restarts = deploys(rng, (2.0, 4.0))
     s.fill, s.fill_tau = rng.uniform(0.15, 0.3), rng.uniform(1, 3) * HOUR
     return s
 
@@ -207,7 +208,7 @@ def healthy_cache_fill(rng: random.Random) -> Scenario:
 def healthy_ratchet(rng: random.Random) -> Scenario:
     s = _base(rng)
     s.season, s.ratchet = rng.uniform(0.05, 0.1), True
-    s.restarts = _deploys(rng, (2.0, 5.0))
+    s.restarts = deploys(rng, (2.0, 5.0))
     return s
 
 
@@ -237,7 +238,7 @@ def leak_early(rng: random.Random) -> Scenario:
 
 def leak_with_deploys(rng: random.Random) -> Scenario:
     s = _leak(_base(rng), rng, (0.3, 1.0), (1, 5))
-    s.restarts = _deploys(rng, (2.0, 4.0))
+    s.restarts = deploys(rng, (2.0, 4.0))
     return s
 
 
