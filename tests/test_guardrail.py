@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from agent.core.errors import UsageError
 from agent.guardrail.driver import Driver, Record, round_order
+from agent.guardrail.growth import Growth
 from agent.guardrail.measure import BuildSeries
 from agent.guardrail.options import (
     Options,
@@ -41,7 +42,7 @@ from agent.guardrail.stats import (
     theil_sen,
     time_edges,
 )
-from agent.guardrail.verdicts import Measurement, holds_to_the_end, judge_all
+from agent.guardrail.verdicts import Measurement, _grows_more, holds_to_the_end, judge_all
 from agent.jobs.warmup import WarmupRequest
 
 MiB = 2**20
@@ -293,6 +294,16 @@ def test_growth_counts_only_when_it_still_outgrows_the_baseline_in_the_last_roun
     assert not holds_to_the_end([9 * k, 0.0, 0.0, 9 * k], [0.0] * 4, t)
     assert not holds_to_the_end([9 * k, 9 * k, 9 * k, 0.0], [0.0] * 4, t)
     assert holds_to_the_end([], [], t)  # nothing to tell the run's verdict from
+
+    def grown(slope: float, rounds: list[float]) -> Growth:
+        return Growth("rss_bytes", True, 0.999, slope * k, None, "", None, [r * k for r in rounds])
+
+    # the first warm-up above over the run: a regression by every run-wide test, not by the rounds
+    failed, excess, said = _grows_more(grown(44.0, [87.2, 1.2]), grown(6.6, [13.2, 0.0]), t)
+    assert (
+        not failed and excess > t.leak_rate and said.startswith(" (grew early in the run only: 72.0 KiB/min")
+    )
+    assert _grows_more(grown(1.0, [87.2, 1.2]), grown(0.5, [13.2, 0.0]), t)[2] == ""  # under the threshold
 
 
 def _stepped(name: str, rng: random.Random, start: float, rate: float) -> BuildSeries:

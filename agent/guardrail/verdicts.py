@@ -82,15 +82,22 @@ class Measurement:
     server_latency: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def _grows_more(cand: Growth, base: Growth | None, t: Thresholds) -> tuple[bool, float]:
-    """Whether the candidate's growth is a regression against the baseline's, and by how much."""
+def _grows_more(cand: Growth, base: Growth | None, t: Thresholds) -> tuple[bool, float, str]:
+    """Whether the candidate's growth is a regression against the baseline's, by how much, and
+    what a pass says when only the rounds ruled it out (else "")."""
     base_slope = max(base.slope, 0.0) if base is not None else 0.0
     excess = cand.slope - base_slope
     if not cand.firing or excess < t.leak_rate:
-        return False, excess
+        return False, excess, ""
     if base is not None and base.firing and cand.slope < (1 + t.leak_margin) * base.slope:
-        return False, excess
-    return holds_to_the_end(cand.per_round, base.per_round if base else [], t), excess
+        return False, excess, ""
+    if not holds_to_the_end(cand.per_round, base.per_round if base else [], t):
+        return (
+            False,
+            excess,
+            f" (grew early in the run only: {_per_min(cand.per_round[-1])} in its last round)",
+        )
+    return True, excess, ""
 
 
 def holds_to_the_end(cand: list[float], base: list[float], t: Thresholds) -> bool:
@@ -102,15 +109,6 @@ def holds_to_the_end(cand: list[float], base: list[float], t: Thresholds) -> boo
         for c, b in zip(cand, base, strict=True)
     ]
     return not beyond or (beyond[-1] and beyond.count(False) <= len(beyond) // 4)
-
-
-def _early_only(cand: Growth, base: Growth | None, t: Thresholds) -> str:
-    """What a pass says when the growth was a regression over the run but not in its last rounds."""
-    if not (cand.firing and cand.per_round) or holds_to_the_end(
-        cand.per_round, base.per_round if base else [], t
-    ):
-        return ""
-    return f" (grew early in the run only: {_per_min(cand.per_round[-1])} in its last round)"
 
 
 def _pass_confidence(cand: Growth, excess: float, t: Thresholds) -> float:
@@ -132,7 +130,7 @@ def judge_leak(m: Measurement, t: Thresholds) -> Verdict:
     cand, base = (growth(b, metric, m.start, m.end, m.rounds) for b in (cand_b, base_b))
     if cand is None or base is None:
         return Verdict("leak", "unknown", f"too few {metric} samples to judge growth (need {MIN_POINTS})")
-    failed, excess = _grows_more(cand, base, t)
+    failed, excess, early = _grows_more(cand, base, t)
     evidence: dict[str, Any] = {
         "candidate": cand.to_dict(),
         "baseline": base.to_dict(),
@@ -153,7 +151,6 @@ def judge_leak(m: Measurement, t: Thresholds) -> Verdict:
         )
         return Verdict("leak", "fail", summary, cand.confidence, evidence)
     summary = f"no leak: the candidate's {metric} grows {_per_min(cand.slope)}, the baseline's {_per_min(base.slope)}"
-    early = _early_only(cand, base, t)
     if early:
         summary += early
     elif cand.firing:
@@ -177,7 +174,7 @@ def judge_fragmentation(m: Measurement, t: Thresholds, leak: Verdict) -> Verdict
         "baseline_rss": base_rss.to_dict() if base_rss else None,
     }
     flat = not live.firing or live.slope < FLAT_SHARE * rss.slope
-    grows, excess = _grows_more(rss, base_rss, t)
+    grows, excess, early = _grows_more(rss, base_rss, t)
     observed = judge_series(
         {
             k: on_requests_clock(cand_b, cand_b.points(k), m.start, m.end)
@@ -214,7 +211,7 @@ def judge_fragmentation(m: Measurement, t: Thresholds, leak: Verdict) -> Verdict
         summary = f"no fragmentation: the candidate's RSS grows {_per_min(rss.slope)}"
         if base_rss is not None:
             summary += f", the baseline's {_per_min(base_rss.slope)}"
-        summary += _early_only(rss, base_rss, t)
+        summary += early
     return Verdict("fragmentation", "pass", summary, _pass_confidence(rss, excess, t), evidence)
 
 
