@@ -106,8 +106,15 @@ def test_the_leaking_class_is_named_first(agent, spawn, classes):
     assert suspects[0]["name"] == LEAKY
     assert suspects[0]["kind"] == "class" and suspects[0]["confidence"] >= 0.9
     assert "[B" in suspects[0]["carried"]  # its payload arrays are folded into it
-    assert suspects[0]["share"] > 0.5  # of the heap's growth (after GC, else used), else of RSS
     assert suspects[0]["share_of"] in ("jvm_heap_after_gc_bytes", "jvm_heap_used_bytes", "rss_bytes")
+
+    # its share of the heap's growth (after GC, else used), else of RSS: most of it once the leak
+    # outweighs the first seconds' warm-up (the LRU cache filling), which a loaded host stretches
+    def most() -> dict | None:
+        found = agent.get("/api/v1/instances/jvm0/suspects", since="5m")["suspects"]
+        return found[0] if found and found[0]["name"] == LEAKY and (found[0]["share"] or 0) > 0.5 else None
+
+    wait_until(most, timeout=90, interval=1.0)
     assert not any(s["name"].startswith("LeakClasses$Churn") for s in suspects)
 
     diff = agent.get("/api/v1/instances/jvm0/histograms/diff", kind="class", **{"from": "1h"})
