@@ -132,6 +132,30 @@ def test_one_instance_growing_while_its_peers_stay_flat_fires():
     assert fleet_evidence(two_peers, PARAMS)[0].state == "holding"  # too few to be a comparison
 
 
+def test_a_leak_its_peers_confirm_says_what_grows_not_why_it_did_not_fire_alone():
+    alone = Observation(
+        "a",
+        "leak",
+        "holding",
+        T0 + DAY,
+        T0,
+        "no steady growth of rss_bytes (+0.500 %/h, confidence 0.9995)",
+        evidence={
+            "series": "rss_bytes",
+            "slope_bytes_per_second": 1500.0,
+            "pct_per_hour": 0.5,
+            "confidence": 0.9995,
+            "time_to_oom_seconds": 72000.0,
+        },
+    )
+    found = fleet_evidence([alone] + [_leak_obs(n, "clear", 0.0, 0.2) for n in "bcd"], PARAMS)[0]
+    assert found.state == "firing" and "no steady growth" not in found.summary, found.summary
+    assert found.summary == (
+        "a grows 5.1 MiB/h (0.50 %/h) in rss_bytes; projected OOM in 20h; confidence 1.000; "
+        "a leak: it grows while its 3 peers stay flat"
+    )
+
+
 def _oom_obs(instance: str, state: str, ttoom_h: float, pct: float, seen_h: float = 7.5) -> Observation:
     evidence = {
         "confidence": 0.9999,

@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
+from agent.core.units import format_bytes, format_duration
 from agent.detect.coverage import Sight, seen_from, union
 from agent.detect.lifecycle import update
 from agent.detect.memory.engine import judge, judged_reach, replay_steps
@@ -237,9 +238,24 @@ def _promoted(
         state="firing",
         verdict="leak",
         severity=severity_for(ttoom, params.horizon, ruled_out=False),  # peers do not rule saturation out
-        summary=f"{obs.summary}; a leak: {why}",
+        summary=f"{_growth_text(obs)}; a leak: {why}",
         evidence=evidence,
     )
+
+
+def _growth_text(obs: Observation) -> str:
+    """The growth an observation saw, in the words of a leak finding: its own summary when it fired,
+    else its figures (its summary then says why it did not fire on its own, which the peers overrule)."""
+    e = obs.evidence
+    slope, pct, series = e.get("slope_bytes_per_second"), e.get("pct_per_hour"), e.get("series")
+    if obs.state == "firing" or not isinstance(slope, (int, float)) or not isinstance(pct, (int, float)):
+        return obs.summary
+    text = f"{obs.instance} grows {format_bytes(slope * 3600)}/h ({pct:.2f} %/h) in {series}"
+    ttoom = e.get("time_to_oom_seconds")
+    if isinstance(ttoom, (int, float)):
+        text += f"; projected OOM in {format_duration(ttoom)}"
+    confidence = e.get("confidence")
+    return text + (f"; confidence {confidence:.3f}" if isinstance(confidence, (int, float)) else "")
 
 
 def analyze_fleet(
