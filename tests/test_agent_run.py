@@ -155,8 +155,10 @@ def test_cmdline_instances_newest_and_all(agent, spawn):
         ),
         10,
     )
-    two.kill()
+    # the next match runs (Popen returns once it has exec'd) before the watched one dies: a tick
+    # between the two would rightly take the older match, and watch it while it lives
     three = spawn(argv)
+    two.kill()
     wait_until(lambda: agent.instance("newest")["pid"] == three.pid, 10)
     second.kill()
     third = spawn(every)
