@@ -7,6 +7,8 @@ import math
 import pytest
 
 from agent.detect import InstanceSeries, analyze, analyze_instance, evaluate, tick_for, update
+from agent.detect.memory.engine import judge
+from agent.detect.memory.prepared import Prepared
 from support.detect_shapes import DAY, PARAMS, T0, cut_at_oom, series
 
 
@@ -98,3 +100,19 @@ def test_the_replay_reports_first_fired_times_and_what_it_could_not_judge():
     doc = result.to_dict()
     assert doc["findings"][0]["at_open"]["evidence"]["confidence"] >= PARAMS.confidence
     assert any("fragmentation" in note for note in doc["notes"])
+
+
+@pytest.mark.parametrize("leak_pct_h", [0, 4])
+def test_a_judgement_again_at_the_same_tick_says_what_a_fresh_one_says(leak_pct_h):
+    """A replay judges a quiet instance again, in full, when its fleet's evidence reads it: the
+    second judgement reuses the first one's fits and must say what a judgement from scratch says."""
+    s = series(days=1.5, leak_pct_h=leak_pct_h, onset_day=0.3)
+    prep = Prepared(s, PARAMS)
+    for tick in [T0 + k * PARAMS.step for k in range(8, int(1.5 * DAY / PARAMS.step))]:
+        judge(prep, tick, skip_quiet=True)
+        again = judge(prep, tick)
+        fresh = judge(Prepared(s, PARAMS), tick)
+        assert [(o.kind, o.state, o.severity, o.summary) for o in again] == [
+            (o.kind, o.state, o.severity, o.summary) for o in fresh
+        ]
+        assert again[0].state != "unknown"

@@ -122,3 +122,14 @@ def test_the_agents_allocator_returns_per_tick_buffers_to_the_kernel():
     # unmaps) each of them
     assert _mmapped_blocks_while_reallocating(tune=False) == [1, 0, 0]
     assert _mmapped_blocks_while_reallocating(tune=True) == [1, 1, 1]
+
+
+def test_medic_analyze_judges_a_recording_without_loading_pydantic():
+    """The detectors name their severities and kinds only for the type checker: `medic analyze`
+    (and every CLI command that reads findings) starts without pydantic's 35 ms and 4 MiB."""
+    loaded = _loaded_after(
+        "from agent.cli.main import main\n"
+        "main(['analyze', 'benchmarks/detection/corpus/py-cache-warmup.jsonl.gz', '--limit', '1Gi', '--json'])"
+    )
+    assert "agent.detect.memory.fleet" in loaded
+    assert not [name for name in loaded if name.split(".")[0] == "pydantic"]

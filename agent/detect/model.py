@@ -24,9 +24,8 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from agent.core.types import Kind, Severity
-
 if TYPE_CHECKING:
+    from agent.core.types import Kind, Severity
     from agent.detect.seasonal import WorkloadProfile
 
 RSS = "rss_bytes"

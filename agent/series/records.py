@@ -137,6 +137,7 @@ def parse_number(raw: Any, name: str) -> tuple[float, str | None]:
 def sorted_points(times: array[float], values: array[float]) -> Points:
     """The points of one series in time order (a stable sort keeps equal times as read)."""
     points = list(zip(times, values))
-    if all(map(le, times[:-1], times[1:])):
+    plain = times.tolist()  # floats compared as a list's, not boxed twice from the array
+    if all(map(le, plain[:-1], plain[1:])):
         return points
     return sorted(points, key=itemgetter(0))

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.core.types import Kind, Severity
 from agent.core.units import format_bytes
 from agent.detect.memory.fit import Fit
 from agent.detect.memory.growth import PEAK_BUCKETS, fits, peak, time_to_limit
@@ -14,6 +13,9 @@ from agent.detect.memory.jvm import DIRECT, HEAP_MAX, HEAP_USABLE, LAYERS, METAS
 from agent.detect.memory.prepared import Prepared
 from agent.detect.model import JVM_HEAP_AFTER_GC, RSS, Observation, State, Verdict
 from agent.detect.params import DetectParams
+
+if TYPE_CHECKING:
+    from agent.core.types import Kind, Severity
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,9 @@ class Projection:
         return time_to_limit(self.limit, self.start, slope)
 
 
+_LAST = ("context",)  # the key of the last context made, in `Prepared.cache`
+
+
 class Context:
     __slots__ = ("_fits", "_peak", "_projections", "life", "prep", "tick")
 
@@ -46,8 +51,17 @@ class Context:
 
     @classmethod
     def at(cls, prep: Prepared, tick: float) -> Context | None:
+        """The context of `prep` at `tick`; the last one made is kept with `prep` and given again for
+        the same tick, with the fits it made (a replay judges a quiet instance again in full when
+        its fleet's evidence reads it)."""
+        kept = prep.cache.get(_LAST)
+        if isinstance(kept, Context) and kept.tick == tick:
+            return kept
         life = prep.life_at(tick)
-        return None if life < 0 else cls(prep, life, tick)
+        if life < 0:
+            return None
+        made = prep.cache[_LAST] = cls(prep, life, tick)
+        return made
 
     @property
     def params(self) -> DetectParams:

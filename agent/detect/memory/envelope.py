@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
-from itertools import compress, pairwise, repeat
-from operator import gt, itemgetter, sub
+from itertools import pairwise
+from operator import itemgetter
 
+from agent.detect.coverage import sample_spans
 from agent.detect.model import RSS, START_TIME, InstanceSeries, Points
 from agent.detect.params import DetectParams
 from agent.detect.trend import _kernels
@@ -112,8 +113,7 @@ def infer_restarts(
     times, values = memory.times, memory.values
     if not times:
         return sorted(ts for ts, _ in changes)
-    gaps = list(compress(range(1, len(times)), map(gt, map(sub, times[1:], times[:-1]), repeat(params.gap))))
-    gap_times = {times[i] for i in gaps}
+    gap_times = {first for first, _ in sample_spans(times, params.gap, key=None)[1:]}
     found = set(gap_times)
     recent: list[float] = []  # the floors of the current lifetime's last buckets
     lowest = None  # the lifetime's lowest floor so far

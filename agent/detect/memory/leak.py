@@ -12,8 +12,8 @@ look like, so the short scale only reports what is urgent.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from agent.core.types import Severity
 from agent.core.units import format_bytes, format_duration, format_rate
 from agent.detect.memory.context import Context, Projection, leak_layers
 from agent.detect.memory.fit import Fit
@@ -23,6 +23,9 @@ from agent.detect.memory.lifetimes import carried
 from agent.detect.memory.oom import past_the_limit, reported_time_to_oom, saturation_ruled_out
 from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, PYMALLOC, RSS, Observation, State, Verdict
 from agent.detect.params import DetectParams
+
+if TYPE_CHECKING:
+    from agent.core.types import Severity
 
 CLEAR_DECEL = 0.5  # clear only when the recent slope is below half of `decel_ratio` of the window's
 DAILY_STRICTER = 30  # the daily scale needs 30 times less doubt than `confidence` allows (z 4 for 0.999)

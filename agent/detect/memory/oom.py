@@ -17,7 +17,8 @@ so the time to OOM is unknown (None), never 0 for a process that keeps running.
 
 from __future__ import annotations
 
-from agent.core.types import Severity
+from typing import TYPE_CHECKING
+
 from agent.core.units import format_bytes, format_duration, format_rate
 from agent.detect.memory.context import Context, oom_series
 from agent.detect.memory.fit import Fit
@@ -26,6 +27,9 @@ from agent.detect.memory.jvm import LAYERS
 from agent.detect.memory.saturation import Levelling, reach_bar
 from agent.detect.model import Observation, State
 from agent.detect.params import DetectParams
+
+if TYPE_CHECKING:
+    from agent.core.types import Severity
 
 CLEAR_MARGIN = 1.5  # resolve only once the projection is beyond 1.5 × horizon
 STEADY = 0.9  # with no daily profile, a fit's first and last thirds grow at this fraction of its slope

@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agent.core.timescale import WINDOW_SAMPLES, TimeScale
-from agent.core.types import Kind, Severity
 from agent.detect.model import START_TIME, InstanceSeries, Observation, State
 from agent.detect.slow.causes import likely_causes
 from agent.detect.slow.relative import judge_relative, relative_instants, relative_ratios
@@ -46,6 +45,9 @@ from agent.detect.slow.rules import (
     judge_slo,
     judge_trend,
 )
+
+if TYPE_CHECKING:
+    from agent.core.types import Kind, Severity
 
 __all__ = [
     "CAUSE_METRICS",
