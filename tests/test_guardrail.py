@@ -319,23 +319,53 @@ def _stepped(name: str, rng: random.Random, start: float, rate: float) -> BuildS
     return build
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_a_warm_up_step_then_steady_rss_growth_is_fragmentation_and_the_step_alone_is_not(seed):
+def _fragmentation(build, seed: int, rate: float):
+    """The fragmentation verdict of a 45 s run in two rounds: a flat baseline against a candidate
+    whose RSS grows `rate` bytes a second, each made by `build(name, rng, start, rate)`."""
     rng, start = random.Random(seed), 1_000_000.0
     rounds = [(start, start + 22.5, 0), (start + 22.5, start + 45, 1)]
+    builds = (build("baseline", rng, start, 0.0), build("candidate", rng, start, rate))
+    records = (_record(rng, 0.0, 45, 16, 0.002), _record(rng, 0.0, 45, 16, 0.002))
+    m = Measurement(start, start + 45, rounds, records, start, builds, 4 * 2**30)
+    return {v.name: v for v in judge_all(m, Thresholds(), resamples=100)}["fragmentation"]
 
-    def fragmentation(rate: float):
-        builds = (_stepped("baseline", rng, start, 0.0), _stepped("candidate", rng, start, rate))
-        records = (_record(rng, 0.0, 45, 16, 0.002), _record(rng, 0.0, 45, 16, 0.002))
-        m = Measurement(start, start + 45, rounds, records, start, builds, 4 * 2**30)
-        return {v.name: v for v in judge_all(m, Thresholds(), resamples=100)}["fragmentation"]
 
-    steady = fragmentation(0.2 * MiB)  # a chunk kept every few requests, as a fragmenting server under load
+@pytest.mark.parametrize("seed", range(3))
+def test_a_warm_up_step_then_steady_rss_growth_is_fragmentation_and_the_step_alone_is_not(seed):
+    steady = _fragmentation(
+        _stepped, seed, 0.2 * MiB
+    )  # a chunk kept every few requests, as a fragmenting server under load
     assert steady.failed, steady.summary
     assert "a step at the start" in steady.evidence["candidate_rss"]["detector_summary"]
-    warm_up = fragmentation(0.0)
+    warm_up = _fragmentation(_stepped, seed + 100, 0.0)
     assert not warm_up.failed, warm_up.summary
     assert warm_up.evidence["candidate_rss"]["detector"] == "not firing"
+
+
+def _sparse(name: str, rng: random.Random, start: float, rate: float) -> BuildSeries:
+    """45 s of a server whose RSS grows `rate` bytes a second, its allocated bytes flat, sampled as
+    on a loaded machine: nothing in the first and last 1.5 s, and stalls of 1-4 s between."""
+    build = BuildSeries(name)
+    x = 1.5
+    while x < 43.5:
+        t = start + x
+        build.add("rss_bytes", t, 75 * MiB + rate * x + rng.gauss(0, 0.3 * MiB))
+        build.add("allocator_allocated_bytes", t, 17 * MiB + rng.gauss(0, 0.01 * MiB))
+        build.answered.append((t, round(x * 16)))
+        x += 0.25 if rng.random() > 0.3 else rng.uniform(1, 4)
+    return build
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_steady_growth_the_detector_holds_unconfirmed_counts_when_every_round_shows_it(seed):
+    steady = _fragmentation(
+        _sparse, seed, 1.0 * MiB
+    )  # the fragmenting demo server under load: 1 MiB a second
+    assert steady.failed, steady.summary
+    assert "the rounds confirm" in steady.evidence["candidate_rss"]["detector_summary"]
+    flat = _fragmentation(_sparse, seed + 100, 0.0)
+    assert not flat.failed, flat.summary
+    assert flat.evidence["candidate_rss"]["detector"] == "not firing"
 
 
 def test_slower_and_errors_are_judged_by_their_tests():
