@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from agent.detect import analyze_instance, evaluate
+from agent.guardrail.growth import judge_series
 from support.detect_shapes import DAY, PARAMS, SCALE, T0, cut_at_oom, kinds, oom_time, series
 
 HEALTHY = {
@@ -83,3 +86,22 @@ def test_evaluate_names_what_it_cannot_judge_in_a_young_lifetime():
     assert observations["leak"].state == "unknown"
     assert "not enough data" in observations["leak"].summary
     assert observations["fragmentation"].state == "unknown"
+
+
+@pytest.mark.parametrize("confident", [True, False])
+def test_a_held_leak_observation_does_not_deny_the_growth_it_shows(confident):
+    """45 s of growth sampled with its first and last seconds missing: the fits cover less than they
+    must to project, so the detector holds; its summary says so, not "no steady growth"."""
+    rng, start, mib = random.Random(0), 1_000_000.0, 2**20
+    points, x = [], 1.5
+    while x < 43.5:
+        points.append((start + x, 75 * mib + (mib if confident else 0.0) * x + rng.gauss(0, 0.3 * mib)))
+        x += 0.25 if rng.random() > 0.4 else rng.uniform(1, 4)
+    [leak] = [o for o in judge_series({"rss_bytes": points}, start, start + 45) if o.kind == "leak"]
+    assert leak.state != "firing"
+    if confident:
+        assert leak.evidence["confidence"] >= 0.995
+        assert "no steady growth" not in leak.summary
+        assert "but is not yet a leak: " in leak.summary, leak.summary
+    else:
+        assert "not yet a leak" not in leak.summary, leak.summary

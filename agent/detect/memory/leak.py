@@ -189,9 +189,28 @@ def judge_leak(ctx: Context) -> Observation:
         summary = f"{plateau.metric} grew but is levelling off (recent slope {now:.0%} of the window's)"
         verdict = "working-set-plateau"
     else:
-        summary = f"no steady growth of {fit.metric} ({fit.pct_per_hour:+.3f} %/h, confidence {fit.trend.confidence:.3f})"
+        summary = _not_a_leak(ctx, fit, ttoom)
         verdict = None
     return ctx.observation("leak", state, summary, verdict=verdict, evidence=evidence)
+
+
+def _not_a_leak(ctx: Context, fit: Fit, ttoom: float | None) -> str:
+    """What the fit that grows most firmly says when no fit fires: no steady growth, or growth as
+    firm as firing needs that is held back, and why (a summary must not deny its own figures)."""
+    p = ctx.params
+    figures = f"{fit.pct_per_hour:+.3f} %/h, confidence {fit.trend.confidence:.3f}"
+    if fit.trend.confidence < p.confidence or fit.trend.slope <= 0 or fit.pct_per_hour < p.min_rate:
+        return f"no steady growth of {fit.metric} ({figures})"
+    if traffic_explains(ctx.prep, fit, ctx.life, p.confidence):
+        why = "it follows the requests (bytes per request are flat)"
+    elif not fit.long_enough(p, ttoom):
+        why = f"its {fit.scale} fit spans {format_duration(fit.coverage)}, less than a projection needs"
+    else:
+        why = (
+            "growth must show on a second scale at a record level and, unless the limit is near, "
+            "through a whole period of the lifetime with its daily cycle known"
+        )
+    return f"{fit.metric} grows ({figures}) but is not yet a leak: {why}"
 
 
 def _outgrown_by_rss(ctx: Context, heap: Fit, ttoom: float | None) -> tuple[Fit, float | None, bool]:
