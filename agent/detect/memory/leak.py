@@ -62,6 +62,18 @@ def may_speak(fit: Fit, ttoom: float | None, p: DetectParams) -> bool:
     return fit.coverage >= p.season and t.early_slope >= p.decel_ratio * t.slope
 
 
+def _growing(fit: Fit, p: DetectParams) -> bool:
+    return fit.trend.slope > 0 and fit.pct_per_hour >= p.min_rate
+
+
+def _strong(fit: Fit, p: DetectParams) -> bool:
+    """The trend is as confident as firing needs. The daily scale's sign test over 48
+    autocorrelated differences, corrected as AR(1), is rougher than Mann-Kendall over independent
+    buckets: it must clear a stricter bar."""
+    bar = p.confidence if fit.scale != "daily" else 1 - (1 - p.confidence) / DAILY_STRICTER
+    return fit.trend.confidence >= bar
+
+
 def assess(fit: Fit, ctx: Context) -> tuple[State, float | None, bool]:
     """(state, time to OOM, plateauing) for one fit.
 
@@ -73,12 +85,8 @@ def assess(fit: Fit, ctx: Context) -> tuple[State, float | None, bool]:
         return "clear", None, False
     t = fit.trend
     ttoom = ctx.projection(fit.metric).time_to(t.slope)
-    growing = t.slope > 0 and fit.pct_per_hour >= p.min_rate
-    # the daily scale's sign test over 48 autocorrelated differences, corrected as AR(1), is
-    # rougher than Mann-Kendall over independent buckets: it must clear a stricter bar
-    strong = t.confidence >= (
-        p.confidence if fit.scale != "daily" else 1 - (1 - p.confidence) / DAILY_STRICTER
-    )
+    growing = _growing(fit, p)
+    strong = _strong(fit, p)
     # growth that levels off (a cache filling to its TTL, a warm-up, log-shaped fragmentation) is a
     # working set, not a leak; the curve is fitted only for growth that would otherwise count
     urgent = ttoom is not None and ttoom < p.horizon
@@ -199,7 +207,7 @@ def _not_a_leak(ctx: Context, fit: Fit, ttoom: float | None) -> str:
     firm as firing needs that is held back, and why (a summary must not deny its own figures)."""
     p = ctx.params
     figures = f"{fit.pct_per_hour:+.3f} %/h, confidence {fit.trend.confidence:.3f}"
-    if fit.trend.confidence < p.confidence or fit.trend.slope <= 0 or fit.pct_per_hour < p.min_rate:
+    if not (_strong(fit, p) and _growing(fit, p)):
         return f"no steady growth of {fit.metric} ({figures})"
     if traffic_explains(ctx.prep, fit, ctx.life, p.confidence):
         why = "it follows the requests (bytes per request are flat)"
