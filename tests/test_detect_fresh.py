@@ -17,7 +17,7 @@ from agent.detect.memory.prepared import Prepared
 from agent.detect.memory.priors import PriorBook, learn_workload, merge, workload_key
 from agent.detect.model import Observation
 from agent.detect.seasonal import WorkloadProfile
-from support.detect_shapes import DAY, HOUR, PARAMS, T0, cut_at_oom, fresh, oom_time
+from support.detect_shapes import DAY, HOUR, PARAMS, T0, GiB, cut_at_oom, fresh, oom_time, series
 
 
 def _opened(result, deploy: float) -> list[tuple[str, float]]:
@@ -53,6 +53,30 @@ def test_a_reload_step_in_a_fresh_process_with_a_daily_cycle_is_not_a_leak(hour)
     """A reload raises the level by 10 % at once during the first day: a discontinuity, which
     must neither bend the cycle scale's sine nor pass for its line."""
     assert _opened(analyze_fleet([fresh(step_at_hour=hour, step=0.1, hours=40)], PARAMS)[0], T0) == []
+
+
+def _third_day(seed: int, leak_pct_h: float = 0.0, season: float = 0.08):
+    onset = 2.3
+    s = series(
+        days=4, limit=3.2 * GiB, season=season, leak_pct_h=leak_pct_h, onset_day=onset, seed=seed, noise=0.004
+    )
+    return cut_at_oom(s), T0 + onset * DAY
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_leak_on_the_third_day_is_told_from_the_daily_cycle_by_the_day_before(seed):
+    """No prior, two days of the same lifetime: the daily profile needs three. A rise over the last
+    hours more than twice the whole range of the day before is not the daily cycle, so the leak is
+    found with 0.41 of its way from the onset to the limit still ahead (without the day before 0.19,
+    when the daily scale starts on the fourth day). Healthy twins: the same process, and one whose
+    daily swing is twice as large."""
+    leak, onset = _third_day(seed, leak_pct_h=2.5)
+    oom = oom_time(leak)
+    assert oom is not None
+    found = [at for _, at in _opened(analyze_fleet([leak], PARAMS)[0], T0)]
+    assert found and (oom - (T0 + min(found) * HOUR)) / (oom - onset) > 0.3
+    for healthy in (_third_day(seed)[0], _third_day(seed, season=0.16)[0]):
+        assert _opened(analyze_fleet([healthy], PARAMS)[0], T0) == []
 
 
 def test_a_week_of_the_workload_teaches_its_daily_profile_level_and_warmup():

@@ -11,6 +11,7 @@ look like, so the short scale only reports what is urgent.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -23,12 +24,14 @@ from agent.detect.memory.lifetimes import carried
 from agent.detect.memory.oom import past_the_limit, reported_time_to_oom, saturation_ruled_out
 from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, PYMALLOC, RSS, Observation, State, Verdict
 from agent.detect.params import DetectParams
+from agent.detect.seasonal import MIN_COVERAGE
 
 if TYPE_CHECKING:
     from agent.core.types import Severity
 
 CLEAR_DECEL = 0.5  # clear only when the recent slope is below half of `decel_ratio` of the window's
 DAILY_STRICTER = 30  # the daily scale needs 30 times less doubt than `confidence` allows (z 4 for 0.999)
+YESTERDAY_MARGIN = 2.0  # growth this many times the previous day's whole range is not its daily cycle
 IMMINENT = 1 / 6  # before the daily profile is known, the window scale fires only this close to the limit
 
 
@@ -48,18 +51,44 @@ def leak_series(ctx: Context) -> list[str]:
     return [RSS]
 
 
-def may_speak(fit: Fit, ttoom: float | None, p: DetectParams) -> bool:
+def may_speak(fit: Fit, ttoom: float | None, ctx: Context) -> bool:
     """Whether this fit's growth can be told from a daily traffic rise: always once the daily
     profile is known; before, the window scale only when the limit is less than a sixth of the
     horizon away, and the wider scales only after growth through a whole period in each third of
-    their span.
+    their span. Urgent growth of the window and half-day scales also speaks when it outgrows the
+    day before (`_outgrows_yesterday`).
     The daily scale compares equal times of day, so no daily cycle shows in it."""
+    p = ctx.params
     if fit.profile_known:
+        return True
+    urgent = ttoom is not None and ttoom < p.horizon
+    if urgent and _outgrows_yesterday(ctx, fit):
         return True
     if fit.scale == "window":
         return ttoom is not None and ttoom < p.horizon * IMMINENT
     t = fit.trend
     return fit.coverage >= p.season and t.early_slope >= p.decel_ratio * t.slope
+
+
+def _outgrows_yesterday(ctx: Context, fit: Fit) -> bool:
+    """Whether the fit rises more than `YESTERDAY_MARGIN` times the whole range of the floor over
+    the period before it, in this lifetime after its warm-up: a daily cycle that has not been
+    learned yet (that takes three periods) still repeats, and cannot rise further than it did the
+    day before."""
+    if fit.scale not in ("window", "half-day"):
+        return False
+    p = ctx.params
+    env = ctx.prep.stepped(fit.metric)
+    width = env.width
+    start = fit.idx[0] * fit.width  # the fit's first bucket, in seconds
+    first, end = math.floor((start - p.season) / width + 1e-9), math.floor(start / width + 1e-9)
+    if first * width < ctx.lifetime_start + ctx.prep.warmup(ctx.life) - 1e-6:
+        return False
+    idx, lo = env.floors(ctx.life, first, end)
+    if len(idx) < MIN_COVERAGE * (end - first):
+        return False
+    rise = fit.trend.slope * fit.coverage
+    return rise > YESTERDAY_MARGIN * (max(lo) - min(lo))
 
 
 def _growing(fit: Fit, p: DetectParams) -> bool:
@@ -94,7 +123,7 @@ def assess(fit: Fit, ctx: Context) -> tuple[State, float | None, bool]:
     # in its first day a working set ratchets up with the traffic peak (glibc arenas), a leak
     # keeps growing when the traffic falls
     settled = ctx.tick - ctx.lifetime_start >= ctx.prep.settle(ctx.life)
-    allowed = may_speak(fit, ttoom, p) and (urgent or (fit.scale not in ("window", "cycle") and settled))
+    allowed = may_speak(fit, ttoom, ctx) and (urgent or (fit.scale not in ("window", "cycle") and settled))
     enough = fit.long_enough(p, ttoom)
     levelled = (
         strong and growing and t.decel >= p.decel_ratio and enough and allowed and fit.levelling is not None
