@@ -61,8 +61,7 @@ def may_speak(fit: Fit, ttoom: float | None, ctx: Context) -> bool:
     p = ctx.params
     if fit.profile_known:
         return True
-    urgent = ttoom is not None and ttoom < p.horizon
-    if urgent and _outgrows_yesterday(ctx, fit):
+    if _urgent(ttoom, p) and _outgrows_yesterday(ctx, fit):
         return True
     if fit.scale == "window":
         return ttoom is not None and ttoom < p.horizon * IMMINENT
@@ -85,10 +84,15 @@ def _outgrows_yesterday(ctx: Context, fit: Fit) -> bool:
     if first * width < ctx.lifetime_start + ctx.prep.warmup(ctx.life) - 1e-6:
         return False
     idx, lo = env.floors(ctx.life, first, end)
-    if len(idx) < MIN_COVERAGE * (end - first):
+    if not lo or len(idx) < MIN_COVERAGE * (end - first):  # none: a period shorter than a bucket
         return False
     rise = fit.trend.slope * fit.coverage
     return rise > YESTERDAY_MARGIN * (max(lo) - min(lo))
+
+
+def _urgent(ttoom: float | None, p: DetectParams) -> bool:
+    """The growth reaches the limit within the horizon."""
+    return ttoom is not None and ttoom < p.horizon
 
 
 def _growing(fit: Fit, p: DetectParams) -> bool:
@@ -118,7 +122,7 @@ def assess(fit: Fit, ctx: Context) -> tuple[State, float | None, bool]:
     strong = _strong(fit, p)
     # growth that levels off (a cache filling to its TTL, a warm-up, log-shaped fragmentation) is a
     # working set, not a leak; the curve is fitted only for growth that would otherwise count
-    urgent = ttoom is not None and ttoom < p.horizon
+    urgent = _urgent(ttoom, p)
     # growth that is not urgent must also have run through a whole day of the process lifetime:
     # in its first day a working set ratchets up with the traffic peak (glibc arenas), a leak
     # keeps growing when the traffic falls
@@ -149,7 +153,7 @@ def _corroborated(
     p = ctx.params
     out = []
     for fit, state, ttoom, plateau in assessed:
-        urgent = ttoom is not None and ttoom < p.horizon
+        urgent = _urgent(ttoom, p)
         if state == "firing" and not urgent:
             others = [f for f, *_ in assessed if f is not fit and f.confidence >= p.confidence_clear]
             if (
