@@ -65,6 +65,8 @@ def test_the_identity_is_checked_when_the_directory_is_opened():
 
 def test_a_held_directory_never_reads_past_its_process(spawn):
     child = spawn(["sleep", "60"])
+    # asleep in its timer: its start-up, and the locale file it opens and closes there, is over
+    wait_until(lambda: procfs.read_stat(child.pid).state == "S")
     identity = procfs.process_identity(child.pid)
     proc = ProcDir(identity)
     assert proc.stat().pid == child.pid and proc.held
