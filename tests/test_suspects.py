@@ -137,6 +137,32 @@ def test_payload_classes_fold_into_the_class_that_holds_them():
     assert [s.name for s in suspects[1:]] == ["[C"]
 
 
+def test_a_class_whose_count_stalled_with_its_jvm_is_named_through_the_payload_it_carries():
+    """A JVM starved of CPU adds nothing between some snapshots: the leaking class's exact count
+    holds level twice and fails the test on its own, while its payload's count (garbage included)
+    passes. The payload is folded into the class, which is named; a class growing as hesitantly with
+    no payload in step (its twin) is not named, and a payload out of step with it is named itself."""
+    details = {"[B": "java.base@17.0.15", "[I": "java.base@17.0.15"}
+    stalled = [5000, 17000, 17000, 29000, 29000, 29000, 41000, 53000]
+    garbage = [4400, 6100, 2900, 7300, 9800, 12100, 3000, 8800]
+    series = []
+    for i, (n, g) in enumerate(zip(stalled, garbage)):
+        rows = {
+            "com.app.Record": (n, 24 * n),
+            "[B": (n + g, 64 * (n + g)),  # one payload array per record, and request garbage
+            "com.app.Pool": (n // 100, 40 * (n // 100)),  # as hesitant, carrying nothing that passes
+            "[I": (9000 * i + g, 16 * (9000 * i + g)),  # grows on its own, out of step with both
+        }
+        series.append(snap(i, rows, detail=details))
+    suspects = rank(series)
+    assert suspects[0].name == "com.app.Record" and suspects[0].carried == ("[B",)
+    assert suspects[0].confidence >= 0.9
+    assert "com.app.Pool" not in [s.name for s in suspects]
+    assert "[I" in [s.name for s in suspects]  # named as itself: no application class carries it
+    alone = [snap(i, {"com.app.Record": (n, 24 * n)}) for i, n in enumerate(stalled)]
+    assert rank(alone) == []  # the stalled count alone is not enough
+
+
 def test_platform_growth_alone_is_still_named():
     series = [snap(i, {"[B": (100 + 50 * i, 1e6 * (1 + i))}, detail={"[B": "java.base@17"}) for i in range(6)]
     assert [s.name for s in rank(series)] == ["[B"]

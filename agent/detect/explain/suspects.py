@@ -14,7 +14,8 @@ helpers) rises and falls with the GC sawtooth and its floor does not grow; a cla
 keeps a rising floor.
 
 Platform classes and builtins that grow in step with an application class (its `byte[]`, its map
-nodes) are folded into it, so that the class on-call must look for is named first.
+nodes) are folded into it, so that the class on-call must look for is named first, even when that
+class's own exact count stalled with its process and only its payload passed the test.
 
 For growth outside the Java heap (`native=True`), what grows in the heap is tiny: the useful suspect is
 the class whose live count rises with the native bytes (zip streams, direct buffers, JNI handles). Such
@@ -29,6 +30,7 @@ histogram's total, else of the suspects together.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -48,6 +50,7 @@ REFERENCES = {
 }
 SUSPECT_KINDS = ("class", "type", "container", "site")
 REFERENCE_CONFIDENCE = 0.9  # a reference only needs to grow, not to pass as a suspect
+OWNER_CONFIDENCE = 0.9  # an application class carrying a suspect payload only needs to grow with it
 CARRIER_TOLERANCE = 0.15  # how close to a whole multiple of an owner's object rate a carrier's must be
 NATIVE_CORRELATION = 0.8  # a class follows the native growth when its count floor correlates this well
 NATIVE_OWNERS = (  # JDK classes that hold native memory until closed or collected
@@ -152,7 +155,7 @@ def rank(
         name: points for name, points in series.items() if len(points) >= min_points and name in details
     }
     required = min_confidence if floors else compared_confidence(min_confidence, len(candidates))
-    found = []
+    found, near = [], []
     for name, points in candidates.items():
         if floors:
             points = floor_points(points)
@@ -161,30 +164,33 @@ def rank(
         counts = [p[1] for p in points]
         by_count = growth(xs, counts) if any(counts) else by_bytes  # NMT categories have no counts
         confidence = min(by_bytes.confidence, by_count.confidence)
-        if confidence < required or not (by_bytes.sustained and by_count.sustained):
+        passes = confidence >= required and by_bytes.sustained and by_count.sustained
+        if not passes and (confidence < OWNER_CONFIDENCE or by_count.slope <= 0):
             continue
-        found.append(
-            Suspect(
-                name,
-                last.kind,
-                last.source,
-                by_bytes.slope,
-                by_count.slope if any(counts) else 0.0,
-                confidence,
-                None,
-                None,
-                points[-1][2],
-                points[-1][1],
-                len(points),
-                xs[-1] - xs[0],
-                details[name],
-                correlation=None if native is None else correlation(counts, at_times(native, xs)),
-            )
+        suspect = Suspect(
+            name,
+            last.kind,
+            last.source,
+            by_bytes.slope,
+            by_count.slope if any(counts) else 0.0,
+            confidence,
+            None,
+            None,
+            points[-1][2],
+            points[-1][1],
+            len(points),
+            xs[-1] - xs[0],
+            details[name],
+            correlation=None if native is None else correlation(counts, at_times(native, xs)),
         )
+        if passes:
+            found.append(suspect)
+        elif not is_platform(suspect):
+            near.append(suspect)
     if native is not None:
         found = absorb_machinery(found)
     if last.kind in ("class", "type"):
-        found = absorb_carriers(found)
+        found = absorb_carriers(found, near)
     if native is not None:
         found.sort(key=native_order)
     else:
@@ -318,26 +324,36 @@ def is_platform(suspect: Suspect) -> bool:
     )
 
 
-def absorb_carriers(found: list[Suspect]) -> list[Suspect]:
+def absorb_carriers(found: list[Suspect], near: Sequence[Suspect] = ()) -> list[Suspect]:
     """Fold each platform suspect whose object count grows at a small whole multiple (1–8×) of an
     application suspect's into that suspect: a leaked `Record` drags its `byte[]` payload and its
-    `HashMap$Node` along, and the record is what on-call must look for."""
+    `HashMap$Node` along, and the record is what on-call must look for.
+
+    A platform suspect no application suspect owns may be owned by a `near` one: an application class
+    growing confidently (`OWNER_CONFIDENCE`) but not passing on its own. An exact count stalls with its
+    process (a JVM starved of CPU adds nothing between two snapshots, and ties weaken every test),
+    while the payload's count, garbage included, keeps moving; the carrier's sustained growth is the
+    evidence, and the class it is carried by is named."""
     owners = [s for s in found if not is_platform(s) and s.count_per_second > 0]
-    if not owners:
-        return found
     absorbed: dict[str, list[Suspect]] = {s.name: [] for s in owners}
+    promoted: list[Suspect] = []
     kept = []
     for suspect in found:
         carrier = is_platform(suspect) and not owns_native(suspect)  # a Deflater is never just a payload
-        owner = _owner(suspect, owners) if carrier else None
+        owner = None
+        if carrier:
+            owner = _owner(suspect, owners) or _owner(suspect, promoted) or _owner(suspect, near)
         if owner is None:
             kept.append(suspect)
-        else:
-            absorbed[owner.name].append(suspect)
-    return _with_carried(kept, absorbed)
+            continue
+        if owner.name not in absorbed:
+            promoted.append(owner)
+            absorbed[owner.name] = []
+        absorbed[owner.name].append(suspect)
+    return _with_carried(promoted + kept, absorbed)
 
 
-def _owner(suspect: Suspect, owners: list[Suspect]) -> Suspect | None:
+def _owner(suspect: Suspect, owners: Sequence[Suspect]) -> Suspect | None:
     best, best_error = None, CARRIER_TOLERANCE
     for owner in owners:
         ratio = suspect.count_per_second / owner.count_per_second
