@@ -48,3 +48,36 @@ def test_the_childs_output_goes_to_its_own_private_bounded_log(tmp_path):
         assert kept.stat().st_size == 8 * 1024 and stat.S_IMODE(kept.stat().st_mode) == 0o600
     finally:
         child.stop(2.0)
+
+
+def test_a_restart_is_never_due_for_a_relaunch_by_the_tracker_until_its_new_process_runs(tmp_path):
+    """The tracker runs beside a remediation's restart: at every moment of it (the stop, the launch),
+    the child is not due for a relaunch of the tracker's own, so exactly one new process starts. A
+    launch that fails leaves the child to the tracker, which retries it with its back-off."""
+    child = ManagedProcess("svc", [PYTHON, "-c", "import time; time.sleep(60)"], log_path=tmp_path / "s.log")
+    child.launch()
+    seen: list[bool] = []
+    launch = child.launch
+
+    def watched_launch() -> int:
+        seen.append(child.due_for_relaunch(time.time() + 3600))  # a tracker tick just before the launch
+        return launch()
+
+    child.launch = watched_launch  # type: ignore[method-assign]
+    try:
+        first = child.pid
+        new = child.restart(timeout=5)
+        assert seen == [False] and new != first and child.pid == new
+        assert not child.due_for_relaunch(time.time() + 3600)  # it runs
+
+        child.argv = [str(tmp_path / "missing")]  # cannot be executed: the launch raises
+        try:
+            child.restart(timeout=5)
+        except OSError:
+            pass
+        else:
+            raise AssertionError("launching a missing program did not fail")
+        assert child.due_for_relaunch(time.time() + 3600)  # the tracker's to retry
+    finally:
+        child.stopping = True
+        child.stop(5)

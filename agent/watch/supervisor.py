@@ -230,13 +230,16 @@ class ManagedProcess:
     def restart(self, timeout: float | None = None) -> int:
         """Stop the child (TERM, then KILL after `timeout`) and launch it again; returns the new pid.
 
-        While it runs, the tracker does not relaunch on its own (`stopping`), so exactly one new
-        process starts."""
+        While it runs, the tracker does not relaunch on its own (`stopping`, cleared only once the new
+        process is launched: cleared between the stop and the launch, a tracker running then saw an
+        ended child free to relaunch, and two processes started), so exactly one new process starts."""
         self.stop(timeout)
-        self.stopping = False
         self.exit_code = None
         self.backoff = _MIN_BACKOFF
-        return self.launch()
+        try:
+            return self.launch()
+        finally:
+            self.stopping = False  # a launch that failed is the tracker's to retry, with its back-off
 
     def stop(self, timeout: float | None = None) -> int | None:
         """TERM, wait up to `timeout` (default stop_timeout), then KILL; returns the exit code

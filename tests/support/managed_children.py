@@ -25,11 +25,8 @@ class ManagedChildren:
         return by_pid(pid) if pid else None
 
     def restart(self, name: str, timeout: float) -> int:
-        process = self.managed[name]
-        process.stop(timeout)
-        process.stopping = False
         self.restarts.append((name, time.time()))
-        return process.launch()
+        return self.managed[name].restart(timeout)
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop every child for good (no relaunch)."""
