@@ -151,3 +151,46 @@ def test_an_open_findings_verdict_changes_only_after_the_challenger_holds_twice(
     assert seen == ["allocator-retention"] * 7 + ["leak", "leak"]
     updates = [t for t in changes if t.change == "updated"]
     assert len(updates) == 1 and "verdict allocator-retention -> leak" in updates[0].reason
+
+
+def test_a_holding_finding_resolves_once_the_oom_it_projected_was_due_and_did_not_come():
+    """Holding keeps a finding open only while its projection stands: the OOM its last firing
+    judgement projected was due, the process lives on, and `resolve_after` judgements have passed
+    since with none firing. Twins: a firing judgement in between renews the projection; a finding
+    that projects no OOM holds."""
+    step = P.step
+    due = 6 * step  # the projected OOM; then `resolve_after` (3) judgements
+
+    def feed(states: list[str], ttoom: float | None) -> tuple[list, list]:
+        active, transitions = [], []
+        for i, state in enumerate(states):
+            judged = replace(obs(state, i * step), evidence={"time_to_oom_seconds": ttoom})
+            active, new = update(active, [judged], P)
+            transitions += new
+        return active, transitions
+
+    active, transitions = feed(["firing", "firing"] + ["holding"] * 9, due)
+    assert changes(transitions) == [("opened", step), ("resolved", 10 * step)]
+    assert transitions[-1].reason.startswith(
+        "the OOM projected 6h after the last firing judgement did not come"
+    )
+    assert active == []
+
+    # one judgement short: still open
+    active, transitions = feed(["firing", "firing"] + ["holding"] * 8, due)
+    assert [f.state for f in active] == ["open"]
+    # a firing judgement in between renews the projection
+    active, transitions = feed(["firing", "firing"] + ["holding"] * 4 + ["firing"] + ["holding"] * 8, due)
+    assert [f.state for f in active] == ["open"] and changes(transitions) == [("opened", step)]
+    # an OOM due within the step still waits for `resolve_after` judgements after it
+    active, transitions = feed(["firing", "firing"] + ["holding"] * P.resolve_after, step / 4)
+    assert [f.state for f in active] == ["open"]
+    active, transitions = feed(["firing", "firing"] + ["holding"] * (P.resolve_after + 1), step / 4)
+    assert active == [] and transitions[-1].change == "resolved"
+    # no projection (slow growth), or one already past (peaks above the limit): holding holds
+    for ttoom in (None, 0.0, -step):
+        active, transitions = feed(["firing", "firing"] + ["holding"] * 30, ttoom)
+        assert [f.state for f in active] == ["open"], ttoom
+    # a pending finding whose projection lapsed is dropped without an event
+    active, transitions = feed(["firing"] + ["holding"] * 9, due)
+    assert active == [] and transitions == []

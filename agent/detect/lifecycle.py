@@ -5,7 +5,11 @@ it is critical: an OOM within a quarter of the horizon cannot wait for confirmat
 fleet confirms it: several instances of its rollout firing at once are a stronger confirmation
 than one series firing twice), and
 resolves after `resolve_after` clear judgements in a row; `holding` judgements (between the two
-confidence thresholds) change nothing, so a finding near the threshold does not flap. A new
+confidence thresholds) change nothing, so a finding near the threshold does not flap, until the
+projection of its last firing judgement is refuted: its OOM was due and did not come, and
+`resolve_after` judgements have passed since with none firing (`_refuted`). A process swelling on
+its first fill and then holding its level, its daily rises not allowed to speak, would otherwise
+keep a false finding open for days, and a leak starting later would be taken for it. A new
 process lifetime resolves the findings of the old one: the restart was the remedy (the agent does
 so as soon as it sees the new process, `restarted`, rather than at the next judgement).
 
@@ -16,11 +20,12 @@ findings at the same times.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from agent.core.units import format_bytes
+from agent.core.units import format_bytes, format_duration
 from agent.detect.model import Finding, Observation, Transition, Verdict
 from agent.detect.params import DetectParams
 
@@ -60,6 +65,11 @@ def update(
         elif obs.state == "holding":
             finding.clear_streak = 0
             finding.last_tick = obs.tick
+            refuted = _refuted(finding, obs.tick, params)
+            if refuted is not None:
+                del active[key]
+                if finding.state == "open":
+                    transitions.append(_resolve(finding, obs.tick, f"{refuted}; {obs.summary}", None))
         elif obs.state == "clear":
             finding.last_tick = obs.tick
             if finding.state == "pending":
@@ -199,6 +209,23 @@ def _verdict(finding: Finding, obs: Observation, params: DetectParams) -> Verdic
         return finding.verdict
     finding.challenger, finding.challenger_streak = None, 0
     return new
+
+
+def _refuted(finding: Finding, tick: float, params: DetectParams) -> str | None:
+    """Why a holding finding's projection no longer stands, or None: the OOM its last firing judgement
+    projected was due, the process lives on, and since then as many judgements as resolving takes
+    (`resolve_after`) have passed with none firing. A finding without a projection (not reaching the
+    limit, or already above it) has nothing to refute and holds."""
+    ttoom = finding.evidence.get("time_to_oom_seconds")
+    if not isinstance(ttoom, (int, float)) or not 0 < ttoom < math.inf:
+        return None
+    waited = tick - finding.updated_at
+    if waited < ttoom + params.resolve_after * params.step:
+        return None
+    return (
+        f"the OOM projected {format_duration(ttoom)} after the last firing judgement did not come, and "
+        f"no judgement has confirmed the growth in the {format_duration(waited)} since"
+    )
 
 
 def _resolve(finding: Finding, tick: float, reason: str, verdict: Verdict | None) -> Transition:
