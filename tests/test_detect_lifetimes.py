@@ -1,7 +1,14 @@
-"""Evidence carried across lifetimes: an instance restarted every ~20 h by its orchestrator, RSS
-falling to 60 % and warming back up each time, with no start time and no restart events. A leak
-cut short by the restarts is found in its second or third lifetime and again in the ones after;
-the same workload without the leak gets no finding."""
+"""Evidence carried across lifetimes.
+
+An instance restarted every ~20 h by its orchestrator, RSS falling to 60 % and warming back up each
+time, with no start time and no restart events: a leak cut short by the restarts is found in its
+second or third lifetime and again in the ones after; the same workload without the leak gets no
+finding.
+
+A cache refilled after every deploy: a leak that starts with a lifetime hides under its concave
+fill, and is found once the lifetime stays above the level its earlier lifetimes held; the same
+workload without the leak, and one whose growth like log(t) outlives its predecessors, get none.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +18,10 @@ import random
 import pytest
 
 from agent.detect import DetectParams, InstanceSeries
+from agent.detect.memory.context import Context
 from agent.detect.memory.fleet import analyze_fleet
+from agent.detect.memory.lifetimes import OUTGROWN_FOR, OUTGROWN_MARGIN, above_settled
+from agent.detect.memory.prepared import Prepared
 
 T0 = 1_767_571_200.0
 HOUR, DAY, GiB = 3600.0, 86400.0, 2**30
@@ -64,3 +74,73 @@ def test_a_leak_cut_short_every_20_hours_is_found_within_three_lifetimes_and_in_
 def test_a_healthy_process_restarted_every_20_hours_gets_no_finding(seed):
     series, _ = restarted(seed, leak_per_hour=0.0)
     assert findings(series) == []
+
+
+def refilled(
+    seed: int, leak_per_hour: float, lives: tuple[float, ...], level: float, log_growth: float = 0.0
+) -> tuple[InstanceSeries, list[float]]:
+    """One sample a minute over lifetimes of `lives` seconds, with restart events: a cache refilling
+    after each start (60 % of `level`, time constant 2 h), a 4 % daily swing, and `log_growth` of
+    the level times log(1 + age in hours). The leak, when any, starts with the last lifetime; the
+    samples end at the limit (its OOM). (series, lifetime starts)."""
+    rng = random.Random(seed)
+    starts = [T0]
+    for span in lives[:-1]:
+        starts.append(starts[-1] + span)
+    points, ts = [], T0
+    while ts < starts[-1] + lives[-1]:
+        start = max(s for s in starts if s <= ts)
+        age = ts - start
+        value = (
+            level * (1 - 0.6 * math.exp(-age / (2 * HOUR)))
+            + log_growth * level * math.log1p(age / HOUR)
+            + 0.04 * level * math.sin(2 * math.pi * ts / DAY)
+            + 0.03 * level * ((ts % 420) / 420)
+            + rng.gauss(0, 0.004 * level)
+            + (leak_per_hour * age / HOUR if start == starts[-1] else 0.0)
+        )
+        if value >= LIMIT:
+            break
+        points.append((ts, round(value)))
+        ts += 60
+    series = InstanceSeries("svc", {"rss_bytes": points, "memory_limit_bytes": [(T0, LIMIT)]}, starts[1:])
+    return series, starts
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_leak_starting_with_a_lifetime_is_found_above_the_level_its_earlier_lifetimes_held(seed):
+    leak = 0.1 * GiB
+    series, starts = refilled(seed, leak, (2.5 * DAY, 2 * DAY), level=5.5 * GiB)
+    oom = series.series["rss_bytes"][-1][0]
+    found = [f for f in findings(series) if f.opened_at >= starts[-1]]
+    assert found, "the leak under the refill was never found"
+    first = min(found, key=lambda f: f.opened_at)
+    # the fill alone hides it until the limit is hours away; the earlier lifetimes' level does not
+    assert oom - first.opened_at >= 0.4 * (oom - starts[-1]), (first.summary, (oom - first.opened_at) / HOUR)
+    assert first.kind == "leak" and "earlier lifetimes" in first.summary
+    held = first.evidence["lifetimes"]["settled_level_bytes"]
+    assert 5.5 * GiB < held < 6.2 * GiB  # the refilled level at its daily peak, not a burst or the fill
+    # the rate reported is what still grows, not the fill beneath it
+    assert 0.5 * leak < first.evidence["slope_bytes_per_second"] * HOUR < 2 * leak
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_cache_refilled_after_every_deploy_to_the_same_level_gets_no_finding(seed):
+    series, _ = refilled(seed, 0.0, (2.5 * DAY, 2 * DAY, 1.5 * DAY), level=5.5 * GiB)
+    assert findings(series) == []
+
+
+def test_a_lifetime_growing_like_log_t_past_the_age_of_its_predecessors_is_not_held_to_their_level():
+    series, starts = refilled(0, 0.0, (2 * DAY, 7 * DAY), level=3 * GiB, log_growth=0.15)
+    params = DetectParams()
+    prep = Prepared(series, params)
+    tick = math.floor((starts[-1] + 6 * DAY) / params.step) * params.step
+    newest = [v for ts, v in series.series["rss_bytes"] if tick - OUTGROWN_FOR * params.bucket <= ts < tick]
+    before = [v for ts, v in series.series["rss_bytes"] if starts[0] + DAY <= ts < starts[1]]
+    floors = [min(before[k : k + 15]) for k in range(0, len(before), 15)]  # a floor per 15 min
+    assert min(newest) > (1 + OUTGROWN_MARGIN) * max(floors)  # above them, at an age they never reached
+    ctx = Context.at(prep, tick)
+    assert ctx is not None and ctx.life == 1
+    assert above_settled(ctx, "rss_bytes") is None
+    # (a log-shaped lifetime cut short may still read as the previous one's growth carried on)
+    assert not [f for f in findings(series) if "settled_level_bytes" in f.evidence.get("lifetimes", {})]

@@ -18,7 +18,7 @@ from agent.detect.memory.context import Context, oom_series
 from agent.detect.memory.fragmentation import judge_fragmentation, note_both
 from agent.detect.memory.growth import time_to_limit
 from agent.detect.memory.leak import judge_leak, leak_series
-from agent.detect.memory.lifetimes import ended_growing
+from agent.detect.memory.lifetimes import above_settled, ended_growing
 from agent.detect.memory.oom import judge_oom, oom_peak
 from agent.detect.memory.prepared import Prepared
 from agent.detect.model import (
@@ -79,8 +79,9 @@ def _quiet(ctx: Context) -> bool:
     processes. Every condition is one that firing needs (leak or oom-risk): a fragmentation
     input is absent, and no fit grows with the confidence firing needs (the raw Mann-Kendall
     test first, the corrected one only if that passes) towards a limit it would reach within
-    the horizon, unless the fit is a wider scale and the lifetime has run a whole period, or the
-    previous lifetime ended growing (`lifetimes`).
+    the horizon, unless the fit is a wider scale and the lifetime has run a whole period, the
+    previous lifetime ended growing, or this one stays above the level the earlier ones settled
+    at (`lifetimes`).
     With no limit known nothing reaches it: only the wider scales of a settled lifetime can fire
     (the fits are still made, as every judgement makes them: the long scale's cache fills at the
     same ticks)."""
@@ -88,6 +89,8 @@ def _quiet(ctx: Context) -> bool:
         return False
     p = ctx.params
     settled = ctx.tick - ctx.lifetime_start >= ctx.prep.settle(ctx.life)
+    if any(above_settled(ctx, metric) is not None for metric in leak_series(ctx)):
+        return False  # above the level the earlier lifetimes settled at (`lifetimes.outgrown`)
     for metric in {RSS, *leak_series(ctx), *oom_series(ctx)}:
         for fit in ctx.fits(metric):
             if fit.confidence < p.confidence or fit.trend.slope <= 0:

@@ -20,7 +20,7 @@ from agent.detect.memory.context import Context, Projection, leak_layers
 from agent.detect.memory.fit import Fit
 from agent.detect.memory.growth import at_record, time_to_limit, traffic_explains
 from agent.detect.memory.jvm import LAYERS, NATIVE, Layer
-from agent.detect.memory.lifetimes import carried
+from agent.detect.memory.lifetimes import carried, outgrown
 from agent.detect.memory.oom import past_the_limit, reported_time_to_oom, saturation_ruled_out
 from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, PYMALLOC, RSS, Observation, State, Verdict
 from agent.detect.params import DetectParams
@@ -206,8 +206,8 @@ def judge_leak(ctx: Context) -> Observation:
         elif fit.metric == ALLOCATED and ctx.present(PYMALLOC):  # objects in pymalloc's arenas
             fit, ttoom, _ = _outgrown_by_rss(ctx, fit, ttoom)
         return _leak_observation(ctx, fit, ttoom, native=native)
-    for metric in candidates:  # a leak cut short by restarts: the previous lifetime's evidence
-        found = carried(ctx, metric)
+    for metric in candidates:  # what the earlier lifetimes show: a leak cut short, or one above their level
+        found = carried(ctx, metric) or outgrown(ctx, metric)
         if found is not None:
             fit, ttoom, evidence = found
             obs = _leak_observation(ctx, fit, ttoom, native=False)
@@ -249,7 +249,8 @@ def _not_a_leak(ctx: Context, fit: Fit, ttoom: float | None) -> str:
     else:
         why = (
             "growth must show on a second scale at a record level and, unless the limit is near, "
-            "through a whole period of the lifetime with its daily cycle known"
+            "through a whole period of the lifetime with its daily cycle known (or, within the horizon "
+            "of the limit, rise more than twice the range of the day before)"
         )
     return f"{fit.metric} grows ({figures}) but is not yet a leak: {why}"
 

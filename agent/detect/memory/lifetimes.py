@@ -7,19 +7,29 @@ lifetime that was still growing steadily when it ended (not levelling off like a
 up or a warm-up), followed by one that grows alike after its warm-up, is the same leak twice.
 A healthy process restarted as often warms up and levels off in every lifetime, which the
 previous lifetime's end shows.
+
+A leak that starts near a restart hides under the new lifetime's own fill instead (a cache
+refilling after a deploy, fragmentation growing like log(t)): the curve levels, so the trend
+does not fire until the limit. What the earlier lifetimes did tells it apart again: a healthy
+lifetime levels where they levelled, daily peaks and all, and one that stays above every level
+they reached at its age and still grows is not its fill (`outgrown`).
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
+from dataclasses import replace
 from typing import Any
 
-from agent.core.units import format_duration
+from agent.core.units import format_bytes, format_duration
 from agent.detect.memory.context import Context
 from agent.detect.memory.fit import Fit
 from agent.detect.memory.growth import fits, time_to_limit, traffic_explains
 
 ALIKE = (0.67, 1.5)  # the current growth within these factors of the previous lifetime's
+OUTGROWN_MARGIN = 0.03  # above the highest level the earlier lifetimes held by 3 % of it...
+OUTGROWN_FOR = 4  # ...in each of the newest buckets (an hour at the defaults): not a burst
 
 
 def _steady_growth(fit: Fit, ctx: Context, confidence: float) -> bool:
@@ -100,6 +110,99 @@ def carried(ctx: Context, metric: str) -> tuple[Fit, float | None, dict[str, Any
         why = (
             f"the same growth ({previous.pct_per_hour:.2f} %/h) ran to the end of its previous "
             f"lifetime ({format_duration(end - start)})"
+        )
+        return fit, ttoom, evidence | {"why": why}
+    return None
+
+
+def _held_after_warmup(ctx: Context, metric: str, life: int) -> tuple[list[int], list[float]]:
+    """(bucket indices, the highest level held from each of them to the end) of lifetime `life`
+    after its warm-up, a level held being the lowest floor of `OUTGROWN_FOR` buckets in a row (as
+    `above_settled` asks of the current lifetime: a burst in an earlier one raises no bar).
+    Cached per lifetime."""
+    key = ("held-after-warmup", metric, life)
+    prep = ctx.prep
+    found = prep.cache.get(key)
+    if found is None:
+        env = prep.base(metric)
+        idx, lows = env.idx[life], env.lo[life]
+        first = bisect_left(idx, math.ceil((prep.starts[life] + prep.warmup(life)) / env.width - 1e-9))
+        idx, lows = idx[first:], lows[first:]
+        held = [min(lows[k : k + OUTGROWN_FOR]) for k in range(len(lows) - OUTGROWN_FOR + 1)]
+        for k in range(len(held) - 2, -1, -1):
+            held[k] = max(held[k], held[k + 1])
+        found = prep.cache[key] = (idx[: len(held)], held)
+    return found  # type: ignore[return-value]
+
+
+def settled_level(ctx: Context, metric: str) -> float | None:
+    """The highest level the earlier lifetimes held after their warm-up, among those that ran
+    a whole period and at least as long as this one has (a lifetime growing like log(t) for
+    longer than its predecessors is not above them at their age), within the history a
+    judgement reads; None without such a lifetime."""
+    p, prep = ctx.params, ctx.prep
+    width = prep.base(metric).width
+    age = ctx.tick - ctx.lifetime_start
+    oldest = math.ceil((ctx.tick - p.history) / width - 1e-9)
+    level = None
+    for life in range(ctx.life):
+        idx, held = _held_after_warmup(ctx, metric, life)
+        first = bisect_left(idx, oldest)
+        if first >= len(idx) or (idx[-1] + OUTGROWN_FOR - idx[first]) * width < max(p.season, age):
+            continue
+        level = held[first] if level is None else max(level, held[first])
+    return level
+
+
+def above_settled(ctx: Context, metric: str) -> float | None:
+    """The earlier lifetimes' `settled_level` when each of this lifetime's newest `OUTGROWN_FOR`
+    buckets (complete at the tick, after its warm-up) has a floor above it by `OUTGROWN_MARGIN`;
+    None otherwise. Cheap: the judgement of a quiet instance asks it."""
+    if ctx.life == 0:
+        return None
+    env = ctx.prep.base(metric)
+    width = env.width
+    idx, lows = env.idx[ctx.life], env.lo[ctx.life]
+    done = math.floor(ctx.tick / width + 1e-9)  # the first bucket not complete at the tick
+    end = bisect_left(idx, done)
+    newest = idx[end - OUTGROWN_FOR : end] if end >= OUTGROWN_FOR else []
+    begin = ctx.lifetime_start + ctx.prep.warmup(ctx.life)
+    if not newest or newest[-1] != done - 1 or newest[0] * width < begin - 1e-6:
+        return None
+    level = settled_level(ctx, metric)
+    if level is None or min(lows[end - OUTGROWN_FOR : end]) <= level * (1 + OUTGROWN_MARGIN):
+        return None
+    return level
+
+
+def outgrown(ctx: Context, metric: str) -> tuple[Fit, float | None, dict[str, Any]] | None:
+    """(the fit, its time to OOM, the evidence) when this lifetime stays above the level its
+    earlier lifetimes settled at (`above_settled`) and a fit still sees it growing (at
+    `confidence_clear`, as `carried` allows), its growth not following the requests; None
+    otherwise. The fit's slope is its recent one: the fill beneath the leak is most of its line."""
+    level = above_settled(ctx, metric)
+    if level is None:
+        return None
+    p = ctx.params
+    # the fill beneath the leak bends the fit's line: its recent slope is what still grows
+    growing = [
+        replace(f, _trend=replace(f.trend, slope=f.trend.recent_slope))
+        for f in ctx.fits(metric)
+        if f.scale != "daily" and f.trend.confidence >= p.confidence_clear and f.trend.recent_slope > 0
+    ]
+    for fit in sorted(growing, key=lambda f: -f.coverage):
+        ttoom = ctx.projection(metric).time_to(fit.trend.slope)
+        if (
+            fit.pct_per_hour < p.min_rate
+            or not fit.long_enough(p, ttoom)
+            or traffic_explains(ctx.prep, fit, ctx.life, p.confidence)
+        ):
+            continue
+        evidence = {"lifetimes": {"settled_level_bytes": level, "margin": OUTGROWN_MARGIN}}
+        why = (
+            f"this lifetime has stayed above the highest level its earlier lifetimes held after "
+            f"their warm-up ({format_bytes(level)}) for the last {format_duration(OUTGROWN_FOR * ctx.prep.base(metric).width)} "
+            "and still grows: it is past the level its fill levels at"
         )
         return fit, ttoom, evidence | {"why": why}
     return None
