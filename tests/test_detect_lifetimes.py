@@ -17,7 +17,7 @@ import random
 
 import pytest
 
-from agent.detect import DetectParams, InstanceSeries
+from agent.detect import DetectParams, InstanceSeries, analyze_instance, evaluate, update
 from agent.detect.memory.context import Context
 from agent.detect.memory.fleet import analyze_fleet
 from agent.detect.memory.lifetimes import OUTGROWN_FOR, OUTGROWN_MARGIN, above_settled
@@ -122,6 +122,31 @@ def test_a_leak_starting_with_a_lifetime_is_found_above_the_level_its_earlier_li
     assert 5.5 * GiB < held < 6.2 * GiB  # the refilled level at its daily peak, not a burst or the fill
     # the rate reported is what still grows, not the fill beneath it
     assert 0.5 * leak < first.evidence["slope_bytes_per_second"] * HOUR < 2 * leak
+
+
+def test_the_agent_judging_its_history_on_a_schedule_finds_it_when_the_replay_does():
+    """The agent judges the last `history` of samples every so often (`evaluate`), not a replay."""
+    params = DetectParams()
+    series, starts = refilled(0, 0.1 * GiB, (2.5 * DAY, 2 * DAY), level=5.5 * GiB)
+    offline = [
+        (t.change, t.finding.kind, t.ts, t.finding.severity)
+        for t in analyze_instance(series, params).transitions
+    ]
+    points = series.series["rss_bytes"]
+    active, online = [], []
+    for k in range(1, math.ceil((points[-1][0] - T0) / 1700) + 1):  # a cadence off the judgement grid
+        now = min(T0 + 1700 * k, points[-1][0])
+        since = now - params.history
+        view = InstanceSeries(
+            "svc",
+            {"rss_bytes": [p for p in points if since <= p[0] <= now], "memory_limit_bytes": [(T0, LIMIT)]},
+            restarts=[r for r in starts[1:] if since < r <= now],
+            started_at=T0,
+        )
+        active, new = update(active, evaluate(view, now, params), params)
+        online += [(t.change, t.finding.kind, t.ts, t.finding.severity) for t in new]
+    assert online == offline
+    assert ("opened", "leak") in [(change, kind) for change, kind, *_ in online]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
