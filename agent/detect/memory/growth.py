@@ -80,7 +80,7 @@ def _fit(prep: Prepared, metric: str, life: int, tick: float, scale: str, part: 
         env, span = prep.long(metric), params.long_window * part
     width = env.width
     end = math.floor(tick / width + 1e-9)
-    first = max(_warm_bucket(prep, life, width), end - round(span / width))
+    first = max(warm_bucket(prep, life, width), end - round(span / width))
     idx, lo = env.floors(life, first, end)
     if len(idx) < params.min_buckets:
         return None
@@ -112,7 +112,7 @@ def _fit(prep: Prepared, metric: str, life: int, tick: float, scale: str, part: 
     return fit
 
 
-def _warm_bucket(prep: Prepared, life: int, width: float) -> int:
+def warm_bucket(prep: Prepared, life: int, width: float) -> int:
     """The first bucket of `width` after lifetime `life`'s warm-up (the same at every tick)."""
     key = ("warm", life, width)
     found = prep.cache.get(key)
@@ -228,7 +228,7 @@ def at_record(prep: Prepared, metric: str, life: int, tick: float) -> bool:
     width = env.width
     per = params.season / width
     end = math.floor(tick / width + 1e-9)
-    start = math.ceil((prep.starts[life] + prep.warmup(life)) / width - 1e-9)
+    start = warm_bucket(prep, life, width)
     means = []
     hi: float = end
     oldest = end - params.season_days * per  # no further back than the history the agent keeps

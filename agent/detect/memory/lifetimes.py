@@ -25,7 +25,7 @@ from typing import Any
 from agent.core.units import format_bytes, format_duration
 from agent.detect.memory.context import Context
 from agent.detect.memory.fit import Fit
-from agent.detect.memory.growth import fits, time_to_limit, traffic_explains
+from agent.detect.memory.growth import fits, time_to_limit, traffic_explains, warm_bucket
 
 ALIKE = (0.67, 1.5)  # the current growth within these factors of the previous lifetime's
 OUTGROWN_MARGIN = 0.03  # above the highest level the earlier lifetimes held by 3 % of it...
@@ -126,7 +126,7 @@ def _held_after_warmup(ctx: Context, metric: str, life: int) -> tuple[list[int],
     if found is None:
         env = prep.base(metric)
         idx, lows = env.idx[life], env.lo[life]
-        first = bisect_left(idx, math.ceil((prep.starts[life] + prep.warmup(life)) / env.width - 1e-9))
+        first = bisect_left(idx, warm_bucket(prep, life, env.width))
         idx, lows = idx[first:], lows[first:]
         held = [min(lows[k : k + OUTGROWN_FOR]) for k in range(len(lows) - OUTGROWN_FOR + 1)]
         for k in range(len(held) - 2, -1, -1):
@@ -157,21 +157,24 @@ def settled_level(ctx: Context, metric: str) -> float | None:
 def above_settled(ctx: Context, metric: str) -> float | None:
     """The earlier lifetimes' `settled_level` when each of this lifetime's newest `OUTGROWN_FOR`
     buckets (complete at the tick, after its warm-up) has a floor above it by `OUTGROWN_MARGIN`;
-    None otherwise. Cheap: the judgement of a quiet instance asks it."""
+    None otherwise. Cheap: the judgement of a quiet instance asks it, and a full one asks it again
+    (`outgrown`), answered from the last answer kept with `prep`."""
     if ctx.life == 0:
         return None
-    env = ctx.prep.base(metric)
-    width = env.width
-    idx, lows = env.idx[ctx.life], env.lo[ctx.life]
-    done = math.floor(ctx.tick / width + 1e-9)  # the first bucket not complete at the tick
-    end = bisect_left(idx, done)
-    newest = idx[end - OUTGROWN_FOR : end] if end >= OUTGROWN_FOR else []
-    begin = ctx.lifetime_start + ctx.prep.warmup(ctx.life)
-    if not newest or newest[-1] != done - 1 or newest[0] * width < begin - 1e-6:
-        return None
-    level = settled_level(ctx, metric)
-    if level is None or min(lows[end - OUTGROWN_FOR : end]) <= level * (1 + OUTGROWN_MARGIN):
-        return None
+    prep = ctx.prep
+    key = ("above-settled", metric)
+    kept = prep.cache.get(key)
+    if isinstance(kept, tuple) and kept[0] == ctx.tick:
+        return kept[1]  # type: ignore[no-any-return]
+    env = prep.base(metric)
+    done = math.floor(ctx.tick / env.width + 1e-9)  # the first bucket not complete at the tick
+    idx, lows = env.floors(ctx.life, done - OUTGROWN_FOR, done)
+    level = None
+    if len(idx) == OUTGROWN_FOR and idx[0] >= warm_bucket(prep, ctx.life, env.width):
+        level = settled_level(ctx, metric)
+        if level is not None and min(lows) <= level * (1 + OUTGROWN_MARGIN):
+            level = None
+    prep.cache[key] = (ctx.tick, level)
     return level
 
 
