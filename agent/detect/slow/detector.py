@@ -31,7 +31,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from agent.core.timescale import WINDOW_SAMPLES, TimeScale
 from agent.detect.model import START_TIME, InstanceSeries, Observation, State
 from agent.detect.slow.causes import likely_causes
-from agent.detect.slow.relative import judge_relative, relative_instants, relative_ratios
+from agent.detect.slow.relative import (
+    judge_relative,
+    ratio_lately,
+    relative_instants,
+    relative_ratios,
+    usual_ratio,
+)
 from agent.detect.slow.rules import (
     CANARY,
     MEAN,
@@ -214,13 +220,14 @@ def judge_view(
         for name, peer in known.items()
         if name != view.instance and peer.metric == view.metric
     }
-    relative = judge_relative(view, ratios, tick, params)
+    usual = usual_ratio(ratios, tick, params)
+    relative = judge_relative(view, ratios, tick, params, usual)
     trend = judge_trend(view, tick, params)
     if trend.state == "firing" and relative.state == "clear":
         trend = Rule("holding", trend.summary + "; its peers rose alike", trend.figures)
     rules = {
         "slo": judge_slo(view, tick, params),
-        "peer": judge_peer(view, level, peers, params),
+        "peer": judge_peer(view, level, peers, params, usual, ratio_lately(ratios, tick, params)),
         "trend": trend,
         "relative": relative,
     }

@@ -74,6 +74,14 @@ def usual_ratio(ratios: Sequence[tuple[float, float]], tick: float, params: Slow
     return median(before) if len(before) * 2 >= BASELINE_POINTS else None
 
 
+def ratio_lately(ratios: Sequence[tuple[float, float]], tick: float, params: SlowParams) -> float | None:
+    """The instance's ratio to its peers of late: the median of its newest three instants (two
+    spacings, a quarter of an hour by default) when all three are known, else None."""
+    spacing = params.relative_window / (RELATIVE_POINTS - 1)
+    newest = [r for at, r in ratios if at >= tick - 2 * spacing - 1e-6]
+    return median(newest) if len(newest) == 3 else None
+
+
 def relative_bar(usual: float | None) -> float:
     """The ratio to its peers an instance must reach for the relative rule: 30 % above its own usual
     ratio once that is known (a pod that usually runs at 0.6x its peers and creeps to 0.9x has
@@ -83,15 +91,18 @@ def relative_bar(usual: float | None) -> float:
 
 
 def judge_relative(
-    view: LatencyView, ratios: Sequence[tuple[float, float]], tick: float, params: SlowParams
+    view: LatencyView,
+    ratios: Sequence[tuple[float, float]],
+    tick: float,
+    params: SlowParams,
+    usual: float | None,
 ) -> Rule:
     """The instance's latency over its peers' median grows steadily and is now well above where it
-    usually sits among them (their median until that is known): one instance creeping while the
-    fleet's traffic swings all of them alike (a daily 2-3x cycle moves every instance; the ratio
-    cancels it)."""
+    usually sits among them (`usual`, from `usual_ratio`; their median until that is known): one
+    instance creeping while the fleet's traffic swings all of them alike (a daily 2-3x cycle moves
+    every instance; the ratio cancels it)."""
     window = params.relative_window
     start = tick - window - 1e-6
-    usual = usual_ratio(ratios, tick, params)
     recent = [(at, r) for at, r in ratios if at >= start]
     if len(recent) < params.min_coverage * RELATIVE_POINTS:
         return Rule(

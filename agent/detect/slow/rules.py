@@ -264,9 +264,19 @@ def judge_slo(view: LatencyView, tick: float, params: SlowParams) -> Rule:
 
 
 def judge_peer(
-    view: LatencyView, level: float | None, peers: Mapping[str, float], params: SlowParams
+    view: LatencyView,
+    level: float | None,
+    peers: Mapping[str, float],
+    params: SlowParams,
+    usual: float | None = None,
+    lately: float | None = None,
 ) -> Rule:
-    """A robust outlier against the median and MAD of the peers' levels (the instance left out)."""
+    """A robust outlier against the median and MAD of the peers' levels (the instance left out).
+    An instance that usually runs slower than its peers (`usual`, its usual ratio to them, above 1:
+    a busier node, older hardware) fires at once only at `peer_ratio` times that ratio, else once
+    its ratio has held `peer_ratio` for a quarter of an hour (`lately`, from `ratio_lately`): one
+    usually at 1.6x whose level touches 2x for a few minutes under noise has not changed, and one
+    creeping for hours is still found at 2x although its usual ratio creeps behind it."""
     if level is None:
         return Rule("unknown", "too few latency samples in the peer window")
     if len(peers) < params.peer_min:
@@ -279,6 +289,7 @@ def judge_peer(
     scale = max(1.4826 * mad, params.peer_min_scale * centre, 1e-6)
     z = (level - centre) / scale
     ratio = level / centre if centre > 0 else math.inf
+    above = max(1.0, usual or 1.0)  # a bar scaled by where the instance usually sits, never lowered
     figures = {
         "metric": view.metric,
         "level_seconds": level,
@@ -288,9 +299,16 @@ def judge_peer(
         "ratio": round(ratio, 3) if math.isfinite(ratio) else None,
         "peers": len(values),
         "peer_levels": dict(sorted(peers.items())),
+        "usual_ratio": None if usual is None else round(usual, 4),
+        "ratio_lately": None if lately is None else round(lately, 4),
     }
-    text = f"{view.name} {ms(level)} is {ratio:.1f}× the median of {len(values)} peers ({ms(centre)}; robust z {z:.1f})"
-    if z >= params.peer_z and ratio >= params.peer_ratio and level - centre >= params.peer_floor:
+    text = (
+        f"{view.name} {ms(level)} is {ratio:.1f}× the median of {len(values)} peers ({ms(centre)}; robust z {z:.1f}"
+        + (f"; usually {usual:.2f}×" if above > 1 else "")
+        + ")"
+    )
+    held = ratio >= params.peer_ratio * above or (lately is not None and lately >= params.peer_ratio)
+    if z >= params.peer_z and ratio >= params.peer_ratio and held and level - centre >= params.peer_floor:
         return Rule("firing", text, figures)
     if z < params.peer_z_clear or ratio < params.peer_ratio_clear or level - centre < params.peer_floor / 2:
         return Rule("clear", text, figures)
