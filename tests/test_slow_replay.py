@@ -253,6 +253,18 @@ def test_a_fleet_wide_swing_is_no_slow_instance_and_a_creeping_one_is_found():
     assert "relative" in analyses["p0"].at_open[first.id].evidence["fired"]
 
 
+def replayed(members: list, slos: dict, *, against_reference: bool = True) -> tuple[dict, dict]:
+    """(analyses, each instance's opening times, sorted) of the screened replay of one fleet, held
+    equal to judging every tick (`reference`) unless told not to (a long fleet)."""
+    analyses = {m.instance: InstanceAnalysis(m.instance, [], [], [], None, None) for m in members}
+    analyze_slow([members], analyses, DEFAULT_SLOW, slos=slos)
+    if against_reference:
+        got = {f.id: (f, a.at_open.get(f.id)) for a in analyses.values() for f in a.findings}
+        assert got == reference(members, DEFAULT_SLOW, slos)
+    found = {name: sorted(f.opened_at for f in a.findings if f.opened_at) for name, a in analyses.items()}
+    return analyses, found
+
+
 def queueing_fleet(seed: int, creep: float, hours: float = 9.0) -> tuple[list, float]:
     """Eight pods at 0.5-1.4x their median base latency sharing a queueing delay that rises 2.5x
     over the day (a fast pod's ratio to its peers rises with it: 0.5x towards 0.8x), pod 0 the
@@ -283,11 +295,7 @@ def test_a_fast_pod_creeping_towards_its_peers_is_found_and_one_rising_with_the_
     slos = {f"p{i}": None for i in range(8)}
     for creep in (0.0, 0.3):
         members, onset = queueing_fleet(seed, creep)
-        analyses = {m.instance: InstanceAnalysis(m.instance, [], [], [], None, None) for m in members}
-        analyze_slow([members], analyses, DEFAULT_SLOW, slos=slos)
-        got = {f.id: (f, a.at_open.get(f.id)) for a in analyses.values() for f in a.findings}
-        assert got == reference(members, DEFAULT_SLOW, slos)
-        found = {name: sorted(f.opened_at for f in a.findings if f.opened_at) for name, a in analyses.items()}
+        analyses, found = replayed(members, slos)
         assert not any(found[f"p{i}"] for i in range(1, 8)), found
         if not creep:
             assert not found["p0"], found
@@ -328,11 +336,7 @@ def test_the_peer_rule_holds_a_pod_to_where_it_usually_sits_among_its_peers(seed
     slos = {f"p{i}": None for i in range(8)}
     for burst, minutes in ((1.3, 6), (3.0, 15)):
         members, start = slower_pod_fleet(seed, burst, minutes)
-        analyses = {m.instance: InstanceAnalysis(m.instance, [], [], [], None, None) for m in members}
-        analyze_slow([members], analyses, DEFAULT_SLOW, slos=slos)
-        got = {f.id: (f, a.at_open.get(f.id)) for a in analyses.values() for f in a.findings}
-        assert got == reference(members, DEFAULT_SLOW, slos)
-        found = {name: sorted(f.opened_at for f in a.findings if f.opened_at) for name, a in analyses.items()}
+        analyses, found = replayed(members, slos)
         assert not any(found[f"p{i}"] for i in range(1, 8)), found
         if burst < 2:
             assert not found["p0"], found
@@ -362,9 +366,7 @@ def test_a_pod_creeping_for_hours_is_still_found_at_twice_its_peers():
                 value *= 1 + 0.1 * (ts - onset) / 3600
             points.append((ts, value))
         members.append(InstanceSeries(f"p{i}", {P99: points}))
-    analyses = {m.instance: InstanceAnalysis(m.instance, [], [], [], None, None) for m in members}
-    analyze_slow([members], analyses, DEFAULT_SLOW, slos={m.instance: None for m in members})
-    found = {name: sorted(f.opened_at for f in a.findings if f.opened_at) for name, a in analyses.items()}
+    analyses, found = replayed(members, {m.instance: None for m in members}, against_reference=False)
     assert not any(found[f"p{i}"] for i in range(1, 8)), found
     assert found["p0"] and onset + 9 * 3600 < found["p0"][0] < onset + 11 * 3600, found
     first = next(f for f in analyses["p0"].findings if f.opened_at == found["p0"][0])

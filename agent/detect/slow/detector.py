@@ -119,7 +119,7 @@ def judged_reach(params: SlowParams = DEFAULT_SLOW, slos: Mapping[str, Slo | Non
     relative rule needs its own level at all but `RELATIVE_POINTS * (1 - min_coverage)` of its
     instants, so the newest of them it cannot do without is that many spacings back."""
     spare = RELATIVE_POINTS - math.ceil(params.min_coverage * RELATIVE_POINTS - 1e-9)
-    relative = params.peer_window + spare * params.relative_window / (RELATIVE_POINTS - 1)
+    relative = params.peer_window + spare * params.relative_spacing
     windows = [
         params.peer_window,
         params.trend_window,

@@ -26,7 +26,7 @@ from agent.detect.trend import median
 def relative_instants(tick: float, params: SlowParams) -> list[float]:
     """The instants whose levels `judge_relative` compares, oldest first (multiples of the step):
     `BASELINE_POINTS` before its window, two spacings apart, then `RELATIVE_POINTS` over it."""
-    spacing = params.relative_window / (RELATIVE_POINTS - 1)
+    spacing = params.relative_spacing
     start = tick - params.relative_window
     return [start - 2 * spacing * (BASELINE_POINTS - k) for k in range(BASELINE_POINTS)] + [
         tick - spacing * (RELATIVE_POINTS - 1 - k) for k in range(RELATIVE_POINTS)
@@ -77,8 +77,7 @@ def usual_ratio(ratios: Sequence[tuple[float, float]], tick: float, params: Slow
 def ratio_lately(ratios: Sequence[tuple[float, float]], tick: float, params: SlowParams) -> float | None:
     """The instance's ratio to its peers of late: the median of its newest three instants (two
     spacings, a quarter of an hour by default) when all three are known, else None."""
-    spacing = params.relative_window / (RELATIVE_POINTS - 1)
-    newest = [r for at, r in ratios if at >= tick - 2 * spacing - 1e-6]
+    newest = [r for at, r in ratios if at >= tick - 2 * params.relative_spacing - 1e-6]
     return median(newest) if len(newest) == 3 else None
 
 

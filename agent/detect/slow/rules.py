@@ -115,14 +115,21 @@ class SlowParams:
         """The span over which an instance's latency is compared with its peers' as it changes
         (`judge_relative`): three trend windows, each of its points one judgement step apart
         multiplied by a whole number, so a replay reads the levels it judged at earlier ticks."""
-        spacing = max(1, round(RELATIVE_SPAN * self.trend_window / (RELATIVE_POINTS - 1) / self.step))
-        return spacing * self.step * (RELATIVE_POINTS - 1)
+        return self.relative_spacing * (RELATIVE_POINTS - 1)
+
+    @property
+    def relative_spacing(self) -> float:
+        """Seconds between two of the relative rule's instants in its window: a whole number of
+        judgement steps."""
+        return (
+            max(1, round(RELATIVE_SPAN * self.trend_window / (RELATIVE_POINTS - 1) / self.step)) * self.step
+        )
 
     @property
     def relative_reach(self) -> float:
         """How far before the tick the relative rule reads levels: its window and, before it, the
         instants of the instance's usual ratio to its peers (`BASELINE_POINTS`, two spacings apart)."""
-        return self.relative_window * (1 + 2 * BASELINE_POINTS / (RELATIVE_POINTS - 1))
+        return self.relative_window + 2 * BASELINE_POINTS * self.relative_spacing
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
