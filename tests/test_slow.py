@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import pytest
 from hypothesis import given, settings
@@ -21,6 +22,8 @@ from agent.detect.slow.detector import (
     slo_from_settings,
     tick_for,
 )
+from agent.detect.slow.relative import RatioAt, relative_instants, relative_rise, steadied
+from agent.detect.slow.rules import BASELINE_POINTS
 
 P99 = "latency_p99_seconds"
 T0 = 1_700_000_010.0  # a multiple of the 30 s grid
@@ -332,3 +335,51 @@ def test_the_lifetime_is_the_recorded_process_start_not_the_first_sample_loaded(
     active, _ = update([], [early], PARAMS)
     active, changes = update(active, [late], PARAMS)
     assert not [c for c in changes if c.change == "resolved"] and active[0].state == "open"
+
+
+def _ratios_at(peers: list[float], ratio_of) -> list[RatioAt]:
+    """An instance's ratios at the relative rule's instants for a tick at T0, each peers' median
+    in `peers` (oldest first) giving the ratio `ratio_of(median)`."""
+    instants = relative_instants(T0, DEFAULT_SLOW)
+    return [RatioAt(at, ratio_of(m), m) for at, m in zip(instants, peers, strict=True)]
+
+
+def test_ratios_are_set_to_the_fleets_usual_level_only_when_they_move_with_it():
+    """A fast pod sharing a queueing delay with its peers: its ratio (base + delay) / (median base
+    + delay) falls as the delay ebbs, by an elasticity of 1/r - 1 at ratio r. Creeping 1.6x over
+    the window while it ebbs, its ratio rises by a fifth; set to the fleet's usual level, by more.
+    Its healthy twin's falling ratio is left as it is (nothing the rule would look at), and so
+    are the ratios of a pod whose latency scales with the fleet's."""
+    levels = [0.10 - 0.002 * k for k in range(24)]  # the fleet's median ebbing, oldest first
+    creep = [1.0] * BASELINE_POINTS + [1 + 0.6 * k / 11 for k in range(12)]
+    healthy = _ratios_at(levels, lambda m: (m - 0.02) / m)  # 20 ms faster than the median
+    creeping = [p._replace(ratio=p.ratio * c) for p, c in zip(healthy, creep, strict=True)]
+    assert steadied(healthy, T0, DEFAULT_SLOW) == (healthy, 0.0)
+    steady, elasticity = steadied(creeping, T0, DEFAULT_SLOW)
+    usual = statistics.geometric_mean(p.ratio for p in creeping[:BASELINE_POINTS])
+    assert 0.1 < elasticity <= 1 / usual - 1 + 1e-12
+    assert [p.at for p in steady] == [p.at for p in creeping]
+    raw_rise = relative_rise(creeping[BASELINE_POINTS:])[2]
+    assert 0.15 < raw_rise < 0.3  # short of the rule's 30 % ...
+    assert relative_rise(steady[BASELINE_POINTS:])[2] > 0.3  # ... and past it once steadied
+    scaled = _ratios_at(levels, lambda m: 0.7 * (1 + 0.01 * math.sin(m * 1e4)))
+    scaled = [p._replace(ratio=p.ratio * c) for p, c in zip(scaled, creep, strict=True)]
+    assert steadied(scaled, T0, DEFAULT_SLOW) == (scaled, 0.0)
+
+
+@given(
+    st.lists(st.floats(0.001, 10.0), min_size=24, max_size=24),
+    st.lists(st.floats(0.05, 20.0), min_size=24, max_size=24),
+)
+@settings(max_examples=200, deadline=None)
+def test_fuzz_an_elasticity_stays_within_what_a_delay_shared_in_full_gives(peers, ratios):
+    """Whatever the ratios, the elasticity lies between 0 and 1/r - 1 at the geometric mean r of
+    the ratios before the window, and a ratio is changed only by it."""
+    given_ratios = iter(ratios)
+    points = _ratios_at(peers, lambda _median: next(given_ratios))
+    steady, elasticity = steadied(points, T0, DEFAULT_SLOW)
+    shared = 1 / statistics.geometric_mean(p.ratio for p in points[:BASELINE_POINTS]) - 1
+    assert min(0.0, shared) - 1e-9 <= elasticity <= max(0.0, shared) + 1e-9
+    assert all(math.isfinite(p.ratio) and p.ratio > 0 for p in steady)
+    if elasticity == 0:
+        assert steady == points

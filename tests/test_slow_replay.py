@@ -265,10 +265,11 @@ def replayed(members: list, slos: dict, *, against_reference: bool = True) -> tu
     return analyses, found
 
 
-def queueing_fleet(seed: int, creep: float, hours: float = 9.0) -> tuple[list, float]:
+def queueing_fleet(seed: int, creep: float, hours: float = 9.0, ebbing: bool = False) -> tuple[list, float]:
     """Eight pods at 0.5-1.4x their median base latency sharing a queueing delay that rises 2.5x
-    over the day (a fast pod's ratio to its peers rises with it: 0.5x towards 0.8x), pod 0 the
-    fastest, creeping `creep` of its level per hour from the sixth hour."""
+    over the day (a fast pod's ratio to its peers rises with it: 0.5x towards 0.8x), or `ebbing`
+    from its peak to nothing, pod 0 the fastest, creeping `creep` of its level per hour from the
+    sixth hour."""
     rng = random.Random(seed)
     onset = T0 + 6 * 3600
     bases = [0.5, *(rng.uniform(0.7, 1.4) for _ in range(7))]
@@ -278,6 +279,8 @@ def queueing_fleet(seed: int, creep: float, hours: float = 9.0) -> tuple[list, f
         for k in range(int(hours * 3600 / 30)):
             ts = T0 + 30.0 * k
             load = 0.5 - 0.5 * math.cos(math.pi * (ts - T0) / (9 * 3600))
+            if ebbing:
+                load = 1 - load
             value = 0.04 * (base + 1.5 * load) * math.exp(rng.gauss(0, 0.05))
             if i == 0 and ts >= onset:
                 value *= 1 + creep * (ts - onset) / 3600
@@ -286,26 +289,43 @@ def queueing_fleet(seed: int, creep: float, hours: float = 9.0) -> tuple[list, f
     return members, onset
 
 
+def relative_at_open(seed: int, creep: float, within: float, ebbing: bool = False) -> dict:
+    """The relative rule's figures at the finding that opened on pod 0 of `queueing_fleet` within
+    `within` seconds of its onset; its healthy twin and every other pod get no finding."""
+    slos = {f"p{i}": None for i in range(8)}
+    for rate in (0.0, creep):
+        members, onset = queueing_fleet(seed, rate, ebbing=ebbing)
+        analyses, found = replayed(members, slos)
+        assert not any(found[f"p{i}"] for i in range(1, 8)), found
+        if not rate:
+            assert not found["p0"], found
+    assert found["p0"] and onset < found["p0"][0] <= onset + within, found
+    first = next(f for f in analyses["p0"].findings if f.opened_at == found["p0"][0])
+    return analyses["p0"].at_open[first.id].evidence["rules"]["relative"]
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_a_fast_pod_creeping_towards_its_peers_is_found_and_one_rising_with_the_queue_is_not(seed):
     """The relative rule measures a pod that usually runs faster than its peers against its own
     usual ratio: creeping +30 %/h it is found within two hours although still below 1.3x its peers;
     its healthy twin, whose ratio rises with the shared queueing delay alone, is not. The replay
     finds exactly what judging every tick finds, with those instants read."""
-    slos = {f"p{i}": None for i in range(8)}
-    for creep in (0.0, 0.3):
-        members, onset = queueing_fleet(seed, creep)
-        analyses, found = replayed(members, slos)
-        assert not any(found[f"p{i}"] for i in range(1, 8)), found
-        if not creep:
-            assert not found["p0"], found
-            continue
-        assert found["p0"] and onset < found["p0"][0] <= onset + 2 * 3600, found
-        first = next(f for f in analyses["p0"].findings if f.opened_at == found["p0"][0])
-        relative = analyses["p0"].at_open[first.id].evidence["rules"]["relative"]
-        assert relative["state"] == "firing"
-        assert relative["usual_ratio"] < 0.8 and relative["ratio_to_peers"] < 1.3
-        assert "usually" in relative["summary"]
+    relative = relative_at_open(seed, 0.3, 2 * 3600)
+    assert relative["state"] == "firing"
+    assert relative["usual_ratio"] < 0.8 and relative["ratio_to_peers"] < 1.3
+    assert "usually" in relative["summary"]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_fast_pod_creeping_while_the_shared_queue_ebbs_is_found_within_ninety_minutes(seed):
+    """As the shared queueing delay ebbs, a fast pod's ratio to its peers falls (0.8x towards
+    0.5x), so a creep of +40 %/h raises it by a quarter at most within the relative window: the
+    relative rule sets each ratio to the fleet's usual level by how the pod's ratio moved with that
+    level before the window, and finds it; its healthy twin, whose ratio falls with the queue, is
+    not found."""
+    relative = relative_at_open(seed, 0.4, 90 * 60, ebbing=True)
+    assert relative["state"] == "firing" and relative["elasticity"] > 0.1
+    assert "elasticity" in relative["summary"]
 
 
 def slower_pod_fleet(seed: int, burst: float, minutes: float) -> tuple[list, float]:

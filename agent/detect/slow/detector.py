@@ -32,10 +32,12 @@ from agent.core.timescale import WINDOW_SAMPLES, TimeScale
 from agent.detect.model import START_TIME, InstanceSeries, Observation, State
 from agent.detect.slow.causes import likely_causes
 from agent.detect.slow.relative import (
+    RatioAt,
     judge_relative,
     ratio_lately,
     relative_instants,
     relative_ratios,
+    steadied,
     usual_ratio,
 )
 from agent.detect.slow.rules import (
@@ -208,20 +210,22 @@ def judge_view(
     known: Mapping[str, Level],
     tick: float,
     params: SlowParams,
-    ratios: Sequence[tuple[float, float]] = (),
+    ratios: Sequence[RatioAt] = (),
 ) -> Observation:
     """One instance's judgement at `tick`: its `level` against the `known` levels of its fleet read
     from the same series as its own (its own left out), its SLO, its trend, and its level over its
     local peers' at the instants of `relative_instants` (`ratios`, from `relative_ratios`). Where
     peers can tell, a trend that they share (the fleet's traffic rising) is not this instance being
-    slow: it only holds."""
+    slow: it only holds. The peer rule reads where the instance usually sits among its peers as it
+    is; the relative rule, its ratios set to the fleet's usual level (`steadied`)."""
     peers = {
         name: peer.seconds
         for name, peer in known.items()
         if name != view.instance and peer.metric == view.metric
     }
     usual = usual_ratio(ratios, tick, params)
-    relative = judge_relative(view, ratios, tick, params, usual)
+    steady, elasticity = steadied(ratios, tick, params)
+    relative = judge_relative(view, steady, tick, params, usual_ratio(steady, tick, params), elasticity)
     trend = judge_trend(view, tick, params)
     if trend.state == "firing" and relative.state == "clear":
         trend = Rule("holding", trend.summary + "; its peers rose alike", trend.figures)

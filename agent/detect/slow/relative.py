@@ -8,7 +8,8 @@ its tunables (`RELATIVE_*`, `BASELINE_POINTS`) live with the other rules' in `ru
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
 from agent.core.units import format_duration
 from agent.detect.slow.rules import (
@@ -21,6 +22,19 @@ from agent.detect.slow.rules import (
     fit_trend,
 )
 from agent.detect.trend import median
+
+# an instance's ratio is steadied for the fleet's level only where its slope on that level stands
+# this many standard errors from 0 over the instants before the window
+ELASTICITY_T = 3.0
+STEADY_FROM = 1 + RELATIVE_GROWTH / 2  # and only where its ratio rose this much within the window
+
+
+class RatioAt(NamedTuple):
+    """An instance's level over its peers' median level at one instant, and that median."""
+
+    at: float
+    ratio: float
+    peers: float
 
 
 def relative_instants(tick: float, params: SlowParams) -> list[float]:
@@ -39,8 +53,8 @@ def relative_ratios(
     since: float,
     instants: Sequence[float],
     peer_min: int,
-) -> list[tuple[float, float]]:
-    """(instant, the instance's level over its peers' median level) at each of `instants` from its
+) -> list[RatioAt]:
+    """The instance's level over its peers' median level (`RatioAt`) at each of `instants` from its
     lifetime start `since` on, where it and at least `peer_min` peers have a level; each level is
     (seconds, the series it was read from), and only peers read from the instance's own series
     count (a mean is never set against a p99)."""
@@ -55,29 +69,70 @@ def relative_ratios(
         centre = median(peers)
         ratio = own[0] / centre if centre > 0 else math.nan
         if 0 < ratio < math.inf:
-            out.append((at, ratio))
+            out.append(RatioAt(at, ratio, centre))
     return out
 
 
-def relative_rise(ratios: Sequence[tuple[float, float]]) -> tuple[float, float, float]:
+def steadied(ratios: Sequence[RatioAt], tick: float, params: SlowParams) -> tuple[list[RatioAt], float]:
+    """The ratios with how they move with the fleet's level taken out, and that elasticity (the
+    slope of log ratio on log peers' median over the instants before the window).
+
+    Where the peers share a delay that follows the traffic (queueing), a fast instance's ratio
+    rises with the fleet's level and falls as it ebbs, so a creep while the fleet ebbs barely
+    moves its ratio. Each ratio is set to the fleet's usual level by that slope, where it stands
+    `ELASTICITY_T` standard errors from 0, bounded by what a delay shared in full gives (between 0
+    and 1/ratio - 1 at the usual ratio); a fleet whose instances scale alike keeps its ratios. Only
+    a ratio that rose by half the rule's growth within the window (`STEADY_FROM`) is steadied: one
+    that did not is nothing the rule would look at twice, and the replay's screen can tell."""
+    start = tick - params.relative_window - 1e-6
+    before = [(math.log(p.peers), math.log(p.ratio)) for p in ratios if p.at < start]
+    recent = [p for p in ratios if p.at >= start]
+    if len(before) * 2 < BASELINE_POINTS or not recent or relative_rise(recent)[2] < STEADY_FROM - 1:
+        return list(ratios), 0.0
+    slope, mean_x = elasticity(before)
+    if not slope:
+        return list(ratios), 0.0
+    return [p._replace(ratio=p.ratio * math.exp(slope * (mean_x - math.log(p.peers)))) for p in ratios], slope
+
+
+def elasticity(before: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(the slope of log ratio on log peers' median over `before`, pairs of those logs, where it
+    stands `ELASTICITY_T` standard errors from 0 and bounded by what a delay shared in full gives,
+    else 0; the mean log peers' median it is taken from)."""
+    n = sx = sy = sxx = sxy = syy = 0.0
+    for x, y in before:  # one pass of plain sums: the replay's screen asks this of most ticks
+        n, sx, sy, sxx, sxy, syy = n + 1, sx + x, sy + y, sxx + x * x, sxy + x * y, syy + y * y
+    mean_x, mean_y = sx / n, sy / n
+    spread_x, spread_y, joint = sxx - sx * mean_x, syy - sy * mean_y, sxy - sx * mean_y
+    if spread_x <= 1e-12 * max(1.0, sxx):
+        return 0.0, mean_x
+    slope = joint / spread_x
+    residual = max(0.0, spread_y - slope * joint) / max(1.0, n - 2)
+    if slope * slope < ELASTICITY_T * ELASTICITY_T * residual / spread_x:
+        return 0.0, mean_x
+    shared = 1 / math.exp(mean_y) - 1
+    return min(max(0.0, shared), max(min(0.0, shared), slope)), mean_x
+
+
+def relative_rise(ratios: Sequence[RatioAt]) -> tuple[float, float, float]:
     """(the ratio at first: median of the first three; now: of the last three; the rise between)."""
-    first = median([r for _, r in ratios[:3]])
-    now = median([r for _, r in ratios[-3:]])
+    first = median([p.ratio for p in ratios[:3]])
+    now = median([p.ratio for p in ratios[-3:]])
     return first, now, (now / first - 1 if first > 0 else 0.0)
 
 
-def usual_ratio(ratios: Sequence[tuple[float, float]], tick: float, params: SlowParams) -> float | None:
+def usual_ratio(ratios: Sequence[RatioAt], tick: float, params: SlowParams) -> float | None:
     """The instance's usual level over its peers' median: the median of its ratios before the
     relative window, when at least half of those instants had one (else None: not known yet)."""
     start = tick - params.relative_window - 1e-6
-    before = [r for at, r in ratios if at < start]
+    before = [p.ratio for p in ratios if p.at < start]
     return median(before) if len(before) * 2 >= BASELINE_POINTS else None
 
 
-def ratio_lately(ratios: Sequence[tuple[float, float]], tick: float, params: SlowParams) -> float | None:
+def ratio_lately(ratios: Sequence[RatioAt], tick: float, params: SlowParams) -> float | None:
     """The instance's ratio to its peers of late: the median of its newest three instants (two
     spacings, a quarter of an hour by default) when all three are known, else None."""
-    newest = [r for at, r in ratios if at >= tick - 2 * params.relative_spacing - 1e-6]
+    newest = [p.ratio for p in ratios if p.at >= tick - 2 * params.relative_spacing - 1e-6]
     return median(newest) if len(newest) == 3 else None
 
 
@@ -91,10 +146,11 @@ def relative_bar(usual: float | None) -> float:
 
 def judge_relative(
     view: LatencyView,
-    ratios: Sequence[tuple[float, float]],
+    ratios: Sequence[RatioAt],
     tick: float,
     params: SlowParams,
     usual: float | None,
+    elasticity: float = 0.0,
 ) -> Rule:
     """The instance's latency over its peers' median grows steadily and is now well above where it
     usually sits among them (`usual`, from `usual_ratio`; their median until that is known): one
@@ -102,7 +158,7 @@ def judge_relative(
     every instance; the ratio cancels it)."""
     window = params.relative_window
     start = tick - window - 1e-6
-    recent = [(at, r) for at, r in ratios if at >= start]
+    recent = [p for p in ratios if p.at >= start]
     if len(recent) < params.min_coverage * RELATIVE_POINTS:
         return Rule(
             "unknown",
@@ -110,13 +166,14 @@ def judge_relative(
         )
     first, now, rise = relative_rise(recent)
     # in logarithms: a ratio is multiplicative, and one of extreme levels stays a finite number
-    fit = fit_trend([x for x, _ in recent], [math.log(r) for _, r in recent], floor=math.log(1.1))
+    fit = fit_trend([p.at for p in recent], [math.log(p.ratio) for p in recent], floor=math.log(1.1))
     bar = relative_bar(usual)
     figures = {
         "metric": view.metric,
         "ratio_to_peers": round(now, 4),
         "ratio_growth": round(rise, 4),
         "usual_ratio": None if usual is None else round(usual, 4),
+        "elasticity": round(elasticity, 3),
         "confidence": round(fit.confidence, 5),
         "decel": round(fit.decel, 3),
         "window_seconds": window,
@@ -125,6 +182,7 @@ def judge_relative(
         f"{view.name} went from {first:.2f}x to {now:.2f}x its peers' median over "
         f"{format_duration(window)} (confidence {fit.confidence:.4f}"
         + ("" if usual is None else f"; usually {usual:.2f}x")
+        + ("" if not elasticity else f"; set to the fleet's usual level, elasticity {elasticity:+.2f}")
         + ")"
     )
     if (
@@ -141,3 +199,73 @@ def judge_relative(
     ):
         return Rule("clear", text, figures)
     return Rule("holding", text, figures)
+
+
+_GROW = 1 + RELATIVE_GROWTH - 1e-9  # the relative rule's rise, less a rounding's worth
+
+
+def may_rise(window: Sequence[float], before: Sequence[float]) -> bool:
+    """Whether `judge_relative` might fire on these ratios (`window` newest first, `before` the
+    window), for the replay's screen: one of the newest five `1 + RELATIVE_GROWTH` times the lower
+    of 1 and the lowest before (the usual ratio is a median of those, or 1 unknown) and that many
+    times the lowest of the window (a median of three is at most their largest and at least the
+    lowest of all)."""
+    recent = max(window[:5])
+    return recent >= _GROW * min([1.0, *before]) and recent >= _GROW * min(window)
+
+
+def steadied_may_rise(ratios: Sequence[RatioAt], tick: float, params: SlowParams) -> bool:
+    """Whether `may_rise` holds for the instance's ratios as `judge_relative` reads them at `tick`
+    (`steadied`)."""
+    steady = steadied(ratios, tick, params)[0]
+    start = tick - params.relative_window - 1e-6
+    newest_first = [p.ratio for p in steady if p.at >= start][::-1]
+    return bool(newest_first) and may_rise(newest_first, [p.ratio for p in steady if p.at < start])
+
+
+def rising_ticks(
+    ratios: Sequence[Sequence[float]],
+    peers: Sequence[Sequence[float]],
+    judged: Sequence[float],
+    index: Mapping[int, int],
+    params: SlowParams,
+    lifetime_start: Callable[[int, int], float],
+) -> dict[int, list[int]]:
+    """Per instance, the ticks of `judged` where `judge_relative` might fire, for the replay's
+    screen, from each instance's ratio to its peers' median and that median at each tick (nan:
+    none; `index`: a tick's position by its step number): where `may_rise` holds for its ratios
+    at the rule's instants, or for its ratios within its lifetime (`lifetime_start(instance,
+    tick)`) as `steadied` sets them where it might set them."""
+    n = len(ratios)
+    logs = [[math.log(r) for r in row] for row in (*ratios, *peers)]  # nan stays nan
+    out: dict[int, list[int]] = {}
+    for t, when in enumerate(judged):
+        instants = relative_instants(when, params)
+        ticks = [index.get(round(x / params.step)) for x in instants]
+        at, before = ticks[BASELINE_POINTS:][::-1], ticks[:BASELINE_POINTS]  # newest first, oldest first
+        for i, of_instance in enumerate(ratios):
+            window = [k for k in at if k is not None and not math.isnan(of_instance[k])]
+            if not window:
+                continue
+            earlier = [k for k in before if k is not None and not math.isnan(of_instance[k])]
+            values = [of_instance[k] for k in window]
+            if may_rise(values, [of_instance[k] for k in earlier]):
+                out.setdefault(i, []).append(t)
+            elif len(earlier) * 2 >= BASELINE_POINTS and max(values[:5]) >= STEADY_FROM * (1 - 1e-9) * min(
+                values
+            ):
+                since = lifetime_start(i, t)  # a ratio `steadied` may set: as the judgement does
+                if (
+                    since <= instants[0]
+                    and not elasticity([(logs[n + i][k], logs[i][k]) for k in earlier])[0]
+                ):
+                    continue  # every instant in its lifetime, and no elasticity: as `may_rise` said
+                found = zip(instants, ticks, strict=True)
+                points = [
+                    RatioAt(x, of_instance[k], peers[i][k])
+                    for x, k in found
+                    if x >= since and k is not None and not math.isnan(of_instance[k])
+                ]
+                if steadied_may_rise(points, when, params):
+                    out.setdefault(i, []).append(t)
+    return out

@@ -38,16 +38,15 @@ from agent.detect.slow.detector import (
     judged_reach,
     tick_for,
 )
-from agent.detect.slow.relative import relative_instants, relative_ratios
+from agent.detect.slow.relative import relative_instants, relative_ratios, rising_ticks
 from agent.detect.slow.rules import (
-    BASELINE_POINTS,
     CANARY,
     MEAN,
-    RELATIVE_GROWTH,
     LatencyView,
     Slo,
     SlowParams,
     judged_metrics,
+    lifetime_start,
 )
 from agent.detect.trend import _kernels, normal_cdf
 
@@ -64,6 +63,9 @@ class _Window:
         self.metrics = {m: p for m, p in series.series.items() if m in INPUT_METRICS and p}
         self.times = {m: [ts for ts, _ in points] for m, points in self.metrics.items()}
         self.first = min(points[0][0] for points in series.series.values() if points)
+        starts = {value for _, value in self.metrics.get(START_TIME, [])}
+        fixed = not series.restarts and len(starts) <= 1 and all(map(math.isfinite, starts))
+        self.one_start = max([self.first, *starts]) if fixed else None  # `_FleetReplay._lifetime_start`
 
     def at(self, since: float, tick: float) -> InstanceSeries:
         cut: dict[str, Points] = {}
@@ -273,13 +275,11 @@ class _FleetReplay:
 
     def _relative_candidates(self) -> dict[int, list[int]]:
         """Per instance, the ticks where its relative rule might fire: its level over its peers'
-        median (`relative_ratios`) at one of the last five instants at least `1 + RELATIVE_GROWTH`
-        times the lower of 1 and its lowest before the window (`relative_bar` of a median of those),
-        and that many times its lowest at any instant of the window (the median of three is at
-        most their largest and at least the lowest of all)."""
+        median (`relative_ratios`, with that median) at each tick, screened by `rising_ticks`."""
         params = self.params
         count = len(self.ticks)
         ratios: list[list[float]] = [[math.nan] * count for _ in self.names]
+        centres: list[list[float]] = [[math.nan] * count for _ in self.names]
         for t in range(count):
             row = [self.peer_level(i, t) for i in range(len(self.names))]
             by_metric: dict[str | None, list[float]] = {}
@@ -294,24 +294,8 @@ class _FleetReplay:
                 centre = _median_without(known, bisect_left(known, found.seconds))
                 ratio = found.seconds / centre if centre > 0 else math.nan
                 if 0 < ratio < math.inf:
-                    ratios[i][t] = ratio
-        index = self.index
-        grow = 1 + RELATIVE_GROWTH - 1e-9
-        out: dict[int, list[int]] = {}
-        for t, when in enumerate(self.judged):
-            instants = relative_instants(when, params)
-            at = [index.get(round(x / params.step)) for x in instants[BASELINE_POINTS:]][::-1]  # newest first
-            before = [index.get(round(x / params.step)) for x in instants[:BASELINE_POINTS]]
-            for i, of_instance in enumerate(ratios):
-                values = [of_instance[k] for k in at if k is not None and not math.isnan(of_instance[k])]
-                if not values:
-                    continue
-                usual = [of_instance[k] for k in before if k is not None and not math.isnan(of_instance[k])]
-                # the bar is at least this: the usual ratio is a median of these, and not above 1
-                bar = grow * min([1.0, *usual])
-                recent = max(values[:5]) if len(values) >= 5 else max(values)
-                if recent >= bar and recent >= grow * min(values):
-                    out.setdefault(i, []).append(t)
+                    ratios[i][t], centres[i][t] = ratio, centre
+        out = rising_ticks(ratios, centres, self.judged, self.index, params, self._lifetime_start)
         # where an instance's series changed within the window, the levels above are not the ones
         # a judgement reads (`levels_at`): Python judges those ticks
         switched = sorted(self.judged[s] for s in set().union(*self.switched))
@@ -320,6 +304,16 @@ class _FleetReplay:
                 for i in range(len(self.names)):
                     out.setdefault(i, []).append(t)
         return out
+
+    def _lifetime_start(self, i: int, t: int) -> float:
+        """When instance `i`'s process judged at tick `t` started, as its judgement reads it (for
+        one without restarts whose start time never changes, the latest of that and its first
+        sample: the same instants with a level fall after it)."""
+        window = self.windows[i]
+        if window.one_start is not None:
+            return window.one_start
+        load = self.ticks[t]
+        return lifetime_start(window.at(load - self.span, load), self.judged[t])
 
     def level(self, i: int, t: int) -> float | None:
         """Instance `i`'s peer level at tick `t`, as `evaluate_slow` computes it."""
