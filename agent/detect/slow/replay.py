@@ -63,9 +63,10 @@ class _Window:
         self.metrics = {m: p for m, p in series.series.items() if m in INPUT_METRICS and p}
         self.times = {m: [ts for ts, _ in points] for m, points in self.metrics.items()}
         self.first = min(points[0][0] for points in series.series.values() if points)
+        # one process from its first sample on: no restarts, one recorded start at or before it
         starts = {value for _, value in self.metrics.get(START_TIME, [])}
-        fixed = not series.restarts and len(starts) <= 1 and all(map(math.isfinite, starts))
-        self.one_start = max([self.first, *starts]) if fixed else None  # `_FleetReplay._lifetime_start`
+        fixed = not series.restarts and all(math.isfinite(v) and v <= self.first for v in starts)
+        self.one_start = self.first if fixed and len(starts) <= 1 else None
 
     def at(self, since: float, tick: float) -> InstanceSeries:
         cut: dict[str, Points] = {}
@@ -306,9 +307,9 @@ class _FleetReplay:
         return out
 
     def _lifetime_start(self, i: int, t: int) -> float:
-        """When instance `i`'s process judged at tick `t` started, as its judgement reads it (for
-        one without restarts whose start time never changes, the latest of that and its first
-        sample: the same instants with a level fall after it)."""
+        """When instance `i`'s process judged at tick `t` started, as its judgement reads it; for
+        one process from its first sample on, that first sample (the judgement may read an earlier
+        start, or the first sample it loads, but no instant with a level falls before either)."""
         window = self.windows[i]
         if window.one_start is not None:
             return window.one_start
