@@ -236,8 +236,6 @@ def rising_ticks(
     none; `index`: a tick's position by its step number): where `may_rise` holds for its ratios
     at the rule's instants, or for its ratios within its lifetime (`lifetime_start(instance,
     tick)`) as `steadied` sets them where it might set them."""
-    n = len(ratios)
-    logs = [[math.log(r) for r in row] for row in (*ratios, *peers)]  # nan stays nan
     out: dict[int, list[int]] = {}
     for t, when in enumerate(judged):
         instants = relative_instants(when, params)
@@ -257,7 +255,9 @@ def rising_ticks(
                 since = lifetime_start(i, t)  # a ratio `steadied` may set: as the judgement does
                 if (
                     since <= instants[0]
-                    and not elasticity([(logs[n + i][k], logs[i][k]) for k in earlier])[0]
+                    and not elasticity([(math.log(peers[i][k]), math.log(of_instance[k])) for k in earlier])[
+                        0
+                    ]
                 ):
                     continue  # every instant in its lifetime, and no elasticity: as `may_rise` said
                 found = zip(instants, ticks, strict=True)
