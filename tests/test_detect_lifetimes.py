@@ -18,9 +18,8 @@ import random
 import pytest
 
 from agent.detect import DetectParams, InstanceSeries, analyze_instance, evaluate, update
-from agent.detect.memory.context import Context
+from agent.detect.memory.context import OUTGROWN_FOR, OUTGROWN_MARGIN, Context, above_settled
 from agent.detect.memory.fleet import analyze_fleet
-from agent.detect.memory.lifetimes import OUTGROWN_FOR, OUTGROWN_MARGIN, above_settled
 from agent.detect.memory.prepared import Prepared
 
 T0 = 1_767_571_200.0
@@ -77,10 +76,17 @@ def test_a_healthy_process_restarted_every_20_hours_gets_no_finding(seed):
 
 
 def refilled(
-    seed: int, leak_per_hour: float, lives: tuple[float, ...], level: float, log_growth: float = 0.0
+    seed: int,
+    leak_per_hour: float,
+    lives: tuple[float, ...],
+    level: float,
+    log_growth: float = 0.0,
+    swing: float = 0.04,
+    noise: float = 0.004,
 ) -> tuple[InstanceSeries, list[float]]:
     """One sample a minute over lifetimes of `lives` seconds, with restart events: a cache refilling
-    after each start (60 % of `level`, time constant 2 h), a 4 % daily swing, and `log_growth` of
+    after each start (60 % of `level`, time constant 2 h), a daily `swing`, noise of `noise` of the
+    level, and `log_growth` of
     the level times log(1 + age in hours). The leak, when any, starts with the last lifetime; the
     samples end at the limit (its OOM). (series, lifetime starts)."""
     rng = random.Random(seed)
@@ -94,9 +100,9 @@ def refilled(
         value = (
             level * (1 - 0.6 * math.exp(-age / (2 * HOUR)))
             + log_growth * level * math.log1p(age / HOUR)
-            + 0.04 * level * math.sin(2 * math.pi * ts / DAY)
+            + swing * level * math.sin(2 * math.pi * ts / DAY)
             + 0.03 * level * ((ts % 420) / 420)
-            + rng.gauss(0, 0.004 * level)
+            + rng.gauss(0, noise * level)
             + (leak_per_hour * age / HOUR if start == starts[-1] else 0.0)
         )
         if value >= LIMIT:
@@ -153,6 +159,21 @@ def test_the_agent_judging_its_history_on_a_schedule_finds_it_when_the_replay_do
 def test_a_cache_refilled_after_every_deploy_to_the_same_level_gets_no_finding(seed):
     series, _ = refilled(seed, 0.0, (2.5 * DAY, 2 * DAY, 1.5 * DAY), level=5.5 * GiB)
     assert findings(series) == []
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_cache_refilled_in_harsh_noise_gets_no_finding_on_its_refills_and_a_leak_under_one_is_found(seed):
+    """A 6 % daily swing and 1 % noise: over half a day a line and a sine fit a refill as well as a
+    leak under the day's swing, so the cycle scale's early judgement waits while a lifetime is below
+    the level its earlier lifetimes settled at. The first fill has no such level to go by."""
+    series, starts = refilled(seed, 0.0, (2.5 * DAY, 2.5 * DAY, 2 * DAY), 0.8 * LIMIT, swing=0.06, noise=0.01)
+    assert [
+        (f.kind, (f.opened_at - starts[1]) / HOUR) for f in findings(series) if f.opened_at >= starts[1]
+    ] == []
+    leaking, starts = refilled(seed, 0.1 * GiB, (2.5 * DAY, 2 * DAY), level=5.5 * GiB, swing=0.06, noise=0.01)
+    oom = leaking.series["rss_bytes"][-1][0]
+    found = [f for f in findings(leaking) if f.opened_at >= starts[-1]]
+    assert found and oom - min(f.opened_at for f in found) >= 0.4 * (oom - starts[-1])
 
 
 def test_a_lifetime_growing_like_log_t_past_the_age_of_its_predecessors_is_not_held_to_their_level():

@@ -1,14 +1,17 @@
-"""What every detector needs to know about one instance at one tick."""
+"""What every detector needs to know about one instance at one tick, and the level its earlier
+lifetimes settled at (a lifetime below it is refilling: `refilling`; one above it has outgrown its
+fill: `lifetimes.outgrown`)."""
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agent.core.units import format_bytes
 from agent.detect.memory.fit import Fit
-from agent.detect.memory.growth import PEAK_BUCKETS, fits, peak, time_to_limit
+from agent.detect.memory.growth import PEAK_BUCKETS, early_cycle, fits, peak, time_to_limit, warm_bucket
 from agent.detect.memory.jvm import DIRECT, HEAP_MAX, HEAP_USABLE, LAYERS, METASPACE, NATIVE, value_at
 from agent.detect.memory.prepared import Prepared
 from agent.detect.model import JVM_HEAP_AFTER_GC, RSS, Observation, State, Verdict
@@ -34,6 +37,9 @@ class Projection:
     def time_to(self, slope: float) -> float | None:
         return time_to_limit(self.limit, self.start, slope)
 
+
+OUTGROWN_MARGIN = 0.03  # above the highest level the earlier lifetimes held by 3 % of it...
+OUTGROWN_FOR = 4  # ...in each of the newest buckets (an hour at the defaults): not a burst
 
 _LAST = ("context",)  # the key of the last context made, in `Prepared.cache`
 
@@ -147,7 +153,10 @@ class Context:
     def fits(self, metric: str) -> list[Fit]:
         found = self._fits.get(metric)
         if found is None:
-            found = self._fits[metric] = fits(self.prep, metric, self.life, self.tick)
+            found = fits(self.prep, metric, self.life, self.tick)
+            if any(early_cycle(f, self.params) for f in found) and refilling(self, metric):
+                found = [f for f in found if not early_cycle(f, self.params)]
+            self._fits[metric] = found
         return found
 
     def observation(
@@ -170,6 +179,77 @@ class Context:
             verdict=verdict,
             evidence=evidence or {},
         )
+
+
+def _held_after_warmup(ctx: Context, metric: str, life: int) -> tuple[list[int], list[float]]:
+    """(bucket indices, the highest level held from each of them to the end) of lifetime `life`
+    after its warm-up, a level held being the lowest floor of `OUTGROWN_FOR` buckets in a row (as
+    `above_settled` asks of the current lifetime: a burst in an earlier one raises no bar).
+    Cached per lifetime."""
+    key = ("held-after-warmup", metric, life)
+    prep = ctx.prep
+    found = prep.cache.get(key)
+    if found is None:
+        env = prep.base(metric)
+        idx, lows = env.idx[life], env.lo[life]
+        first = bisect_left(idx, warm_bucket(prep, life, env.width))
+        idx, lows = idx[first:], lows[first:]
+        held = [min(lows[k : k + OUTGROWN_FOR]) for k in range(len(lows) - OUTGROWN_FOR + 1)]
+        for k in range(len(held) - 2, -1, -1):
+            held[k] = max(held[k], held[k + 1])
+        found = prep.cache[key] = (idx[: len(held)], held)
+    return found  # type: ignore[return-value]
+
+
+def settled_level(ctx: Context, metric: str) -> float | None:
+    """The highest level the earlier lifetimes held after their warm-up, among those that ran
+    a whole period and at least as long as this one has (a lifetime growing like log(t) for
+    longer than its predecessors is not above them at their age), within the history a
+    judgement reads; None without such a lifetime."""
+    p, prep = ctx.params, ctx.prep
+    width = prep.base(metric).width
+    age = ctx.tick - ctx.lifetime_start
+    oldest = math.ceil((ctx.tick - p.history) / width - 1e-9)
+    level = None
+    for life in range(ctx.life):
+        idx, held = _held_after_warmup(ctx, metric, life)
+        first = bisect_left(idx, oldest)
+        if first >= len(idx) or (idx[-1] + OUTGROWN_FOR - idx[first]) * width < max(p.season, age):
+            continue
+        level = held[first] if level is None else max(level, held[first])
+    return level
+
+
+def above_settled(ctx: Context, metric: str) -> float | None:
+    """The earlier lifetimes' `settled_level` when each of this lifetime's newest `OUTGROWN_FOR`
+    buckets (complete at the tick, after its warm-up) has a floor above it by `OUTGROWN_MARGIN`;
+    None otherwise. Cheap: the judgement of a quiet instance asks it, and a full one asks it again
+    (`outgrown`), answered from the last answer kept with `prep`."""
+    if ctx.life == 0:
+        return None
+    prep = ctx.prep
+    key = ("above-settled", metric)
+    kept = prep.cache.get(key)
+    if isinstance(kept, tuple) and kept[0] == ctx.tick:
+        return kept[1]  # type: ignore[no-any-return]
+    env = prep.base(metric)
+    done = math.floor(ctx.tick / env.width + 1e-9)  # the first bucket not complete at the tick
+    idx, lows = env.floors(ctx.life, done - OUTGROWN_FOR, done)
+    level = None
+    if len(idx) == OUTGROWN_FOR and idx[0] >= warm_bucket(prep, ctx.life, env.width):
+        level = settled_level(ctx, metric)
+        if level is not None and min(lows) <= level * (1 + OUTGROWN_MARGIN):
+            level = None
+    prep.cache[key] = (ctx.tick, level)
+    return level
+
+
+def refilling(ctx: Context, metric: str) -> bool:
+    """Whether this lifetime is still below the level its earlier lifetimes settled at (not
+    `above_settled`): what it has grown so far is its fill. Over half a period a sine bends to fit a
+    fill as well as a daily rise on a line, so the cycle scale's early judgement says nothing here
+    (`growth.early_cycle`); from three quarters of a period it speaks as in any lifetime."""
+    return ctx.life > 0 and settled_level(ctx, metric) is not None and above_settled(ctx, metric) is None
 
 
 def leak_layers(ctx: Context) -> list[str] | None:

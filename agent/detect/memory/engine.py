@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterable, Sequence
 
 from agent.detect.coverage import Interval, seen_from, steps_seen
 from agent.detect.lifecycle import update
-from agent.detect.memory.context import Context, oom_series
+from agent.detect.memory.context import Context, above_settled, oom_series
 from agent.detect.memory.fragmentation import judge_fragmentation, note_both
 from agent.detect.memory.growth import time_to_limit
 from agent.detect.memory.leak import judge_leak, leak_series
-from agent.detect.memory.lifetimes import above_settled, ended_growing
+from agent.detect.memory.lifetimes import ended_growing
 from agent.detect.memory.oom import judge_oom, oom_peak
 from agent.detect.memory.prepared import Prepared
 from agent.detect.model import (

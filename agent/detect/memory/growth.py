@@ -401,6 +401,11 @@ def _cycle_fit(prep: Prepared, metric: str, life: int, tick: float) -> Fit | Non
     return fit
 
 
+def early_cycle(fit: Fit, params: DetectParams) -> bool:
+    """A cycle fit made before three quarters of a period, on growth larger than its fitted swing."""
+    return fit.scale == "cycle" and fit.coverage < CYCLE_COVERAGE * params.season - 1e-6
+
+
 def _level_jump(values: list[float], floor: float) -> int | None:
     """Where the largest change between consecutive buckets lands (the index after it) when it
     is larger than `floor` and than `STEP_SIGMAS` times the typical change: a leak or a daily

@@ -18,18 +18,15 @@ they reached at its age and still grows is not its fill (`outgrown`).
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from dataclasses import replace
 from typing import Any
 
 from agent.core.units import format_bytes, format_duration
-from agent.detect.memory.context import Context
+from agent.detect.memory.context import OUTGROWN_FOR, OUTGROWN_MARGIN, Context, above_settled
 from agent.detect.memory.fit import Fit
-from agent.detect.memory.growth import fits, time_to_limit, traffic_explains, warm_bucket
+from agent.detect.memory.growth import fits, time_to_limit, traffic_explains
 
 ALIKE = (0.67, 1.5)  # the current growth within these factors of the previous lifetime's
-OUTGROWN_MARGIN = 0.03  # above the highest level the earlier lifetimes held by 3 % of it...
-OUTGROWN_FOR = 4  # ...in each of the newest buckets (an hour at the defaults): not a burst
 
 
 def _steady_growth(fit: Fit, ctx: Context, confidence: float) -> bool:
@@ -113,69 +110,6 @@ def carried(ctx: Context, metric: str) -> tuple[Fit, float | None, dict[str, Any
         )
         return fit, ttoom, evidence | {"why": why}
     return None
-
-
-def _held_after_warmup(ctx: Context, metric: str, life: int) -> tuple[list[int], list[float]]:
-    """(bucket indices, the highest level held from each of them to the end) of lifetime `life`
-    after its warm-up, a level held being the lowest floor of `OUTGROWN_FOR` buckets in a row (as
-    `above_settled` asks of the current lifetime: a burst in an earlier one raises no bar).
-    Cached per lifetime."""
-    key = ("held-after-warmup", metric, life)
-    prep = ctx.prep
-    found = prep.cache.get(key)
-    if found is None:
-        env = prep.base(metric)
-        idx, lows = env.idx[life], env.lo[life]
-        first = bisect_left(idx, warm_bucket(prep, life, env.width))
-        idx, lows = idx[first:], lows[first:]
-        held = [min(lows[k : k + OUTGROWN_FOR]) for k in range(len(lows) - OUTGROWN_FOR + 1)]
-        for k in range(len(held) - 2, -1, -1):
-            held[k] = max(held[k], held[k + 1])
-        found = prep.cache[key] = (idx[: len(held)], held)
-    return found  # type: ignore[return-value]
-
-
-def settled_level(ctx: Context, metric: str) -> float | None:
-    """The highest level the earlier lifetimes held after their warm-up, among those that ran
-    a whole period and at least as long as this one has (a lifetime growing like log(t) for
-    longer than its predecessors is not above them at their age), within the history a
-    judgement reads; None without such a lifetime."""
-    p, prep = ctx.params, ctx.prep
-    width = prep.base(metric).width
-    age = ctx.tick - ctx.lifetime_start
-    oldest = math.ceil((ctx.tick - p.history) / width - 1e-9)
-    level = None
-    for life in range(ctx.life):
-        idx, held = _held_after_warmup(ctx, metric, life)
-        first = bisect_left(idx, oldest)
-        if first >= len(idx) or (idx[-1] + OUTGROWN_FOR - idx[first]) * width < max(p.season, age):
-            continue
-        level = held[first] if level is None else max(level, held[first])
-    return level
-
-
-def above_settled(ctx: Context, metric: str) -> float | None:
-    """The earlier lifetimes' `settled_level` when each of this lifetime's newest `OUTGROWN_FOR`
-    buckets (complete at the tick, after its warm-up) has a floor above it by `OUTGROWN_MARGIN`;
-    None otherwise. Cheap: the judgement of a quiet instance asks it, and a full one asks it again
-    (`outgrown`), answered from the last answer kept with `prep`."""
-    if ctx.life == 0:
-        return None
-    prep = ctx.prep
-    key = ("above-settled", metric)
-    kept = prep.cache.get(key)
-    if isinstance(kept, tuple) and kept[0] == ctx.tick:
-        return kept[1]  # type: ignore[no-any-return]
-    env = prep.base(metric)
-    done = math.floor(ctx.tick / env.width + 1e-9)  # the first bucket not complete at the tick
-    idx, lows = env.floors(ctx.life, done - OUTGROWN_FOR, done)
-    level = None
-    if len(idx) == OUTGROWN_FOR and idx[0] >= warm_bucket(prep, ctx.life, env.width):
-        level = settled_level(ctx, metric)
-        if level is not None and min(lows) <= level * (1 + OUTGROWN_MARGIN):
-            level = None
-    prep.cache[key] = (ctx.tick, level)
-    return level
 
 
 def outgrown(ctx: Context, metric: str) -> tuple[Fit, float | None, dict[str, Any]] | None:
