@@ -48,6 +48,25 @@ def test_a_lone_fresh_leak_rising_with_the_day_is_found_within_seventy_percent_o
     assert found and min(h for _, h in found) < 0.7 * to_oom
 
 
+def test_an_oom_risk_projected_with_the_daily_wave_still_to_come_is_timed_by_the_wave_not_now():
+    """The cycle scale projects from today's peaks with the fitted daily wave still to come. Today's
+    daily peak may be hours away: the time to OOM is when the wave and the growth together reach the
+    limit, not 0 s because that peak will (which a finding with its peaks below the limit would say)."""
+    s = cut_at_oom(fresh(leak_pct_h=2.0, traffic=0.15))
+    oom = oom_time(s)
+    judged = [
+        (t.ts, t.finding.evidence)
+        for t in analyze_fleet([s], PARAMS)[0].transitions
+        if t.finding.kind == "oom-risk"
+        and t.change in ("opened", "updated")
+        and t.finding.evidence["scale"] == "cycle"
+    ]
+    assert judged
+    for ts, evidence in judged:
+        assert evidence["peak_bytes"] < evidence["limit_bytes"]
+        assert 0 < evidence["time_to_oom_seconds"] <= 3 * (oom - ts)
+
+
 @pytest.mark.parametrize("hour", [11, 13, 16])
 def test_a_reload_step_in_a_fresh_process_with_a_daily_cycle_is_not_a_leak(hour):
     """A reload raises the level by 10 % at once during the first day: a discontinuity, which

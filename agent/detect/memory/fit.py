@@ -48,6 +48,13 @@ class Fit:
     _make_trend: Callable[[], Trend] | None = None  # a scale's own trend, made on first use
     _levelling: Levelling | bool | None = False  # False: not computed yet
     basis: list[list[float]] | None = None  # the cycle scale: its sine and cosine, fitted with a curve too
+    sine: tuple[float, float] = (0.0, 0.0)  # the cycle scale: the coefficients of that sine and cosine
+
+    def wave_ahead(self, seconds: float, season: float) -> float:
+        """The cycle scale's fitted daily wave `seconds` after its last bucket, less its value there."""
+        omega = 2 * math.pi * self.width / season
+        ahead = omega * (self.idx[-1] + seconds / self.width)
+        return self.sine[0] * math.sin(ahead) + self.sine[1] * math.cos(ahead) - self.offset
 
     @property
     def curve(self) -> Levelling | None:

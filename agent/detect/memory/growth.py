@@ -396,7 +396,7 @@ def _cycle_fit(prep: Prepared, metric: str, life: int, tick: float) -> Fit | Non
     ys = list(map(sub, lo, wave))
     offset = wave[-1]
     fit = Fit(metric, "cycle", width, idx, ys, offset, True, True, floor)
-    fit.wave = swing
+    fit.wave, fit.sine = swing, (coef[2], coef[3])
     fit.floors, fit.basis = clean, [sines, cosines]
     return fit
 

@@ -76,13 +76,32 @@ def oom_peak(ctx: Context, fit: Fit) -> float | None:
     return peak
 
 
-def levelled_time(ctx: Context, fit: Fit, curve: Levelling) -> float | None:
-    """Seconds until the peaks reach the limit along a levelling curve: the peaks rise by what the
-    floor's curve still rises (None: it levels off below the limit)."""
-    peak, limit = oom_peak(ctx, fit), ctx.projection(fit.metric).limit
+WAVE_STEP = 300.0  # seconds between the instants at which the daily wave still to come is read
+
+
+def peaks_time_to_limit(ctx: Context, fit: Fit, slope: float, curve: Levelling | None = None) -> float | None:
+    """Seconds until the peaks reach the limit, rising at `slope` or, when it levels off, by what the
+    floor's `curve` still rises (None: it levels off below the limit). On the cycle scale the
+    fitted daily wave is still to come: the peaks reach the limit when the wave and the growth
+    together first do, not at once because today's daily peak would (`oom_peak` starts from that
+    peak, which bounds the time from below); beyond a period, from that daily peak."""
+    projection = ctx.projection(fit.metric)
+    peak, limit = oom_peak(ctx, fit), projection.limit
     if limit is None or peak is None:
         return None
-    return curve.time_to(curve.now + limit - peak)
+    soonest = (
+        curve.time_to(curve.now + limit - peak) if curve is not None else time_to_limit(limit, peak, slope)
+    )
+    if soonest is None or not fit.wave or projection.start is None:
+        return soonest
+    season = ctx.params.season
+    t = soonest
+    while t < soonest + season:
+        rise = curve.rise(t) if curve is not None else slope * t
+        if projection.start + fit.wave_ahead(t, season) + rise >= limit:
+            return t
+        t += WAVE_STEP
+    return soonest
 
 
 def enforced(ctx: Context) -> bool:
@@ -156,13 +175,13 @@ def judge_oom(ctx: Context) -> Observation:
             continue
         t = fit.trend
         slope = min(t.slope, t.recent_slope)
-        ttoom = time_to_limit(ctx.projection(fit.metric).limit, oom_peak(ctx, fit), slope)
+        ttoom = peaks_time_to_limit(ctx, fit, slope)
         if ttoom is None:
             continue
         near = t.confidence >= p.confidence_clear and ttoom < p.horizon * CLEAR_MARGIN
         curve = fit.levelling if near else None  # a levelling curve only projects further
         if curve is not None:  # growth levelling off: so does its projection
-            ttoom, slope = levelled_time(ctx, fit, curve), curve.rate_now
+            ttoom, slope = peaks_time_to_limit(ctx, fit, slope, curve), curve.rate_now
             if ttoom is None:
                 continue
         # critical: the raw test at full confidence suffices over twice the time left, or over the

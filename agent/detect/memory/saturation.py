@@ -57,6 +57,10 @@ class Levelling:
         """Saturation is not ruled out: the curve is levelling and fits better than the line."""
         return self.slowing and self.f >= F_POSSIBLE
 
+    def rise(self, seconds: float) -> float:
+        """How much the curve rises in the `seconds` after the last point."""
+        return (self.asymptote - self.now) * (1 - math.exp(-seconds / self.tau))
+
     def time_to(self, level: float) -> float | None:
         """Seconds from the last point until the curve reaches `level` (None: it never does)."""
         if level <= self.now:
