@@ -19,7 +19,7 @@ import pytest
 
 from agent.detect import DetectParams, InstanceSeries, analyze_instance, evaluate, update
 from agent.detect.memory.context import OUTGROWN_FOR, OUTGROWN_MARGIN, Context, above_settled
-from agent.detect.memory.fleet import analyze_fleet
+from agent.detect.memory.fleet import analyze_fleet, with_priors
 from agent.detect.memory.prepared import Prepared
 
 T0 = 1_767_571_200.0
@@ -174,6 +174,20 @@ def test_a_cache_refilled_in_harsh_noise_gets_no_finding_on_its_refills_and_a_le
     oom = leaking.series["rss_bytes"][-1][0]
     found = [f for f in findings(leaking) if f.opened_at >= starts[-1]]
     assert found and oom - min(f.opened_at for f in found) >= 0.4 * (oom - starts[-1])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_leak_within_the_warm_up_its_prior_learned_is_judged_after_half_a_day(seed):
+    """Growth like log(t) over a first lifetime of four days reaches its settled level only after a
+    day: its prior learns a warm-up that long. A leak from the next start would go unjudged until
+    that warm-up ended, after its OOM: a learned warm-up counts for half a period at most."""
+    series, starts = refilled(seed, 0.15 * GiB, (4 * DAY, 1.5 * DAY), level=3 * GiB, log_growth=0.15)
+    [prep] = with_priors([series], DetectParams(), None)
+    assert prep.prior_for(1) is not None and prep.prior_for(1).warmup > DAY
+    assert prep.warmup(1) == DAY / 2
+    oom = series.series["rss_bytes"][-1][0]
+    found = [f.opened_at for f in findings(series) if f.opened_at >= starts[-1]]
+    assert found and oom - min(found) >= 0.3 * (oom - starts[-1])
 
 
 def test_a_lifetime_growing_like_log_t_past_the_age_of_its_predecessors_is_not_held_to_their_level():

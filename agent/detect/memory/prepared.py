@@ -19,6 +19,8 @@ from agent.detect.seasonal import Profile, learn_profile
 if TYPE_CHECKING:
     from agent.detect.seasonal import WorkloadProfile
 
+WARMUP_SHARE = 0.5  # a warm-up learned from a prior is judged past after this share of a period
+
 
 class Prepared:
     def __init__(
@@ -124,7 +126,9 @@ class Prepared:
         """How long growth after a start is a warm-up: `params.warmup`, or the workload's own when
         a prior knows it (a cache that fills for hours after every start is not a leak)."""
         prior = self.prior_for(life)
-        return max(self.params.warmup, prior.warmup) if prior is not None else self.params.warmup
+        if prior is None:
+            return self.params.warmup
+        return max(self.params.warmup, min(prior.warmup, WARMUP_SHARE * self.params.season))
 
     def settle(self, life: int) -> float:
         """How long a lifetime must have run before growth that is not urgent may be judged: a
