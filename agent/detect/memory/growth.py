@@ -373,7 +373,7 @@ def _cycle_fit(prep: Prepared, metric: str, life: int, tick: float) -> Fit | Non
     clean = remove_steps(lo, floor).clean  # a reload is a discontinuity: neither a line nor a sine
     # a jump too close to an end for `remove_steps` to tell a reload from a batch would bend the
     # sine: near the start, fit after it; near the end, wait until it can be told
-    jump = _level_jump(clean, floor)
+    jump = level_jump(clean, floor)
     if jump is not None and jump > len(clean) - STEP_HOLD:
         return None
     if jump is not None and jump < STEP_HOLD:
@@ -406,7 +406,7 @@ def early_cycle(fit: Fit, params: DetectParams) -> bool:
     return fit.scale == "cycle" and fit.coverage < CYCLE_COVERAGE * params.season - 1e-6
 
 
-def _level_jump(values: list[float], floor: float) -> int | None:
+def level_jump(values: list[float], floor: float) -> int | None:
     """Where the largest change between consecutive buckets lands (the index after it) when it
     is larger than `floor` and than `STEP_SIGMAS` times the typical change: a leak or a daily
     cycle moves the floor a little every bucket, a reload or a batch all at once."""
