@@ -373,9 +373,9 @@ def _cycle_fit(prep: Prepared, metric: str, life: int, tick: float) -> Fit | Non
     clean = remove_steps(lo, floor).clean  # a reload is a discontinuity: neither a line nor a sine
     # a jump too close to an end for `remove_steps` to tell a reload from a batch would bend the
     # sine: near the start, fit after it; near the end, wait until it can be told
-    jump = level_jump(clean, floor)
-    if jump is not None and jump > len(clean) - STEP_HOLD:
+    if jumped_lately(clean, floor):
         return None
+    jump = _level_jump(clean, floor)
     if jump is not None and jump < STEP_HOLD:
         idx, lo, clean = idx[jump:], lo[jump:], clean[jump:]
         if len(idx) < params.min_buckets or (idx[-1] - idx[0] + 1) * width < CYCLE_EARLY * params.season:
@@ -406,7 +406,14 @@ def early_cycle(fit: Fit, params: DetectParams) -> bool:
     return fit.scale == "cycle" and fit.coverage < CYCLE_COVERAGE * params.season - 1e-6
 
 
-def level_jump(values: list[float], floor: float) -> int | None:
+def jumped_lately(values: list[float], floor: float) -> bool:
+    """Whether the largest jump of `values` (`_level_jump`) is too close to their end for
+    `remove_steps` to tell a reload from growth yet: until it can, what follows it reads as a rise."""
+    jump = _level_jump(values, floor)
+    return jump is not None and jump > len(values) - STEP_HOLD
+
+
+def _level_jump(values: list[float], floor: float) -> int | None:
     """Where the largest change between consecutive buckets lands (the index after it) when it
     is larger than `floor` and than `STEP_SIGMAS` times the typical change: a leak or a daily
     cycle moves the floor a little every bucket, a reload or a batch all at once."""

@@ -24,8 +24,7 @@ from typing import Any
 from agent.core.units import format_bytes, format_duration
 from agent.detect.memory.context import OUTGROWN_FOR, OUTGROWN_MARGIN, Context, above_settled
 from agent.detect.memory.fit import Fit
-from agent.detect.memory.growth import fits, level_jump, time_to_limit, traffic_explains
-from agent.detect.trend import STEP_HOLD
+from agent.detect.memory.growth import fits, jumped_lately, time_to_limit, traffic_explains
 
 ALIKE = (0.67, 1.5)  # the current growth within these factors of the previous lifetime's
 
@@ -129,7 +128,7 @@ def outgrown(ctx: Context, metric: str) -> tuple[Fit, float | None, dict[str, An
         if f.scale != "daily"
         and f.trend.confidence >= p.confidence_clear
         and f.trend.recent_slope > 0
-        and not _stepped_lately(f)
+        and not jumped_lately(f.steps.clean, f.floor)  # a reload lifting it above them is no fill outgrown
     ]
     for fit in sorted(growing, key=lambda f: -f.coverage):
         ttoom = ctx.projection(metric).time_to(fit.trend.slope)
@@ -147,12 +146,3 @@ def outgrown(ctx: Context, metric: str) -> tuple[Fit, float | None, dict[str, An
         )
         return fit, ttoom, evidence | {"why": why}
     return None
-
-
-def _stepped_lately(fit: Fit) -> bool:
-    """Whether the fit's floor jumped too recently for step removal to tell a reload from growth: a
-    lifetime a reload lifted above its predecessors' level has not outgrown its fill, and until the
-    step can be removed its recent slope is the step."""
-    clean = fit.steps.clean
-    jump = level_jump(clean, fit.floor)
-    return jump is not None and jump > len(clean) - STEP_HOLD
