@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -22,6 +23,8 @@ from native_hooks.errors import HOOK_HOWTO, HookNotFound
 from native_hooks.sockets import find_socket, namespace_pids, remove_if_stale
 from probes.base import Schedule
 from probes.linux.procfs import HOST_ROOT, proc_path
+
+LEFTOVER_PATIENCE = 60.0  # seconds a gone process's socket is tried again (past STALE_GRACE_SECONDS)
 
 # hook figure -> metric (agent/core/catalog.py, source "allocator")
 FIGURE_METRICS = {
@@ -55,9 +58,11 @@ class AllocatorProbe:
         self.timeout = timeout
         self.root = root
         self._sockets: dict[tuple[str, int, float], str] = {}  # the socket each process answered on
+        self._leftovers: dict[str, tuple[int, float]] = {}  # socket of a gone process -> (pid, since)
         self._lock = threading.Lock()
 
     def collect(self, target: ProbeTarget, now: float) -> ProbeResult:
+        self._sweep_leftovers()
         if not os.path.exists(proc_path(self.root, target.pid)):
             raise TargetGone(f"process {target.pid} of {target.instance} is gone")
         path = hook_socket_for(target, self.root)
@@ -72,15 +77,36 @@ class AllocatorProbe:
             )
         with self._lock:
             self._sockets[(target.instance, target.pid, target.start_time)] = path
+        if not os.path.exists(proc_path(self.root, target.pid)):
+            self.forget(target)  # it died after answering, maybe forgotten already by another thread
         return ProbeResult(samples=samples_from_stats(target.instance, now, reply))
 
     def forget(self, target: ProbeTarget) -> None:
         """The process is gone or was replaced: remove the socket it answered on if nobody listens there
-        any more (a target stopped by TERM or KILL leaves its socket behind)."""
+        any more (a target stopped by TERM or KILL leaves its socket behind); one that cannot be removed
+        yet (an unreaped zombie's young socket) is tried again at the next collections."""
         with self._lock:
             path = self._sockets.pop((target.instance, target.pid, target.start_time), None)
-        if path is not None and self.root == HOST_ROOT:
-            remove_if_stale(path, target.pid)
+        if path is None or self.root != HOST_ROOT or remove_if_stale(path, target.pid):
+            return
+        if os.path.lexists(path):  # a zombie not reaped yet, or a socket too young to judge
+            with self._lock:
+                self._leftovers[path] = (target.pid, time.time())
+
+    def _sweep_leftovers(self) -> None:
+        """Try again the sockets `forget` could not remove yet; each is dropped once removed, gone, or
+        after `LEFTOVER_PATIENCE` (by then `remove_if_stale` takes any socket nobody listens on)."""
+        with self._lock:
+            leftovers = list(self._leftovers.items())
+        now = time.time()
+        for path, (pid, since) in leftovers:
+            if (
+                remove_if_stale(path, pid, now)
+                or not os.path.lexists(path)
+                or now - since > LEFTOVER_PATIENCE
+            ):
+                with self._lock:
+                    self._leftovers.pop(path, None)
 
 
 def samples_from_stats(instance: str, now: float, reply: Mapping[str, Any]) -> list[Sample]:

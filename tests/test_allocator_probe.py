@@ -4,7 +4,9 @@ labels or by convention, clear errors without a hook, for a vanished process, or
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -101,3 +103,54 @@ def test_a_socket_of_another_process_is_refused(spawn, c_binary: str, sock_dir: 
     foreign = f"{sock_dir}/h.{other.pid}.sock"
     with pytest.raises(ProbeUnavailable, match=f"belongs to pid {other.pid}"):
         AllocatorProbe().collect(_target(mine.pid, hook_socket=foreign), now=1.0)
+
+
+def test_the_socket_of_a_killed_target_is_removed_once_its_zombie_is_reaped(
+    spawn, c_binary: str, sock_dir: str
+) -> None:
+    """A process KILLed leaves its socket behind; while it is an unreaped zombie `kill(pid, 0)` still
+    succeeds and the young socket cannot be told from one between bind() and listen(), so `forget`
+    leaves it; the next collection, of any target, removes it once the pid is really gone."""
+    template = f"{sock_dir}/h.%p.sock"
+    doomed = start_target(spawn, [c_binary], target_env("glibc", template, shim=True))
+    other = start_target(spawn, [c_binary], target_env("glibc", template, shim=True))
+    probe = AllocatorProbe()
+    gone, alive = _target(doomed.pid, hook_socket=template), _target(other.pid, hook_socket=template)
+    assert probe.collect(gone, now=1.0).samples
+    path = f"{sock_dir}/h.{doomed.pid}.sock"
+
+    os.kill(doomed.pid, signal.SIGKILL)
+    wait_until(lambda: Path(f"/proc/{doomed.pid}/stat").read_text().split(")")[-1].split()[0] == "Z")
+    probe.forget(gone)
+    assert os.path.exists(path)  # a zombie: maybe a live process between bind() and listen()
+    assert probe.collect(alive, now=2.0).samples and os.path.exists(path)
+
+    doomed.proc.wait()
+    assert probe.collect(alive, now=3.0).samples
+    assert not os.path.exists(path)
+    assert os.path.exists(f"{sock_dir}/h.{other.pid}.sock")  # the living target's socket is kept
+
+
+def test_a_target_that_dies_and_is_forgotten_while_its_answer_is_read_leaves_no_socket(
+    spawn, c_binary: str, sock_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tracker (another thread) may reap and forget a process between its answer and the probe
+    recording the socket it answered on: the probe sees the process gone and removes the socket itself."""
+    import probes.allocator as allocator
+
+    template = f"{sock_dir}/h.%p.sock"
+    doomed = start_target(spawn, [c_binary], target_env("glibc", template, shim=True))
+    probe = AllocatorProbe()
+    target = _target(doomed.pid, hook_socket=template)
+    real_pids = allocator.namespace_pids
+
+    def dies_meanwhile(pid: int, root: Path) -> set[int]:
+        pids = real_pids(pid, root)
+        doomed.proc.kill()
+        doomed.proc.wait()
+        probe.forget(target)  # the tracker's thread, before the answer is recorded
+        return pids
+
+    monkeypatch.setattr(allocator, "namespace_pids", dies_meanwhile)
+    assert probe.collect(target, now=1.0).samples  # the answer came while it lived
+    assert not os.path.exists(f"{sock_dir}/h.{doomed.pid}.sock")

@@ -61,6 +61,22 @@ def test_evidence_of_a_jemalloc_leak_names_the_leaking_function(agent, spawn, tm
         }
     )
 
+    # held until a finding names its suspect: the first heap-profile dumps come after the growth, and a
+    # restart taken before them keeps a finding with nothing to name yet (the sites evidence is fresh)
+    paused = agent.cli("pause", "--for", "10m", "--reason", "until the suspects are known")
+    assert paused.returncode == 0, paused.stderr
+
+    def named() -> bool:
+        findings = agent.get("/api/v1/findings", instance="c0")["findings"]
+        return any(
+            f["kind"] in ("leak", "oom-risk")
+            and (f["evidence"].get("suspects") or [{}])[0].get("name") == "leak_records"
+            for f in findings
+        )
+
+    wait_until(named, 120, interval=0.5)
+    assert agent.cli("resume").returncode == 0
+
     def restarted() -> dict | None:
         actions = agent.get("/api/v1/actions", instance="c0")["actions"]
         return next((a for a in actions if a["action"] == "restart" and a["evidence"]), None)
