@@ -192,10 +192,11 @@ def test_cpu_throttled_instance_is_a_peer_outlier_with_throttling_as_cause(agent
     wait_until(
         lambda: all("latency_p99_seconds" in agent.instance(n)["latest"] for n in apps), 15, interval=0.2
     )
-    # the throttled one answers in ~200 ms; a healthy one starved of CPU for a moment by a busy host
-    # (the five burn CPU on two cores) may reach tens of ms: 50 ms above its peers tells them apart;
-    # and the causes are read over a window of 16 samples, which a loaded host still fills
-    params = replace(PARAMS, peer_floor=0.05, peer_window=4.0)
+    # the throttled one's p99 is 250-500 ms (its quota serves 5 of the 8 requests a second, the rest
+    # queue); a healthy one's p99 over 4 s is about its slowest of 32 requests, and one starved of CPU
+    # for a moment by a busy host reached 98 ms: 150 ms above its peers tells them apart; the causes
+    # are read over a window of 16 samples, which a loaded host still fills
+    params = replace(PARAMS, peer_floor=0.15, peer_window=4.0)
     time.sleep(params.peer_window + 1.0)
     metrics = (*METRICS, "cgroup_cpu_periods_total", "cgroup_cpu_throttled_periods_total")
     fleet = [fetch_series(agent, name, metrics) for name in apps]
