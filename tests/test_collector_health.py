@@ -3,10 +3,16 @@ each said once and told apart by `after`."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
+import pytest
+
 from agent.core.errors import ProbeError, ProbeUnavailable
 from agent.core.records import ProbeResult, ProbeTarget, Sample
 from agent.state.store import Store
 from support.collector import START_TIME, one_instance_collector
+from support.procs import wait_until
 
 
 class ScriptedProbe:
@@ -54,3 +60,46 @@ def test_a_probe_without_data_during_start_up_says_nothing(tmp_path):
     collector.run("fast", now=START_TIME + 5)
     collector.run("fast", now=START_TIME + 6)
     assert _events(store) == []
+
+
+class DyingProbe(ScriptedProbe):
+    """The process exits while the probe asks it (killed, left a zombie): then the outcome of its script."""
+
+    def __init__(self, script: list[str], process: subprocess.Popen | None) -> None:
+        super().__init__(script)
+        self.process = process
+
+    def collect(self, target: ProbeTarget, now: float) -> ProbeResult:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            wait_until(
+                lambda: Path(f"/proc/{target.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+            )
+        if self.script[0] == "partial":
+            self.script.pop(0)
+            return ProbeResult(
+                [Sample(target.instance, "allocated_bytes", now, 1.0)],
+                problems=[ProbeError("no hook socket at /run/medic/hook.1.sock")],
+            )
+        return super().collect(target, now)
+
+
+@pytest.mark.parametrize("dies", [True, False], ids=["exits meanwhile", "lives"])
+def test_a_probe_that_fails_because_its_process_exited_says_nothing_and_a_live_one_s_failures_are_said(
+    tmp_path, spawn, dies
+):
+    """A target exiting under a probe takes its hook socket with it: 'no hook socket' then is its exit
+    (which the tracker reports), not a probe without data; the same failures of a live process are said."""
+    child = spawn(["sleep", "600"])
+    store = Store(tmp_path)
+    probe = DyingProbe(["none", "fail", "partial"], child if dies else None)
+    collector = one_instance_collector(store, [probe], pid=child.pid)
+    for step in range(3):
+        collector.run("fast", now=START_TIME + 60 + 31 * step)
+    health = collector.tracker.states["svc"].probes["allocator"]
+    if dies:
+        assert _events(store) == [] and health.unavailable is None and health.errors_total == 0
+    else:
+        kinds = [kind for kind, _ in _events(store)]
+        assert kinds == ["probe_unavailable", "probe_error", "probe_recovered", "probe_error"], kinds
+        assert health.errors_total == 2

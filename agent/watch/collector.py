@@ -23,6 +23,7 @@ from agent.watch.instances import InstanceState, ProbeHealth
 from agent.watch.tracker import Tracker
 from agent.watch.tree import CgroupOwnership, first_pss
 from probes.base import Probe, Schedule
+from probes.linux.procfs import read_live_stat
 
 log = logging.getLogger("medic.collector")
 KEEPALIVE = 60.0  # an unchanged value is stored again after this long, so flat series stay visible
@@ -189,10 +190,12 @@ class Collector:
         except TargetGone:
             return ProbeResult()  # the tracker records the disappearance on its next reconcile
         except ProbeUnavailable as exc:  # not an error: this figure does not exist for this instance
-            self._unavailable(state, target, probe, health, str(exc), now)
+            if not exited(target):
+                self._unavailable(state, target, probe, health, str(exc), now)
             return ProbeResult()
         except ProbeError as exc:
-            self._failed(state, probe.name, health, exc, started)
+            if not exited(target):
+                self._failed(state, probe.name, health, exc, started)
             return ProbeResult()
         except Exception as exc:  # a probe bug must not take the agent down
             log.exception("probe %s crashed on %s", probe.name, state.name)
@@ -221,7 +224,8 @@ class Collector:
         if result.samples or result.snapshots or result.processes:
             health.has_figures = True
         if result.problems:
-            self._failed(state, probe.name, health, result.problems[0], started, partial=True)
+            if not exited(target):
+                self._failed(state, probe.name, health, result.problems[0], started, partial=True)
         else:
             if not health.ok:
                 self.events.emit(
@@ -321,3 +325,15 @@ def announce_ceilings(state: InstanceState, events: EventLog) -> None:
         severity="warning" if heap.bytes is None else "info",
         ceilings=[c.to_dict() for c in found],
     )
+
+
+def exited(target: ProbeTarget) -> bool:
+    """Whether the process ended (gone, or a zombie) by the time a probe failed on it: its hook socket
+    gone with it is its exit, which the tracker reports, not a probe without data to explain."""
+    try:
+        read_live_stat(target.pid, 0.0)  # the identity is the tracker's to check
+    except TargetGone:
+        return True
+    except ProbeError:
+        return False
+    return False

@@ -16,11 +16,17 @@ START_TIME = 100.0
 
 
 def one_instance_collector(
-    store: Store, probes: list[Probe], histograms: HistogramStore | None = None, grace: float = 0.0
+    store: Store,
+    probes: list[Probe],
+    histograms: HistogramStore | None = None,
+    grace: float = 0.0,
+    pid: int | None = None,
 ) -> Collector:
-    config = validate_config({"instances": [{"name": "svc", "match": {"pid": os.getpid()}}]})
+    """`pid`: the process the instance follows (default: this test process)."""
+    pid = os.getpid() if pid is None else pid
+    config = validate_config({"instances": [{"name": "svc", "match": {"pid": pid}}]})
     events = EventLog(store)
     tracker = Tracker(config.instances, store, events)
     state = tracker.states["svc"]
-    state.status, state.pid, state.start_time = "up", os.getpid(), START_TIME
+    state.status, state.pid, state.start_time = "up", pid, START_TIME
     return Collector(tracker, store, events, probes, histograms=histograms, grace=grace)
