@@ -96,6 +96,8 @@ class AllocatorProbe:
     def _sweep_leftovers(self) -> None:
         """Try again the sockets `forget` could not remove yet; each is dropped once removed, gone, or
         after `LEFTOVER_PATIENCE` (by then `remove_if_stale` takes any socket nobody listens on)."""
+        if not self._leftovers:  # the usual case, on every collection: no lock taken
+            return
         with self._lock:
             leftovers = list(self._leftovers.items())
         now = time.time()

@@ -19,11 +19,11 @@ from agent.state.eventlog import EventLog
 from agent.state.histograms import HistogramStore
 from agent.state.store import Store
 from agent.watch.ceilings import ceilings
+from agent.watch.discovery import by_pid
 from agent.watch.instances import InstanceState, ProbeHealth
 from agent.watch.tracker import Tracker
 from agent.watch.tree import CgroupOwnership, first_pss
 from probes.base import Probe, Schedule
-from probes.linux.procfs import read_live_stat
 
 log = logging.getLogger("medic.collector")
 KEEPALIVE = 60.0  # an unchanged value is stored again after this long, so flat series stay visible
@@ -330,10 +330,4 @@ def announce_ceilings(state: InstanceState, events: EventLog) -> None:
 def exited(target: ProbeTarget) -> bool:
     """Whether the process ended (gone, or a zombie) by the time a probe failed on it: its hook socket
     gone with it is its exit, which the tracker reports, not a probe without data to explain."""
-    try:
-        read_live_stat(target.pid, 0.0)  # the identity is the tracker's to check
-    except TargetGone:
-        return True
-    except ProbeError:
-        return False
-    return False
+    return by_pid(target.pid) is None  # the identity (a reused pid) is the tracker's to check
