@@ -21,7 +21,7 @@ import pytest
 
 from remediation.coordinator.etcd import EtcdCoordinator
 from remediation.coordinator.local import LocalCoordinator
-from support.procs import PYTHON, REPO, VERIFY_TIMEOUT, wait_until
+from support.procs import PATIENCE, PYTHON, REPO, VERIFY_TIMEOUT, wait_until
 from support.remediation import NEEDS_ETCD, etcd_server, silent_server
 
 pytestmark = pytest.mark.slow
@@ -211,7 +211,7 @@ def test_killing_the_leader_while_its_grants_are_out_never_doubles_the_budget(sp
             while (new := gw.get(base + "control/leader")) is None or new["create_revision"] == old[
                 "create_revision"
             ]:
-                assert time.time() - killed_at < TTL + 5, "no new leader"
+                assert time.time() - killed_at < TTL + 5 * PATIENCE, "no new leader"
                 time.sleep(0.02)
             failover = time.time() - killed_at
             assert json.loads(new["value"])["agent"] in ("agent-b", "agent-c")
@@ -220,8 +220,9 @@ def test_killing_the_leader_while_its_grants_are_out_never_doubles_the_budget(sp
     finally:
         records = client.restarts(since=0)
         client.close()
-    # replaced within the lease TTL (+ etcd's expiry check, about a second, + one 0.1 s step)
-    assert failover <= TTL + 1.5, failover
+    # replaced within the lease TTL (+ etcd's expiry check, about a second, + one 0.1 s step; a busy
+    # host delays the followers' steps by seconds)
+    assert failover <= TTL + 1.5 * PATIENCE, failover
     by_instance = {r.instance: r for r in records}
     assert by_instance["a1"].outcome == "lease-expired"
     done = sorted((by_instance[i] for i in ("b1", "c1")), key=lambda r: r.started_at)
