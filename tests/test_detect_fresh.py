@@ -11,12 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.detect import InstanceSeries, update
+from agent.detect import DetectParams, InstanceSeries, update
 from agent.detect.memory.fleet import analyze_fleet, fleet_evidence, judge_fleet
 from agent.detect.memory.prepared import Prepared
 from agent.detect.memory.priors import PriorBook, learn_workload, merge, workload_key
 from agent.detect.model import Observation
 from agent.detect.seasonal import WorkloadProfile
+from benchmarks.detection.families import memory_cases
+from benchmarks.detection.generate import DAY as REAL_DAY
 from support.detect_shapes import DAY, HOUR, PARAMS, T0, GiB, cut_at_oom, fresh, oom_time, series
 
 
@@ -82,20 +84,45 @@ def _third_day(seed: int, leak_pct_h: float = 0.0, season: float = 0.08):
     return cut_at_oom(s), T0 + onset * DAY
 
 
+def _busier_from(seed: int, day: float, season: float) -> InstanceSeries:
+    """The third-day process, its daily swing `season` from `day` on (a daily trough, where the two
+    swings meet): more traffic than the day before, and no leak."""
+    before, after = (_third_day(seed, season=s)[0].series["rss_bytes"] for s in (0.08, season))
+    cut = T0 + day * DAY
+    points = [p for p in before if p[0] < cut] + [p for p in after if p[0] >= cut]
+    return InstanceSeries("busier", {"rss_bytes": points}, memory_limit=3.2 * GiB)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_a_leak_on_the_third_day_is_told_from_the_daily_cycle_by_the_day_before(seed):
-    """No prior, two days of the same lifetime: the daily profile needs three. A rise over the last
-    hours more than twice the whole range of the day before is not the daily cycle, so the leak is
-    found with 0.41 of its way from the onset to the limit still ahead (without the day before 0.19,
-    when the daily scale starts on the fourth day). Healthy twins: the same process, and one whose
-    daily swing is twice as large."""
+    """No prior, two days of the same lifetime: the daily profile needs three. A daily cycle that
+    has not been learned still repeats: a rise over the last hours more than the whole range of the
+    day before above what the same hours rose then is not the cycle, so the leak is found with 0.69
+    of its way from the onset to the limit still ahead (0.43 by the rise against twice that range
+    alone, 0.19 when the daily scale starts on the fourth day). Healthy twins: the same process, one
+    whose daily swing is twice as large, and one whose third day is busier than its second (twice
+    the swing from its trough on)."""
     leak, onset = _third_day(seed, leak_pct_h=2.5)
     oom = oom_time(leak)
     assert oom is not None
     found = [at for _, at in _opened(analyze_fleet([leak], PARAMS)[0], T0)]
-    assert found and (oom - (T0 + min(found) * HOUR)) / (oom - onset) > 0.3
-    for healthy in (_third_day(seed)[0], _third_day(seed, season=0.16)[0]):
+    assert found and (oom - (T0 + min(found) * HOUR)) / (oom - onset) > 0.6
+    for healthy in (_third_day(seed)[0], _third_day(seed, season=0.16)[0], _busier_from(seed, 2.75, 0.16)):
         assert _opened(analyze_fleet([healthy], PARAMS)[0], T0) == []
+
+
+def test_a_cache_whose_day_rose_somewhat_more_than_the_same_hours_before_is_not_a_leak():
+    """The precision benchmark's harsh 6 h TTL cache (healthy, development seed 6, on real time:
+    60 s samples): on its third day a rise of the window scale stands 0.3-0.5 of the day before's
+    whole range above what the same hours rose then (harsh wander and bursts), and would reach the
+    limit within the horizon. Half the margin still leaves it alone; a third of it opened a false
+    `error` leak at 53 h."""
+    healthy, _leak = memory_cases("ttl-6h", 6, "harsh")
+    [analysis] = analyze_fleet(healthy.series, DetectParams())
+    start = healthy.series[0].first_ts()
+    assert start is not None
+    opened = [f.opened_at - start for f in analysis.findings if f.opened_at is not None]
+    assert [at for at in opened if REAL_DAY <= at < 3 * REAL_DAY] == []
 
 
 def test_a_week_of_the_workload_teaches_its_daily_profile_level_and_warmup():

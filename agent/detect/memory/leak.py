@@ -25,6 +25,7 @@ from agent.detect.memory.oom import past_the_limit, reported_time_to_oom, satura
 from agent.detect.model import ALLOCATED, JVM_HEAP_AFTER_GC, PYMALLOC, RSS, Observation, State, Verdict
 from agent.detect.params import DetectParams
 from agent.detect.seasonal import MIN_COVERAGE
+from agent.detect.trend import theil_sen
 
 if TYPE_CHECKING:
     from agent.core.types import Severity
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 CLEAR_DECEL = 0.5  # clear only when the recent slope is below half of `decel_ratio` of the window's
 DAILY_STRICTER = 30  # the daily scale needs 30 times less doubt than `confidence` allows (z 4 for 0.999)
 YESTERDAY_MARGIN = 2.0  # growth this many times the previous day's whole range is not its daily cycle
+SAME_HOURS_MARGIN = 1.0  # ...nor growth by this many times that range more than at the same hours then
 IMMINENT = 1 / 6  # before the daily profile is known, the window scale fires only this close to the limit
 
 
@@ -71,9 +73,12 @@ def may_speak(fit: Fit, ttoom: float | None, ctx: Context) -> bool:
 
 def _outgrows_yesterday(ctx: Context, fit: Fit) -> bool:
     """Whether the fit rises more than `YESTERDAY_MARGIN` times the whole range of the floor over
-    the period before it, in this lifetime after its warm-up: a daily cycle that has not been
-    learned yet (that takes three periods) still repeats, and cannot rise further than it did the
-    day before."""
+    the period before it, in this lifetime after its warm-up, or more than that whole range above
+    what the same hours of that period rose (`SAME_HOURS_MARGIN`): a daily cycle that has not
+    been learned yet (that takes three periods) still repeats, and can neither rise further than
+    it did the day before nor rise now by more than it did at the same hours then. A fill that
+    levels off rose more the day before (it was filling faster), a traffic ramp over days about
+    as much."""
     if fit.scale not in ("window", "half-day"):
         return False
     p = ctx.params
@@ -86,8 +91,16 @@ def _outgrows_yesterday(ctx: Context, fit: Fit) -> bool:
     idx, lo = env.floors(ctx.life, first, end)
     if not lo or len(idx) < MIN_COVERAGE * (end - first):  # none: a period shorter than a bucket
         return False
+    whole = max(lo) - min(lo)
     rise = fit.trend.slope * fit.coverage
-    return rise > YESTERDAY_MARGIN * (max(lo) - min(lo))
+    if rise > YESTERDAY_MARGIN * whole:
+        return True
+    hours = first + math.ceil(fit.coverage / width - 1e-9)  # the same hours, a period before the fit
+    same = [(i * width, v) for i, v in zip(idx, lo, strict=True) if i < hours]
+    if len(same) < max(MIN_COVERAGE * (hours - first), 3):
+        return False
+    then = theil_sen([x for x, _ in same], [v for _, v in same]) * fit.coverage
+    return rise - then > SAME_HOURS_MARGIN * whole
 
 
 def _urgent(ttoom: float | None, p: DetectParams) -> bool:
