@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from array import array
 
 import pytest
 from hypothesis import given, settings
@@ -161,3 +162,59 @@ def test_bucket_quantiles_refuses_what_is_not_k_columns_of_doubles():
     got = array("d")
     got.frombytes(kernels.bucket_quantiles(bounds, counts, 0.5))
     assert list(got) == [0.1, 0.1]  # the top of the first bucket, then a rank in +Inf
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), st.integers(1, 4), st.integers(1, 30), st.integers(1, 6))
+def test_the_relative_rules_screen_flags_what_its_python_twin_flags(data, instances, count, judged):
+    """`rising_screen` against `rising_flags`: ratios near the rule's 30 % and 15 % thresholds,
+    missing ones (nan), instants with no tick (None), and ratios that follow their peers' level
+    (an elasticity), so every flag of both is given."""
+    from agent.detect.slow.relative import _GROW, _STEADY, ELASTICITY_T, rising_flags
+    from agent.detect.slow.rules import BASELINE_POINTS, RELATIVE_POINTS
+
+    ratio = st.one_of(
+        st.floats(min_value=0.2, max_value=3.0), st.sampled_from([math.nan, 1.0, 1.15, 1.3, 0.5])
+    )
+    level = st.floats(min_value=0.01, max_value=2.0)
+    ratios, peers = [], []
+    for _ in range(instances):
+        own = data.draw(st.lists(level, min_size=count, max_size=count))
+        if data.draw(st.booleans()):  # its ratio moves with the fleet's level, give or take a little
+            slope = data.draw(st.floats(min_value=-0.5, max_value=0.5))
+            ratio_of = [0.8 * p**slope * data.draw(st.floats(min_value=0.97, max_value=1.03)) for p in own]
+        else:
+            ratio_of = data.draw(st.lists(ratio, min_size=count, max_size=count))
+        ratios.append(ratio_of)
+        peers.append(own)
+    place = st.one_of(st.none(), st.integers(0, count - 1))
+    width = BASELINE_POINTS + RELATIVE_POINTS
+    places = [data.draw(st.lists(place, min_size=width, max_size=width)) for _ in range(judged)]
+    flags = kernels.rising_screen(
+        array("d", itertools.chain.from_iterable(ratios)).tobytes(),
+        array("d", itertools.chain.from_iterable(peers)).tobytes(),
+        count,
+        array("d", (-1.0 if k is None else k for row in places for k in row)).tobytes(),
+        BASELINE_POINTS,
+        RELATIVE_POINTS,
+        (_GROW, _STEADY, ELASTICITY_T),
+    )
+    assert flags == rising_flags(ratios, peers, places)
+
+
+def test_the_relative_rules_screen_refuses_what_it_cannot_read():
+    """Sizes that do not divide and instants that are no tick are errors, not reads past the end."""
+    ratios = array("d", [1.0, 1.2, 1.4]).tobytes()
+    numbers = (1.3, 1.15, 3.0)
+    with pytest.raises(ValueError, match="do not divide"):
+        kernels.rising_screen(ratios, ratios, 2, array("d", [0.0] * 24).tobytes(), 12, 12, numbers)
+    with pytest.raises(ValueError, match="do not divide"):
+        kernels.rising_screen(ratios, ratios[:8], 3, array("d", [0.0] * 24).tobytes(), 12, 12, numbers)
+    with pytest.raises(ValueError, match="no tick"):
+        kernels.rising_screen(ratios, ratios, 3, array("d", [3.0] * 24).tobytes(), 12, 12, numbers)
+    with pytest.raises(ValueError, match="no tick"):
+        kernels.rising_screen(ratios, ratios, 3, array("d", [math.nan] * 24).tobytes(), 12, 12, numbers)
+    with pytest.raises(TypeError):
+        kernels.rising_screen("not bytes", ratios, 3, b"", 12, 12, numbers)
+    with pytest.raises(TypeError):
+        kernels.rising_screen(ratios, ratios, 3, b"", 12, 12, (1.3,))

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from agent.detect.lifecycle import update
 from agent.detect.model import START_TIME, InstanceAnalysis, InstanceSeries
+from agent.detect.slow import relative
 from agent.detect.slow.detector import DEFAULT_SLOW, evaluate_slow, history
 from agent.detect.slow.replay import _FleetReplay, _Window, analyze_slow, grid
 from agent.detect.slow.rules import Slo
@@ -183,6 +184,26 @@ def test_the_screen_gives_each_tick_the_python_level_and_marks_every_firing_rule
                 or "peer" in obs.evidence["fired"]
             ):
                 assert t in replay.candidates[i]
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    shapes=st.lists(shape, min_size=3, max_size=6),
+    every=st.sampled_from([15.0, 60.0]),
+    scale=st.sampled_from([1.0, 7.0]),
+)
+def test_the_relative_rules_screen_marks_the_same_ticks_in_c_and_in_python(seed, shapes, every, scale):
+    """`_kernels.rising_screen` and its twin `relative.rising_flags` give the replay the same
+    candidate ticks (a build without the extension screens with the twin)."""
+    params = DEFAULT_SLOW if scale == 1.0 else DEFAULT_SLOW.scaled(scale)
+    members = judged(fleet(seed, shapes, every / scale, (4.5 if scale == 1.0 else 7.0) / scale, None))
+    if not members:
+        return
+    with_c = _FleetReplay(members, params, {}, screen=True).candidates
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(relative, "_kernels", None)
+        assert _FleetReplay(members, params, {}, screen=True).candidates == with_c
 
 
 def test_a_replay_without_the_screen_is_the_same(tmp_path):

@@ -10,7 +10,8 @@
  * supported CPython, so the item reads are the functions, not the GET_ITEM/AS_DOUBLE macros.
  *
  * slow_screen, further down, serves agent/detect/slow/replay.py: it has no twin to equal, only
- * the rule that a tick it leaves unmarked is one where the Python rules do not fire.
+ * the rule that a tick it leaves unmarked is one where the Python rules do not fire; rising_screen
+ * serves agent/detect/slow/relative.py, whose loop is its twin.
  * bucket_quantiles serves agent/series/buckets.py, matrix_values agent/series/prometheus.py (the
  * `values` arrays of a query_range export read as doubles, what the json module's path reads).
  */
@@ -1195,11 +1196,133 @@ static PyObject *matrix_values(PyObject *self, PyObject *const *args, Py_ssize_t
     return result;
 }
 
+/* Whether the slope of y on x over `n` pairs certainly stands fewer than `t` standard errors from 0
+ * (or x barely varies): elasticity() in agent/detect/slow/relative.py then finds none. The same
+ * sums in the same order; `1 - 1e-9` leaves the borderline to Python. */
+static int inelastic(const double *x, const double *y, Py_ssize_t n, double t)
+{
+    double k = 0, sx = 0, sy = 0, sxx = 0, sxy = 0, syy = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        k = k + 1, sx = sx + x[i], sy = sy + y[i];
+        sxx = sxx + x[i] * x[i], sxy = sxy + x[i] * y[i], syy = syy + y[i] * y[i];
+    }
+    double mean_x = sx / k, mean_y = sy / k;
+    double spread_x = sxx - sx * mean_x, spread_y = syy - sy * mean_y, joint = sxy - sx * mean_y;
+    if (spread_x <= 1e-12 * (sxx > 1.0 ? sxx : 1.0))
+        return 1;
+    double slope = joint / spread_x, left = spread_y - slope * joint;
+    double residual = (left > 0.0 ? left : 0.0) / (k - 2 > 1.0 ? k - 2 : 1.0);
+    return slope * slope < (1 - 1e-9) * (t * t * residual / spread_x);
+}
+
+/* rising_screen(ratios, peers, count, instants, base, window, numbers) -> bytes, one flag per
+ * (instance, judged tick), instance by instance: the relative rule's screen
+ * (agent/detect/slow/relative.py: rising_flags is its twin). `ratios` and `peers` are bytes of
+ * doubles, `count` per instance (its ratio to its peers' median at each tick and that median, nan:
+ * none); `instants` bytes of doubles, `base` + `window` per judged tick (oldest first; the tick's
+ * position, -1: none), the first `base` before the window; `numbers` (grow, steady, t). A flag is 1
+ * where `may_rise` holds (one of the newest five ratios of the window `grow` times the lower of 1
+ * and the lowest before it, and `grow` times the lowest of the window); where it does not but one
+ * of the newest five reaches `steady` times the lowest of the window and at least half of the
+ * instants before have a ratio (`steadied` may set them), 3 when their slope on the peers' level
+ * certainly has no elasticity (`t`), else 2; 0 otherwise. */
+static PyObject *rising_screen(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 7 || !PyTuple_CheckExact(args[6]) || PyTuple_Size(args[6]) != 3) {
+        PyErr_SetString(PyExc_TypeError, "rising_screen: ratios, peers, count, instants, base, window, 3 numbers");
+        return NULL;
+    }
+    Py_ssize_t count = PyLong_AsSsize_t(args[2]), base = PyLong_AsSsize_t(args[4]);
+    Py_ssize_t window = PyLong_AsSsize_t(args[5]);
+    double grow = PyFloat_AsDouble(PyTuple_GetItem(args[6], 0));
+    double steady = PyFloat_AsDouble(PyTuple_GetItem(args[6], 1)), t_min = PyFloat_AsDouble(PyTuple_GetItem(args[6], 2));
+    if (PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n_ratios = 0, n_peers = 0, n_instants = 0;
+    double *ratios = get_doubles(args[0], &n_ratios), *peers = NULL, *instants = NULL, *logs = NULL;
+    PyObject *result = NULL;
+    if (!ratios || !(peers = get_doubles(args[1], &n_peers)) || !(instants = get_doubles(args[3], &n_instants)))
+        goto done;
+    Py_ssize_t width = base + window;
+    if (count <= 0 || base < 0 || window <= 0 || n_ratios % count || n_peers != n_ratios || n_instants % width) {
+        PyErr_SetString(PyExc_ValueError, "rising_screen: sizes that do not divide");
+        goto done;
+    }
+    Py_ssize_t instances = n_ratios / count, judged = n_instants / width;
+    for (Py_ssize_t k = 0; k < n_instants; k++) {
+        double at = instants[k];
+        if (!(at == -1.0 || (at >= 0 && at < (double)count && at == floor(at)))) {
+            PyErr_SetString(PyExc_ValueError, "rising_screen: an instant that is no tick");
+            goto done;
+        }
+    }
+    logs = PyMem_Malloc(sizeof(double) * (size_t)(2 * base + 2));
+    if (!logs) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, instances * judged);
+    char *flags = result ? PyBytes_AsString(result) : NULL;
+    if (!flags) {
+        Py_CLEAR(result);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < instances; i++) {
+        const double *own = ratios + i * count, *centre = peers + i * count;
+        for (Py_ssize_t t = 0; t < judged; t++) {
+            const double *at = instants + t * width;
+            double lowest = INFINITY, recent = -INFINITY, before = 1.0;
+            Py_ssize_t seen = 0, earlier = 0;
+            for (Py_ssize_t k = width - 1; k >= base; k--) { /* the window, newest first */
+                if (at[k] < 0)
+                    continue;
+                double v = own[(Py_ssize_t)at[k]];
+                if (isnan(v))
+                    continue;
+                if (seen < 5 && v > recent)
+                    recent = v;
+                if (v < lowest)
+                    lowest = v;
+                seen++;
+            }
+            char flag = 0;
+            if (seen) {
+                for (Py_ssize_t k = 0; k < base; k++) {
+                    if (at[k] < 0)
+                        continue;
+                    double v = own[(Py_ssize_t)at[k]];
+                    if (isnan(v))
+                        continue;
+                    if (v < before)
+                        before = v;
+                    logs[earlier] = log(centre[(Py_ssize_t)at[k]]);
+                    logs[base + 1 + earlier] = log(v);
+                    earlier++;
+                }
+                if (recent >= grow * before && recent >= grow * lowest)
+                    flag = 1;
+                else if (earlier * 2 >= base && recent >= steady * lowest)
+                    flag = inelastic(logs, logs + base + 1, earlier, t_min) ? 3 : 2;
+            }
+            flags[i * judged + t] = flag;
+        }
+    }
+done:
+    PyMem_Free(ratios);
+    PyMem_Free(peers);
+    PyMem_Free(instants);
+    PyMem_Free(logs);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"slope_median", (PyCFunction)(void (*)(void))slope_median, METH_FASTCALL,
      "slope_median(xs, ys) -> the median pairwise slope, or None for inputs that are not lists of floats"},
     {"slow_screen", (PyCFunction)(void (*)(void))slow_screen, METH_FASTCALL,
      "slow_screen(ticks, judged, points, starts, restarts, numbers) -> (levels, flags) as bytes of doubles"},
+    {"rising_screen", (PyCFunction)(void (*)(void))rising_screen, METH_FASTCALL,
+     "rising_screen(ratios, peers, count, instants, base, window, numbers) -> bytes of flags: the relative rule's screen"},
     {"bucket_quantiles", (PyCFunction)(void (*)(void))bucket_quantiles, METH_FASTCALL,
      "bucket_quantiles(bounds, counts, q) -> bytes of doubles: each interval's histogram_quantile"},
     {"matrix_values", (PyCFunction)(void (*)(void))matrix_values, METH_FASTCALL,

@@ -18,5 +18,15 @@ def slow_screen(
     numbers: tuple[float, ...],
     /,
 ) -> tuple[bytes, bytes] | None: ...
+def rising_screen(
+    ratios: bytes,
+    peers: bytes,
+    count: int,
+    instants: bytes,
+    base: int,
+    window: int,
+    numbers: tuple[float, float, float],
+    /,
+) -> bytes: ...
 def bucket_quantiles(bounds: bytes, counts: bytes, q: float, /) -> bytes: ...
 def matrix_values(text: str, start: int, /) -> tuple[bytes, bytes, int] | None: ...

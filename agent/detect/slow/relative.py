@@ -8,6 +8,7 @@ its tunables (`RELATIVE_*`, `BASELINE_POINTS`) live with the other rules' in `ru
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -21,7 +22,7 @@ from agent.detect.slow.rules import (
     SlowParams,
     fit_trend,
 )
-from agent.detect.trend import median
+from agent.detect.trend import _kernels, median
 
 # an instance's ratio is steadied for the fleet's level only where its slope on that level stands
 # this many standard errors from 0 over the instants before the window
@@ -235,37 +236,117 @@ def rising_ticks(
     screen, from each instance's ratio to its peers' median and that median at each tick (nan:
     none; `index`: a tick's position by its step number): where `may_rise` holds for its ratios
     at the rule's instants, or for its ratios within its lifetime (`lifetime_start(instance,
-    tick)`) as `steadied` sets them where it might set them."""
-    out: dict[int, list[int]] = {}
-    for t, when in enumerate(judged):
+    tick)`) as `steadied` sets them where it might set them. The test over every tick of every
+    instance is `_kernels.rising_screen` where it is built, else its twin `rising_flags`."""
+    width = BASELINE_POINTS + RELATIVE_POINTS
+    positions, firsts = array("d"), []  # each tick's instants by their position (-1: none); the first's time
+    for when in judged:
         instants = relative_instants(when, params)
-        ticks = [index.get(round(x / params.step)) for x in instants]
-        at, before = ticks[BASELINE_POINTS:][::-1], ticks[:BASELINE_POINTS]  # newest first, oldest first
-        for i, of_instance in enumerate(ratios):
-            window = [k for k in at if k is not None and not math.isnan(of_instance[k])]
+        firsts.append(instants[0])
+        positions.extend([float(index.get(round(x / params.step), -1)) for x in instants])
+
+    def ticks(t: int) -> list[int | None]:
+        return [None if k < 0 else int(k) for k in positions[t * width : (t + 1) * width]]
+
+    shared = positions.tobytes()
+    places: list[list[int | None]] | None = None  # for the Python twin only
+    out: dict[int, list[int]] = {}
+    for i, of_instance in enumerate(ratios):  # one at a time: all a fleet's weeks at once took 100 MB more
+        row = None
+        if _kernels is not None and of_instance and judged:
+            row = _kernels.rising_screen(
+                array("d", of_instance).tobytes(),
+                array("d", peers[i]).tobytes(),
+                len(of_instance),
+                shared,
+                BASELINE_POINTS,
+                RELATIVE_POINTS,
+                (_GROW, _STEADY, ELASTICITY_T),
+            )
+        if row is None:
+            places = places if places is not None else [ticks(t) for t in range(len(judged))]
+            row = rising_flags([of_instance], [peers[i]], places)
+        for t in [t for t, flag in enumerate(row) if flag]:
+            if row[t] == RISES:
+                out.setdefault(i, []).append(t)
+                continue
+            since = lifetime_start(i, t)
+            if row[t] == STEADIED and since <= firsts[t]:
+                continue  # no elasticity, and every instant in its lifetime: as `may_rise` said
+            if _steadied_rises(of_instance, peers[i], ticks(t), judged[t], params, since):
+                out.setdefault(i, []).append(t)
+    return out
+
+
+_STEADY = STEADY_FROM * (1 - 1e-9)  # ...and the rise within the window from which `steadied` sets ratios
+RISES, ELASTIC, STEADIED = 1, 2, 3  # `rising_flags`: may rise; may once steadied; may only with a later start
+
+
+def rising_flags(
+    ratios: Sequence[Sequence[float]],
+    peers: Sequence[Sequence[float]],
+    places: Sequence[Sequence[int | None]],
+) -> bytes:
+    """For each instance and judged tick (instance by instance), `RISES` where `may_rise` holds
+    for its ratios at the rule's instants (`places`: their tick positions, None: no tick); where it
+    does not but the newest five reach `STEADY_FROM` times the lowest of the window and at least
+    half of the instants before it have a ratio (`steadied` may set them), `STEADIED` when those
+    certainly show no elasticity (`_inelastic`: only a lifetime that began within them can change
+    what `may_rise` said) and `ELASTIC` otherwise; else 0 (`_kernels.rising_screen` in C)."""
+    out = bytearray(len(ratios) * len(places))
+    for i, of_instance in enumerate(ratios):
+        for t, ticks in enumerate(places):
+            window = [
+                of_instance[k]
+                for k in ticks[BASELINE_POINTS:][::-1]
+                if k is not None and not math.isnan(of_instance[k])
+            ]
             if not window:
                 continue
-            earlier = [k for k in before if k is not None and not math.isnan(of_instance[k])]
-            values = [of_instance[k] for k in window]
-            if may_rise(values, [of_instance[k] for k in earlier]):
-                out.setdefault(i, []).append(t)
-            elif len(earlier) * 2 >= BASELINE_POINTS and max(values[:5]) >= STEADY_FROM * (1 - 1e-9) * min(
-                values
-            ):
-                since = lifetime_start(i, t)  # a ratio `steadied` may set: as the judgement does
-                if (
-                    since <= instants[0]
-                    and not elasticity([(math.log(peers[i][k]), math.log(of_instance[k])) for k in earlier])[
-                        0
-                    ]
-                ):
-                    continue  # every instant in its lifetime, and no elasticity: as `may_rise` said
-                found = zip(instants, ticks, strict=True)
-                points = [
-                    RatioAt(x, of_instance[k], peers[i][k])
-                    for x, k in found
-                    if x >= since and k is not None and not math.isnan(of_instance[k])
-                ]
-                if steadied_may_rise(points, when, params):
-                    out.setdefault(i, []).append(t)
-    return out
+            earlier = [k for k in ticks[:BASELINE_POINTS] if k is not None and not math.isnan(of_instance[k])]
+            if may_rise(window, [of_instance[k] for k in earlier]):
+                out[i * len(places) + t] = RISES
+            elif len(earlier) * 2 >= BASELINE_POINTS and max(window[:5]) >= _STEADY * min(window):
+                pairs = [(math.log(peers[i][k]), math.log(of_instance[k])) for k in earlier]
+                out[i * len(places) + t] = STEADIED if _inelastic(pairs) else ELASTIC
+    return bytes(out)
+
+
+def _inelastic(pairs: Sequence[tuple[float, float]]) -> bool:
+    """Whether `elasticity` certainly finds none in `pairs`: the same sums, with `1 - 1e-9` of
+    its bar (the borderline is left to it)."""
+    n = sx = sy = sxx = sxy = syy = 0.0
+    for x, y in pairs:
+        n, sx, sy, sxx, sxy, syy = n + 1, sx + x, sy + y, sxx + x * x, sxy + x * y, syy + y * y
+    mean_x, mean_y = sx / n, sy / n
+    spread_x, spread_y, joint = sxx - sx * mean_x, syy - sy * mean_y, sxy - sx * mean_y
+    if spread_x <= 1e-12 * max(1.0, sxx):
+        return True
+    slope = joint / spread_x
+    residual = max(0.0, spread_y - slope * joint) / max(1.0, n - 2)
+    return slope * slope < (1 - 1e-9) * (ELASTICITY_T * ELASTICITY_T * residual / spread_x)
+
+
+def _steadied_rises(
+    of_instance: Sequence[float],
+    peers: Sequence[float],
+    ticks: Sequence[int | None],
+    when: float,
+    params: SlowParams,
+    since: float,
+) -> bool:
+    """Whether `may_rise` holds for an instance's ratios as `steadied` sets them at `when`, its
+    process having started at `since` (`ticks`: the positions of `relative_instants` at `when`,
+    None: no tick): a ratio that rose `STEADY_FROM` within the window but not the rule's growth
+    may reach it once set to the fleet's usual level, as the judgement sets it."""
+    instants = relative_instants(when, params)
+    if since <= instants[0]:
+        earlier = [k for k in ticks[:BASELINE_POINTS] if k is not None and not math.isnan(of_instance[k])]
+        if not elasticity([(math.log(peers[k]), math.log(of_instance[k])) for k in earlier])[0]:
+            return False  # every instant in its lifetime, and no elasticity: as `may_rise` said
+    points = [
+        RatioAt(x, of_instance[k], peers[k])
+        for x, k in zip(instants, ticks, strict=True)
+        if x >= since and k is not None and not math.isnan(of_instance[k])
+    ]
+    return steadied_may_rise(points, when, params)
