@@ -100,19 +100,26 @@ def elasticity(before: Sequence[tuple[float, float]]) -> tuple[float, float]:
     """(the slope of log ratio on log peers' median over `before`, pairs of those logs, where it
     stands `ELASTICITY_T` standard errors from 0 and bounded by what a delay shared in full gives,
     else 0; the mean log peers' median it is taken from)."""
+    slope, bar, mean_x, mean_y = _slope_and_bar(before)
+    if slope is None or slope * slope < bar:
+        return 0.0, mean_x
+    shared = 1 / math.exp(mean_y) - 1
+    return min(max(0.0, shared), max(min(0.0, shared), slope)), mean_x
+
+
+def _slope_and_bar(pairs: Sequence[tuple[float, float]]) -> tuple[float | None, float, float, float]:
+    """(the least-squares slope of y on x over `pairs`, None where x barely varies; the square it
+    must reach to stand `ELASTICITY_T` standard errors from 0; the mean of x; the mean of y)."""
     n = sx = sy = sxx = sxy = syy = 0.0
-    for x, y in before:  # one pass of plain sums: the replay's screen asks this of most ticks
+    for x, y in pairs:  # one pass of plain sums: the replay's screen asks this of many ticks
         n, sx, sy, sxx, sxy, syy = n + 1, sx + x, sy + y, sxx + x * x, sxy + x * y, syy + y * y
     mean_x, mean_y = sx / n, sy / n
     spread_x, spread_y, joint = sxx - sx * mean_x, syy - sy * mean_y, sxy - sx * mean_y
     if spread_x <= 1e-12 * max(1.0, sxx):
-        return 0.0, mean_x
+        return None, 0.0, mean_x, mean_y
     slope = joint / spread_x
     residual = max(0.0, spread_y - slope * joint) / max(1.0, n - 2)
-    if slope * slope < ELASTICITY_T * ELASTICITY_T * residual / spread_x:
-        return 0.0, mean_x
-    shared = 1 / math.exp(mean_y) - 1
-    return min(max(0.0, shared), max(min(0.0, shared), slope)), mean_x
+    return slope, ELASTICITY_T * ELASTICITY_T * residual / spread_x, mean_x, mean_y
 
 
 def relative_rise(ratios: Sequence[RatioAt]) -> tuple[float, float, float]:
@@ -313,18 +320,10 @@ def rising_flags(
 
 
 def _inelastic(pairs: Sequence[tuple[float, float]]) -> bool:
-    """Whether `elasticity` certainly finds none in `pairs`: the same sums, with `1 - 1e-9` of
-    its bar (the borderline is left to it)."""
-    n = sx = sy = sxx = sxy = syy = 0.0
-    for x, y in pairs:
-        n, sx, sy, sxx, sxy, syy = n + 1, sx + x, sy + y, sxx + x * x, sxy + x * y, syy + y * y
-    mean_x, mean_y = sx / n, sy / n
-    spread_x, spread_y, joint = sxx - sx * mean_x, syy - sy * mean_y, sxy - sx * mean_y
-    if spread_x <= 1e-12 * max(1.0, sxx):
-        return True
-    slope = joint / spread_x
-    residual = max(0.0, spread_y - slope * joint) / max(1.0, n - 2)
-    return slope * slope < (1 - 1e-9) * (ELASTICITY_T * ELASTICITY_T * residual / spread_x)
+    """Whether `elasticity` certainly finds none in `pairs`: `1 - 1e-9` of its bar (the
+    borderline is left to it), as `_kernels.rising_screen` reads it."""
+    slope, bar, _, _ = _slope_and_bar(pairs)
+    return slope is None or slope * slope < (1 - 1e-9) * bar
 
 
 def _steadied_rises(
